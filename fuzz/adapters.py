@@ -1,0 +1,287 @@
+"""One calling convention for every implementation, so a state machine can drive them side by side.
+
+Adapters take and return plain Python lists and ints; the spec is always
+present as the oracle. ``IMPLEMENTATIONS`` names what ``--impl`` selects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import reference
+from spec import cache_manager as sm
+from spec import prefix_cache as pc
+from spec.invariants import check_invariants
+from spec.types import Namespace, Req
+
+
+class CacheAdapter(Protocol):
+    """A prefix cache seen through lists and ints."""
+
+    name: str
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any: ...
+    def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, Any]: ...
+    def lock(self, handle: Any) -> None: ...
+    def unlock(self, handle: Any) -> None: ...
+    def cached_len(self, handle: Any) -> int: ...
+    def get_matched_indices(self, handle: Any) -> list[int]: ...
+    def evict(self, size: int) -> list[int]: ...
+    def reset(self) -> list[int]: ...
+    def size_info(self) -> tuple[int, int]: ...
+    def check_integrity(self) -> None: ...
+    def abstract_state(self) -> pc.PrefixCacheState: ...
+
+
+class SpecCache:
+    """The spec's free functions over one state."""
+
+    name = "spec"
+
+    def __init__(self, page_size: int) -> None:
+        self.state = pc.new_state(page_size)
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> pc.Handle:
+        return pc.match_prefix(self.state, tokens, namespace)
+
+    def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, pc.Handle]:
+        return tuple(pc.insert_prefix(self.state, tokens, indices, namespace))  # type: ignore[return-value]
+
+    def lock(self, handle: pc.Handle) -> None:
+        pc.lock(self.state, handle)
+
+    def unlock(self, handle: pc.Handle) -> None:
+        pc.unlock(self.state, handle)
+
+    def cached_len(self, handle: pc.Handle) -> int:
+        return handle.cached_len
+
+    def get_matched_indices(self, handle: pc.Handle) -> list[int]:
+        return pc.get_matched_indices(self.state, handle)
+
+    def evict(self, size: int) -> list[int]:
+        return pc.evict(self.state, size)
+
+    def reset(self) -> list[int]:
+        return pc.reset(self.state)
+
+    def size_info(self) -> tuple[int, int]:
+        return tuple(pc.size_info(self.state))  # type: ignore[return-value]
+
+    def check_integrity(self) -> None:
+        check_invariants(self.state)
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return pc.PrefixCacheState(self.state.page_size, dict(self.state.entries), self.state.clock)
+
+
+class ReferenceCache:
+    """A reference cache (already lists and ints)."""
+
+    name = "reference"
+
+    def __init__(self, page_size: int, cls: type[reference.BasePrefixCache] = reference.RadixPrefixCache) -> None:
+        self.cache = cls(page_size)  # type: ignore[call-arg]
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+        return self.cache.match_prefix(tokens, namespace)
+
+    def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, Any]:
+        return tuple(self.cache.insert_prefix(tokens, indices, namespace))  # type: ignore[return-value]
+
+    def lock(self, handle: Any) -> None:
+        self.cache.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.unlock(handle)
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle.cached_len)
+
+    def get_matched_indices(self, handle: Any) -> list[int]:
+        return list(handle.get_matched_indices())
+
+    def evict(self, size: int) -> list[int]:
+        return list(self.cache.evict(size))
+
+    def reset(self) -> list[int]:
+        return list(self.cache.reset())
+
+    def size_info(self) -> tuple[int, int]:
+        return tuple(self.cache.size_info)  # type: ignore[return-value]
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return self.cache.abstract_state()
+
+
+class ManagerAdapter(Protocol):
+    """A CacheManager seen through lists and ints; requests are whatever new_req returns."""
+
+    name: str
+
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Any: ...
+    def match_req(self, req: Any) -> Any: ...
+    def lock(self, handle: Any) -> None: ...
+    def unlock(self, handle: Any) -> None: ...
+    def cached_len(self, handle: Any) -> int: ...
+    def get_matched_indices(self, handle: Any) -> list[int]: ...
+    def available_size(self) -> int: ...
+    def admit(self, req: Any, handle: Any) -> None: ...
+    def set_lengths(self, req: Any, cached_len: int, device_len: int) -> None: ...
+    def append_token(self, req: Any, token: int) -> None: ...
+    def allocate_paged(self, reqs: Sequence[Any]) -> None: ...
+    def cache_req(self, req: Any, finished: bool) -> None: ...
+    def lazy_free_region(self) -> AbstractContextManager[None]: ...
+    def evict(self, size: int) -> list[int]: ...
+    def check_integrity(self, live_reqs: Sequence[Any]) -> None: ...
+    def abstract_state(self) -> sm.ManagerState: ...
+    def row(self, req: Any) -> list[int]: ...
+
+
+class ListReqMixin:
+    """Requests as ``spec.types.Req`` with list token ids (spec and reference)."""
+
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
+        return Req(input_ids=list(prompt), table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle.cached_len)
+
+    def set_lengths(self, req: Req, cached_len: int, device_len: int) -> None:
+        req.cached_len, req.device_len = cached_len, device_len
+
+    def append_token(self, req: Req, token: int) -> None:
+        req.input_ids.append(token)
+
+
+class SpecManager(ListReqMixin):
+    """The spec's manager functions over one state."""
+
+    name = "spec"
+
+    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
+        self.state = sm.new_manager(num_pages, page_size, rows, max_seq_len)
+
+    def match_req(self, req: Req) -> pc.Handle:
+        return sm.match_req(self.state, req)
+
+    def lock(self, handle: pc.Handle) -> None:
+        sm.lock(self.state, handle)
+
+    def unlock(self, handle: pc.Handle) -> None:
+        sm.unlock(self.state, handle)
+
+    def get_matched_indices(self, handle: pc.Handle) -> list[int]:
+        return pc.get_matched_indices(self.state.cache, handle)
+
+    def available_size(self) -> int:
+        return sm.available_size(self.state)
+
+    def admit(self, req: Req, handle: pc.Handle) -> None:
+        matched = pc.get_matched_indices(self.state.cache, handle)
+        self.state.page_table[req.table_idx][: len(matched)] = matched
+        req.cache_handle = handle
+        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        sm.allocate_paged(self.state, reqs)
+
+    def cache_req(self, req: Req, finished: bool) -> None:
+        sm.cache_req(self.state, req, finished=finished)
+
+    def lazy_free_region(self) -> AbstractContextManager[None]:
+        return sm.lazy_free_region(self.state)
+
+    def evict(self, size: int) -> list[int]:
+        return pc.evict(self.state.cache, size)
+
+    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
+        sm.check_manager_invariants(self.state, live_reqs)
+
+    def abstract_state(self) -> sm.ManagerState:
+        s = self.state
+        return sm.ManagerState(
+            cache=pc.PrefixCacheState(s.cache.page_size, dict(s.cache.entries), s.cache.clock),
+            num_pages=s.num_pages,
+            page_table=[row[:] for row in s.page_table],
+            free_slots=s.free_slots[:],
+            lazy_frees=None if s.lazy_frees is None else s.lazy_frees[:],
+        )
+
+    def row(self, req: Req) -> list[int]:
+        return self.state.page_table[req.table_idx][: req.alloc_len]
+
+
+class ReferenceManager(ListReqMixin):
+    """The reference CacheManager."""
+
+    name = "reference"
+
+    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
+        self.manager = reference.CacheManager(num_pages, page_size, reference.make_page_table(rows, max_seq_len))
+
+    def match_req(self, req: Req) -> Any:
+        return self.manager.match_req(req)
+
+    def lock(self, handle: Any) -> None:
+        self.manager.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.manager.unlock(handle)
+
+    def get_matched_indices(self, handle: Any) -> list[int]:
+        return list(handle.get_matched_indices())
+
+    def available_size(self) -> int:
+        return self.manager.available_size
+
+    def admit(self, req: Req, handle: Any) -> None:
+        matched = handle.get_matched_indices()
+        self.manager.page_table[req.table_idx][: len(matched)] = matched
+        req.cache_handle = handle
+        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        self.manager.allocate_paged(reqs)
+
+    def cache_req(self, req: Req, finished: bool) -> None:
+        self.manager.cache_req(req, finished=finished)
+
+    def lazy_free_region(self) -> AbstractContextManager[None]:
+        return self.manager.lazy_free_region()
+
+    def evict(self, size: int) -> list[int]:
+        return list(self.manager.prefix_cache.evict(size))
+
+    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
+        self.manager.check_integrity(live_reqs)
+
+    def abstract_state(self) -> sm.ManagerState:
+        return self.manager.abstract_state()
+
+    def row(self, req: Req) -> list[int]:
+        return self.manager.page_table[req.table_idx][: req.alloc_len]
+
+
+# --impl name -> the adapters that run beside the spec
+CACHE_IMPLEMENTATIONS: dict[str, Callable[[int], CacheAdapter]] = {
+    "reference": ReferenceCache,
+}
+MANAGER_IMPLEMENTATIONS: dict[str, Callable[[int, int, int, int], ManagerAdapter]] = {
+    "reference": ReferenceManager,
+}
+
+
+def iter_impl_names(selection: str) -> Iterator[str]:
+    """Implementation names for ``--impl`` (``all`` = every registered one)."""
+    if selection == "all":
+        yield from CACHE_IMPLEMENTATIONS
+    elif selection in CACHE_IMPLEMENTATIONS:
+        yield selection
+    else:
+        raise ValueError(f"unknown implementation {selection!r}; choose from {sorted(CACHE_IMPLEMENTATIONS)} or 'all'")

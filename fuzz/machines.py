@@ -1,0 +1,36 @@
+"""The state machines a campaign can run, by name, for a chosen set of implementations."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from .cache_manager_machine import CacheManagerMachine
+from .prefix_cache_machine import PrefixCacheMachine
+
+MACHINES: dict[str, type[RuleBasedStateMachine]] = {
+    "cache": PrefixCacheMachine,
+    "manager": CacheManagerMachine,
+}
+
+
+class FailureClock:
+    """When the first example of a campaign failed (before shrinking), by time.monotonic()."""
+
+    first: float | None = None
+
+
+def machine_for(name: str, impls: tuple[str, ...]) -> type[RuleBasedStateMachine]:
+    """The machine ``name`` driving the spec beside ``impls``; notes the time of its first failure."""
+    base = MACHINES[name]
+
+    def teardown(self: RuleBasedStateMachine) -> None:
+        # teardown runs in a finally: an exception in flight means this example failed
+        failure = sys.exc_info()[1]
+        if isinstance(failure, Exception) and not type(failure).__module__.startswith("hypothesis"):
+            FailureClock.first = FailureClock.first or time.monotonic()
+        base.teardown(self)
+
+    return type(base.__name__, (base,), {"IMPLS": impls, "teardown": teardown, "__module__": base.__module__})

@@ -1,0 +1,47 @@
+"""Token sequences for the state machines: small alphabets, shared prefixes, mismatches inside pages.
+
+A sequence is drawn as a list of page patterns plus a short tail, so that
+the same drawn values mean the same thing at every page size and printed
+programs replay as they are. The patterns share prefixes of different
+lengths, so matches also stop in the middle of a page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+
+PAGE_SIZES = (1, 2, 4, 16)
+NUM_PATTERNS = 8
+
+# draws: which pattern each page follows, and tail tokens (at most P-1 of them are kept)
+page_choices = st.lists(st.integers(0, NUM_PATTERNS - 1), max_size=6)
+tail_choices = st.lists(st.integers(0, 3), max_size=4)
+namespaces = st.sampled_from([None, ("lora", 1), ("tenant", "b")])
+
+
+def page_pattern(choice: int, page_size: int) -> list[int]:
+    """Tokens of pattern ``choice`` for one page; patterns differ at the first, middle or last token."""
+    p, half = page_size, page_size // 2
+    patterns = (
+        [0] * p,
+        [1] * p,
+        [0] * (p - 1) + [1],
+        [0] * half + [2] * (p - half),
+        [2] + [0] * (p - 1),
+        [3] * p,
+        [0] * (p - 1) + [2],
+        [1] * (p - 1) + [0],
+    )
+    return patterns[choice]
+
+
+def build_sequence(page_size: int, pages: Sequence[int], tail: Sequence[int], base: Sequence[int] = ()) -> list[int]:
+    """``base`` cut to whole pages, then the drawn pages, then a partial page of tail tokens."""
+    cut = len(base) - len(base) % page_size
+    tokens = list(base[:cut])
+    for choice in pages:
+        tokens.extend(page_pattern(choice, page_size))
+    tokens.extend(list(tail)[: page_size - 1])
+    return tokens

@@ -1,0 +1,73 @@
+"""Interfaces of the reference prefix caches (the seed's ``kvcache/base.py``)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from spec import prefix_cache as pc
+from spec.types import InsertResult, Namespace, SizeInfo
+
+
+class BaseCacheHandle(ABC):
+    """A matched path of cached pages. Its slots are valid only while it is locked."""
+
+    # matched tokens (page aligned)
+    cached_len: int
+
+    @abstractmethod
+    def get_matched_indices(self) -> list[int]:
+        """Slots of the matched prefix in sequence order; raises StaleHandleError once a page was evicted."""
+
+
+class BasePrefixCache(ABC):
+    """A prefix cache: token ids -> slot indices. Stores no KV, only the mapping."""
+
+    page_size: int
+
+    @abstractmethod
+    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> BaseCacheHandle:
+        """Longest cached page-aligned prefix; stamps its pages with a new logical time."""
+
+    @abstractmethod
+    def insert_prefix(
+        self, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
+    ) -> InsertResult:
+        """Cache the whole pages of ``input_ids``; already cached pages keep their slots."""
+
+    @abstractmethod
+    def lock(self, handle: BaseCacheHandle) -> None:
+        """+1 ref on every page of the handle's path: those pages cannot be evicted."""
+
+    @abstractmethod
+    def unlock(self, handle: BaseCacheHandle) -> None:
+        """-1 ref on every page of the handle's path; refused unless a lock of this very path is outstanding."""
+
+    @abstractmethod
+    def is_handle_locked(self, handle: BaseCacheHandle) -> bool:
+        """True when the handle is live and a lock of this very path is outstanding. Changes nothing."""
+
+    @abstractmethod
+    def evict(self, size: int) -> list[int]:
+        """Evict exactly ceil(size / P) pages, LRU evictable leaf first; returns their slots ascending."""
+
+    @abstractmethod
+    def reset(self) -> list[int]:
+        """Empty the cache (refused while locked); returns every slot it held, ascending."""
+
+    @property
+    @abstractmethod
+    def size_info(self) -> SizeInfo:
+        """Evictable and protected tokens."""
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Check every invariant; raise IntegrityError naming the broken one."""
+
+    @abstractmethod
+    def abstract_state(self) -> pc.PrefixCacheState:
+        """This cache's state as the spec's abstract state."""
+
+    @abstractmethod
+    def abstract_handle(self, handle: BaseCacheHandle) -> pc.Handle:
+        """A handle as the spec's handle (same path, same generations)."""

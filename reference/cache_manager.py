@@ -1,0 +1,226 @@
+"""The seed's CacheManager over plain lists: free list, page table, prefix cache.
+
+Every page of the pool is free, cached, or private to one live request;
+``check_integrity(live_reqs)`` checks that set by set through the spec.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from spec import cache_manager as spec_manager
+from spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError, OutOfPagesError, UnlockError
+from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
+from spec.types import Req, check_page_size
+
+from .base import BaseCacheHandle, BasePrefixCache
+from .naive_cache import NaivePrefixCache
+from .radix_cache import RadixPrefixCache
+
+
+def make_page_table(max_running_reqs: int, max_seq_len: int) -> list[list[int]]:
+    """An all-zero page table: one row per request slot, one entry per token position."""
+    if max_running_reqs < 1 or max_seq_len < 1:
+        raise InvalidSizeError(f"page table needs >= 1 rows and columns, got {max_running_reqs} x {max_seq_len}")
+    return [[0] * max_seq_len for _ in range(max_running_reqs)]
+
+
+class CacheManager:
+    """Connects the prefix cache, the free list of pages and the page table."""
+
+    def __init__(self, num_pages: int, page_size: int, page_table: list[list[int]], type: str = "radix") -> None:
+        # CHECK
+        check_page_size(page_size)
+        if num_pages < 1:
+            raise InvalidSizeError(f"num_pages must be >= 1, got {num_pages}")
+        if type not in ("radix", "naive"):
+            raise InvalidRequestError(f"prefix cache type must be 'radix' or 'naive', got {type!r}")
+        # UPDATE
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.page_table = page_table
+        self.prefix_cache: BasePrefixCache = (
+            RadixPrefixCache(page_size) if type == "radix" else NaivePrefixCache(page_size)
+        )
+        # FIFO of free page starts: 0, P, 2P, ...
+        self.free_slots: list[int] = [page * page_size for page in range(num_pages)]
+        # page starts freed inside lazy_free_region; None outside it
+        self.lazy_frees: list[int] | None = None
+
+    def match_req(self, req: Req) -> BaseCacheHandle:
+        """Match all of the prompt but its last token, which is always recomputed to produce logits."""
+        # CHECK
+        if len(req.input_ids) == 0:
+            raise InvalidRequestError("a request needs at least one input token")
+        # WALK
+        return self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)
+
+    @property
+    def available_size(self) -> int:
+        """Tokens an allocation may use now: evictable cache plus free pages."""
+        return self.prefix_cache.size_info.evictable_size + len(self.free_slots) * self.page_size
+
+    def lock(self, handle: BaseCacheHandle) -> None:
+        """Protect the handle's path from eviction."""
+        self.prefix_cache.lock(handle)
+
+    def unlock(self, handle: BaseCacheHandle) -> None:
+        """Release one lock on the handle's path."""
+        self.prefix_cache.unlock(handle)
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        """Give each request pages for ``[cached_len, device_len)``; write them into its row.
+
+        Raises OutOfPagesError with nothing changed when free plus evictable pages do not suffice.
+        """
+        # CHECK
+        p = self.page_size
+        spec_manager.check_distinct_rows(reqs)
+        needed_pages = 0
+        allocation_info: list[tuple[Req, int, int]] = []
+        for req in reqs:
+            self._check_req(req)
+            if not req.cached_len <= req.device_len <= len(self.page_table[req.table_idx]):
+                raise InvalidRequestError(
+                    f"request {req.uid}: need cached_len {req.cached_len} <= device_len {req.device_len}"
+                    f" <= max_seq_len {len(self.page_table[req.table_idx])}"
+                )
+            first_page = div_ceil(req.cached_len, p)
+            last_page = div_ceil(req.device_len, p)
+            if req.alloc_len != first_page * p:
+                raise InvalidRequestError(
+                    f"request {req.uid}: row holds pages up to position {req.alloc_len},"
+                    f" cached_len {req.cached_len} needs {first_page * p}"
+                )
+            if last_page > first_page:
+                needed_pages += last_page - first_page
+                allocation_info.append((req, first_page, last_page))
+        if needed_pages * p > self.available_size:
+            raise OutOfPagesError(
+                f"need {needed_pages} pages, have {len(self.free_slots)} free"
+                f" + {self.prefix_cache.size_info.evictable_size // p} evictable"
+            )
+        # UPDATE
+        allocated = self._page_to_token(self._allocate(needed_pages))
+        offset = 0
+        for req, first_page, last_page in allocation_info:
+            length = (last_page - first_page) * p
+            self.page_table[req.table_idx][first_page * p : last_page * p] = allocated[offset : offset + length]
+            req.alloc_len = last_page * p
+            offset += length
+
+    def cache_req(self, req: Req, *, finished: bool) -> None:
+        """Insert the request's computed prefix into the cache; free what the cache already had.
+
+        Regions of the request's row (all half-open)::
+
+            [0, old_handle.cached_len)          cached before this prefill (locked by old_handle)
+            [old_handle.cached_len, cached_len) cached by another request meanwhile: free ours
+            [cached_len, new_handle.cached_len) newly inserted into the cache
+            [new_handle.cached_len, alloc_len)  tail that cannot enter the tree: free if finished
+
+        When not finished, the row's ``[old_handle.cached_len, cached_len)`` is
+        rewritten to the cache's slots, so the request never reads a page it
+        just freed. When finished, the request is released.
+        """
+        # CHECK
+        old_handle = self._check_req(req)
+        if not old_handle.cached_len <= req.cached_len <= min(req.alloc_len, len(req.input_ids)):
+            raise InvalidRequestError(
+                f"request {req.uid}: need handle {old_handle.cached_len} <= cached_len {req.cached_len}"
+                f" <= min(alloc_len {req.alloc_len}, tokens {len(req.input_ids)})"
+            )
+        row = self.page_table[req.table_idx]
+        # UPDATE (insert_prefix checks its own input first and raises before any change)
+        cached_len, new_handle = self.prefix_cache.insert_prefix(
+            req.input_ids[: req.cached_len], row[: req.cached_len], req.namespace
+        )
+        self.unlock(old_handle)
+        # ACCOUNT
+        self._free(row[old_handle.cached_len : cached_len])
+        if finished:
+            self._free(row[new_handle.cached_len : req.alloc_len])
+            req.cache_handle = None
+            req.alloc_len = 0
+        else:
+            row[old_handle.cached_len : cached_len] = new_handle.get_matched_indices()[
+                old_handle.cached_len : cached_len
+            ]
+            req.cache_handle = new_handle
+            self.lock(new_handle)
+
+    @contextmanager
+    def lazy_free_region(self) -> Iterator[None]:
+        """Inside, frees are held back; on exit (even by an exception) they join the free list in order."""
+        # CHECK
+        if self.lazy_frees is not None:
+            raise CacheBusyError("lazy_free_region is already open")
+        # UPDATE
+        self.lazy_frees = []
+        try:
+            yield
+        finally:
+            held, self.lazy_frees = self.lazy_frees, None
+            self.free_slots.extend(held)
+
+    def check_integrity(self, live_reqs: Sequence[Req] = ()) -> None:
+        """Check the prefix cache, then the conservation law set by set (free + cached + private == num_pages)."""
+        self.prefix_cache.check_integrity()
+        spec_manager.check_manager_invariants(
+            self.abstract_state(),
+            [
+                dataclasses.replace(req, cache_handle=None)
+                if req.cache_handle is None
+                else dataclasses.replace(req, cache_handle=self.prefix_cache.abstract_handle(req.cache_handle))
+                for req in live_reqs
+            ],
+        )
+
+    def abstract_state(self) -> spec_manager.ManagerState:
+        """This manager as the spec's manager state."""
+        return spec_manager.ManagerState(
+            cache=self.prefix_cache.abstract_state(),
+            num_pages=self.num_pages,
+            page_table=[row[:] for row in self.page_table],
+            free_slots=self.free_slots[:],
+            lazy_frees=None if self.lazy_frees is None else self.lazy_frees[:],
+        )
+
+    # ------------------------------------------------------------ internals
+
+    def _allocate(self, needed_pages: int) -> list[int]:
+        """Take ``needed_pages`` page starts from the front of the free list, evicting first if short."""
+        free_pages = len(self.free_slots)
+        if needed_pages > free_pages:
+            evicted = self.prefix_cache.evict((needed_pages - free_pages) * self.page_size)
+            self.free_slots.extend(compute_page_starts(evicted, self.page_size))
+        allocated = self.free_slots[:needed_pages]
+        del self.free_slots[:needed_pages]
+        return allocated
+
+    def _free(self, indices: Sequence[int]) -> None:
+        """Return the pages starting at ``indices[::P]`` (held back inside a lazy region)."""
+        starts = compute_page_starts(indices, self.page_size)
+        if self.lazy_frees is not None:
+            self.lazy_frees.extend(starts)
+        else:
+            self.free_slots.extend(starts)
+
+    def _page_to_token(self, pages: Sequence[int]) -> list[int]:
+        """Expand page starts to the slots of each page."""
+        return compute_page_to_token(pages, self.page_size)
+
+    def _check_req(self, req: Req) -> BaseCacheHandle:
+        """The request's locked handle, after checking its row; raise otherwise."""
+        if not 0 <= req.table_idx < len(self.page_table):
+            raise InvalidRequestError(f"request {req.uid}: table_idx {req.table_idx} outside the page table")
+        handle: BaseCacheHandle | None = req.cache_handle
+        if handle is None:
+            raise InvalidRequestError(f"request {req.uid} was already released by cache_req(finished=True)")
+        if not self.prefix_cache.is_handle_locked(handle):
+            raise UnlockError(f"request {req.uid}: its handle is stale or not locked")
+        if req.alloc_len % self.page_size or req.alloc_len > len(self.page_table[req.table_idx]):
+            raise InvalidRequestError(f"request {req.uid}: alloc_len {req.alloc_len} is not a page boundary of the row")
+        return handle

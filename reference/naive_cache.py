@@ -1,0 +1,129 @@
+"""A prefix cache that shares nothing (the seed's "naive" strategy), with the same API.
+
+Every match finds nothing and every insert keeps nothing, so a CacheManager
+over it frees each request's pages when the request finishes. Bad input is
+rejected exactly as an empty RadixPrefixCache would reject it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from spec import prefix_cache as pc
+from spec.errors import (
+    DuplicateSlotError,
+    EvictionError,
+    IntegrityError,
+    InvalidSizeError,
+    InvalidTypeError,
+    LengthMismatchError,
+    MisalignedPageError,
+)
+from spec.helpers import align_down, is_page_run
+from spec.types import InsertResult, Namespace, SizeInfo, check_int_sequence, check_namespace, check_page_size
+
+from .base import BaseCacheHandle, BasePrefixCache
+
+
+class NaiveCacheHandle(BaseCacheHandle):
+    """An empty match."""
+
+    def __init__(self, namespace: Namespace) -> None:
+        self.cached_len = 0
+        self.namespace = namespace
+
+    def get_matched_indices(self) -> list[int]:
+        """Nothing is ever matched."""
+        return []
+
+
+class NaivePrefixCache(BasePrefixCache):
+    """No sharing: caches nothing, evicts nothing; keeps the logical clock like every cache."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        self.page_size = check_page_size(page_size)
+        self.clock = 0
+
+    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> NaiveCacheHandle:
+        """Always an empty match."""
+        # CHECK
+        check_int_sequence(input_ids, "input_ids")
+        namespace = check_namespace(namespace)
+        # UPDATE
+        self.clock += 1
+        return NaiveCacheHandle(namespace)
+
+    def insert_prefix(
+        self, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
+    ) -> InsertResult:
+        """Keeps nothing: reports 0 cached tokens and an empty handle."""
+        # CHECK
+        tokens = check_int_sequence(input_ids, "input_ids")
+        slots = check_int_sequence(indices, "indices")
+        namespace = check_namespace(namespace)
+        if len(tokens) != len(slots):
+            raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
+        p = self.page_size
+        seen: set[int] = set()
+        for start in range(0, align_down(len(slots), p), p):
+            page = slots[start : start + p]
+            if not is_page_run(page, p):
+                raise MisalignedPageError(f"page {start // p} has slots {list(page)}: not an aligned run of {p}")
+            if page[0] in seen:
+                raise DuplicateSlotError(f"page {start // p} takes slot {page[0]} twice")
+            seen.add(page[0])
+        # UPDATE
+        self.clock += 1
+        return InsertResult(0, NaiveCacheHandle(namespace))
+
+    def lock(self, handle: BaseCacheHandle) -> None:
+        """Nothing to protect."""
+        self._check_handle(handle)
+
+    def unlock(self, handle: BaseCacheHandle) -> None:
+        """Nothing to release."""
+        self._check_handle(handle)
+
+    def is_handle_locked(self, handle: BaseCacheHandle) -> bool:
+        """An empty path is always covered."""
+        self._check_handle(handle)
+        return True
+
+    def evict(self, size: int) -> list[int]:
+        """Only evict(0) succeeds: nothing is ever evictable."""
+        # CHECK
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
+        if size < 0:
+            raise InvalidSizeError(f"cannot evict a negative size ({size})")
+        if size > 0:
+            raise EvictionError(f"cannot evict {size} tokens, only 0 are evictable")
+        return []
+
+    def reset(self) -> list[int]:
+        """Nothing to empty."""
+        return []
+
+    @property
+    def size_info(self) -> SizeInfo:
+        """Always empty."""
+        return SizeInfo(evictable_size=0, protected_size=0)
+
+    def check_integrity(self) -> None:
+        """The only state is the logical clock: it must be a count of operations."""
+        if not isinstance(self.clock, int) or self.clock < 0:
+            raise IntegrityError(f"clock_is_a_count: clock is {self.clock!r}")
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        """An empty spec state at this clock."""
+        return pc.PrefixCacheState(page_size=self.page_size, clock=self.clock)
+
+    def abstract_handle(self, handle: BaseCacheHandle) -> pc.Handle:
+        """The empty spec handle."""
+        return pc.Handle(self._check_handle(handle).namespace, (), ())
+
+    def _check_handle(self, handle: object) -> NaiveCacheHandle:
+        """``handle`` if it is a naive handle, else raise InvalidTypeError."""
+        if not isinstance(handle, NaiveCacheHandle):
+            raise InvalidTypeError(f"expected a NaiveCacheHandle, got {type(handle).__name__}")
+        return handle

@@ -1,0 +1,455 @@
+"""The radix tree prefix cache of the seed, in plain Python (lists and ints).
+
+Compressed nodes: a node holds a run of whole pages (``key`` token ids,
+``value`` slots). Child key: the first token (P == 1) or the first page as
+a tuple (P > 1). A walk that stops inside a node splits it first, keeping
+the original node as the suffix so that handles on it stay valid.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator, Sequence
+
+from spec import prefix_cache as pc
+from spec.errors import (
+    CacheBusyError,
+    DuplicateSlotError,
+    EvictionError,
+    IntegrityError,
+    InvalidSizeError,
+    InvalidTypeError,
+    LengthMismatchError,
+    MisalignedPageError,
+    StaleHandleError,
+    UnlockError,
+)
+from spec.helpers import align_down, compute_match_len, div_ceil, is_page_run
+from spec.invariants import check_invariants
+from spec.types import InsertResult, Namespace, SizeInfo, check_int_sequence, check_namespace, check_page_size
+
+from .base import BaseCacheHandle, BasePrefixCache
+
+
+class RadixTreeNode:
+    """A run of whole cached pages: ``key`` tokens mapped to ``value`` slots."""
+
+    def __init__(self, page_size: int, timestamp: int, generation: int) -> None:
+        self.page_size = page_size
+        self.children: dict[Hashable, RadixTreeNode] = {}
+        self.parent: RadixTreeNode | None = None
+        # locks on paths through this node
+        self.ref_count = 0
+        # logical time of the last match/insert through this node
+        self.timestamp = timestamp
+        # logical time of the insert that cached these pages
+        self.generation = generation
+        # set when the node leaves the tree (evicted or reset): handles on it are stale
+        self.detached = False
+        self.key: list[int] = []
+        self.value: list[int] = []
+
+    def set_key_value(self, key: list[int], value: list[int]) -> None:
+        """Set the node's tokens and slots (equal lengths)."""
+        assert len(key) == len(value)
+        self.key = key
+        self.value = value
+
+    def set_parent(self, parent: RadixTreeNode) -> None:
+        """Hang this node under ``parent`` by its child key."""
+        self.parent = parent
+        parent.children[self.child_key(self.key)] = self
+
+    def child_key(self, tokens: Sequence[int]) -> Hashable:
+        """Key of the child that starts with ``tokens``: first token, or first page as a tuple."""
+        if self.page_size == 1:
+            return tokens[0]
+        return tuple(tokens[: self.page_size])
+
+    @property
+    def length(self) -> int:
+        """Tokens in this node."""
+        return len(self.key)
+
+    def is_root(self) -> bool:
+        """True for the root of a namespace (holds no pages)."""
+        return self.parent is None
+
+    def is_leaf(self) -> bool:
+        """True when no child extends this node."""
+        return not self.children
+
+    def get_match_len(self, input_ids: Sequence[int]) -> int:
+        """Common prefix length of this node's key and ``input_ids``."""
+        return compute_match_len(self.key, input_ids)
+
+    def split_at(self, pos: int) -> RadixTreeNode:
+        """Split off ``key[:pos]`` into a new parent node; this node keeps the suffix.
+
+        The new node copies ref_count: every lock through the suffix also
+        covers the prefix.
+        """
+        assert 0 < pos < self.length and pos % self.page_size == 0
+        parent = self.parent
+        assert parent is not None
+        new_node = RadixTreeNode(self.page_size, self.timestamp, self.generation)
+        new_node.set_key_value(self.key[:pos], self.value[:pos])
+        new_node.set_parent(parent)
+        new_node.ref_count = self.ref_count
+        self.set_key_value(self.key[pos:], self.value[pos:])
+        self.set_parent(new_node)
+        return new_node
+
+
+class RadixCacheHandle(BaseCacheHandle):
+    """A matched path: the node where the match ended and the matched length."""
+
+    def __init__(self, cached_len: int, node: RadixTreeNode) -> None:
+        self.cached_len = cached_len
+        self.node = node
+
+    def get_matched_indices(self) -> list[int]:
+        """Walk from the handle's node up to the root, then reverse: each node stores only its own run."""
+        if self.node.detached:
+            raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction")
+        values: list[list[int]] = []
+        node = self.node
+        while node.parent is not None:
+            values.append(node.value)
+            node = node.parent
+        values.reverse()
+        return [slot for value in values for slot in value]
+
+    def __repr__(self) -> str:
+        return f"RadixCacheHandle(cached_len={self.cached_len})"
+
+
+class RadixPrefixCache(BasePrefixCache):
+    """The seed's radix tree, one root per namespace, with exact LRU eviction of pages."""
+
+    def __init__(self, page_size: int = 1) -> None:
+        self.page_size = check_page_size(page_size)
+        self.roots: dict[Namespace, RadixTreeNode] = {}
+        self.clock = 0
+        self.evictable_size = 0
+        self.protected_size = 0
+        # first slot of every cached page (an insert must not reuse one)
+        self.cached_starts: set[int] = set()
+
+    # ------------------------------------------------------------ operations
+
+    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
+        """Longest cached page-aligned prefix; stamps its nodes, splitting the last one if needed."""
+        # CHECK
+        tokens = check_int_sequence(input_ids, "input_ids")
+        namespace = check_namespace(namespace)
+        # WALK
+        tokens = tokens[: align_down(len(tokens), self.page_size)]
+        node, prefix_len = self._tree_walk(self._get_root(namespace), tokens, self._take_tick())
+        return RadixCacheHandle(prefix_len, node)
+
+    def insert_prefix(
+        self, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
+    ) -> InsertResult:
+        """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
+        # CHECK
+        tokens = check_int_sequence(input_ids, "input_ids")
+        slots = check_int_sequence(indices, "indices")
+        namespace = check_namespace(namespace)
+        if len(tokens) != len(slots):
+            raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
+        insert_len = align_down(len(tokens), self.page_size)
+        tokens, slots = tokens[:insert_len], slots[:insert_len]
+        root = self._get_root(namespace)
+        self._check_new_pages(slots, self._find_prefix_len(root, tokens))
+        # WALK
+        t = self._take_tick()
+        node, prefix_len = self._tree_walk(root, tokens, t)
+        # UPDATE
+        if prefix_len < insert_len:
+            new_node = RadixTreeNode(self.page_size, t, t)
+            new_node.set_key_value(list(tokens[prefix_len:]), list(slots[prefix_len:]))
+            new_node.set_parent(node)
+            # ACCOUNT
+            self.evictable_size += new_node.length
+            self.cached_starts.update(slots[prefix_len :: self.page_size])
+            node = new_node
+        return InsertResult(prefix_len, RadixCacheHandle(insert_len, node))
+
+    def lock(self, handle: BaseCacheHandle) -> None:
+        """+1 ref on every node from the handle's node up to the root."""
+        # CHECK
+        node = self._check_handle(handle).node
+        # UPDATE
+        while node.parent is not None:
+            if node.ref_count == 0:
+                # ACCOUNT
+                self.evictable_size -= node.length
+                self.protected_size += node.length
+            node.ref_count += 1
+            node = node.parent
+
+    def unlock(self, handle: BaseCacheHandle) -> None:
+        """-1 ref on every node from the handle's node up to the root."""
+        # CHECK
+        checked = self._check_handle(handle)
+        if not self.is_handle_locked(checked):
+            raise UnlockError(f"no lock ends at the last node of this handle (cached_len {checked.cached_len})")
+        # UPDATE
+        for node in _path_to_root(checked.node):
+            node.ref_count -= 1
+            if node.ref_count == 0:
+                # ACCOUNT
+                self.evictable_size += node.length
+                self.protected_size -= node.length
+
+    def is_handle_locked(self, handle: BaseCacheHandle) -> bool:
+        """True when the handle is live and a lock ends at its node, not only locks of longer paths."""
+        node = self._check_type(handle).node
+        return (
+            # no page of its path was evicted
+            not node.detached
+            # and the root (empty path) or a lock of this very path is outstanding
+            and (node.parent is None or node.ref_count > sum(child.ref_count for child in node.children.values()))
+        )
+
+    def evict(self, size: int) -> list[int]:
+        """Evict exactly ceil(size / P) pages, each time the last page of the LRU evictable leaf."""
+        # CHECK
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
+        if size < 0:
+            raise InvalidSizeError(f"cannot evict a negative size ({size})")
+        if size > self.evictable_size:
+            raise EvictionError(f"cannot evict {size} tokens, only {self.evictable_size} are evictable")
+        # WALK
+        leaves = [(node.timestamp, id(node), node) for node in self._iter_nodes() if self._is_evictable_leaf(node)]
+        heapq.heapify(leaves)
+        # UPDATE
+        remaining = div_ceil(size, self.page_size)
+        evicted: list[int] = []
+        while remaining > 0:
+            _, _, node = heapq.heappop(leaves)
+            pages = node.length // self.page_size
+            if pages > remaining:
+                # evict only the last pages: the prefix stays cached as a new leaf
+                node.split_at((pages - remaining) * self.page_size)
+            evicted.extend(node.value)
+            remaining -= node.length // self.page_size
+            parent = self._detach(node)
+            if self._is_evictable_leaf(parent):
+                heapq.heappush(leaves, (parent.timestamp, id(parent), parent))
+        return sorted(evicted)
+
+    def reset(self) -> list[int]:
+        """Empty every namespace; returns every slot the cache held, ascending."""
+        # CHECK
+        if self.protected_size:
+            raise CacheBusyError(f"cannot reset: {self.protected_size} tokens are locked")
+        # UPDATE
+        slots: list[int] = []
+        for node in list(self._iter_nodes()):
+            slots.extend(node.value)
+            node.detached = True
+        for root in self.roots.values():
+            root.children.clear()
+        # ACCOUNT
+        self.evictable_size = 0
+        self.cached_starts.clear()
+        return sorted(slots)
+
+    @property
+    def size_info(self) -> SizeInfo:
+        """Evictable and protected tokens, kept as running counters."""
+        return SizeInfo(evictable_size=self.evictable_size, protected_size=self.protected_size)
+
+    # ------------------------------------------------------------ checks and views
+
+    def check_integrity(self) -> None:
+        """Check the tree's structure, its counters, then the spec's invariants on its abstract state."""
+        evictable = protected = 0
+        starts: list[int] = []
+        for node in self._iter_nodes():
+            problem = self._node_problem(node)
+            if problem:
+                raise IntegrityError(f"tree_is_well_formed: {problem}")
+            if node.ref_count:
+                protected += node.length
+            else:
+                evictable += node.length
+            starts.extend(node.value[:: self.page_size])
+        if (evictable, protected) != (self.evictable_size, self.protected_size):
+            raise IntegrityError(
+                f"size_counters_match_tree: counters say ({self.evictable_size}, {self.protected_size}),"
+                f" the tree holds ({evictable}, {protected})"
+            )
+        if sorted(starts) != sorted(self.cached_starts):
+            raise IntegrityError(
+                f"cached_starts_match_tree: {len(self.cached_starts)} starts recorded, {len(starts)} in the tree"
+            )
+        check_invariants(self.abstract_state(), reported=self.size_info)
+
+    def _node_problem(self, node: RadixTreeNode) -> str | None:
+        """What is wrong with a non-root node, or None."""
+        parent = node.parent
+        assert parent is not None
+        p = self.page_size
+        if node.detached:
+            return f"detached node of {node.length} tokens is still in the tree"
+        if node.length == 0 or node.length % p or len(node.value) != node.length:
+            return f"node has {node.length} tokens and {len(node.value)} slots, P={p}"
+        if parent.children.get(node.child_key(node.key)) is not node:
+            return f"node of {node.length} tokens is not its parent's child under its key"
+        if not all(is_page_run(node.value[i : i + p], p) for i in range(0, node.length, p)):
+            return f"node slots {node.value[:8]}... are not whole aligned pages"
+        below = sum(child.ref_count for child in node.children.values())
+        if node.ref_count < 0 or node.ref_count < below:
+            return f"node ref_count {node.ref_count} is below its children's {below}"
+        return None
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        """The spec's state: one entry per cached page."""
+        p = self.page_size
+        entries: dict[pc.PageKey, pc.Entry] = {}
+        for namespace, root in self.roots.items():
+            stack: list[tuple[RadixTreeNode, tuple[int, ...]]] = [(child, ()) for child in root.children.values()]
+            while stack:
+                node, prefix = stack.pop()
+                for i in range(0, node.length, p):
+                    key = (namespace, prefix + tuple(node.key[: i + p]))
+                    entries[key] = pc.Entry(node.value[i], node.timestamp, node.ref_count, node.generation)
+                path = prefix + tuple(node.key)
+                stack.extend((child, path) for child in node.children.values())
+        return pc.PrefixCacheState(page_size=p, entries=entries, clock=self.clock)
+
+    def abstract_handle(self, handle: BaseCacheHandle) -> pc.Handle:
+        """The spec handle of the same path (works on stale handles too)."""
+        node = self._check_type(handle).node
+        nodes = list(_path_to_root(node))
+        nodes.reverse()
+        namespace = next(ns for ns, root in self.roots.items() if root is _root_of(node))
+        tokens = tuple(t for node in nodes for t in node.key)
+        generations = tuple(node.generation for node in nodes for _ in range(node.length // self.page_size))
+        return pc.Handle(namespace, tokens, generations)
+
+    # ------------------------------------------------------------ internals
+
+    def _take_tick(self) -> int:
+        """Advance the logical clock; return the stamp of this operation."""
+        t = self.clock
+        self.clock += 1
+        return t
+
+    def _get_root(self, namespace: Namespace) -> RadixTreeNode:
+        """The root of ``namespace``, created on first use."""
+        if namespace not in self.roots:
+            self.roots[namespace] = RadixTreeNode(self.page_size, -1, -1)
+        return self.roots[namespace]
+
+    def _tree_walk(self, root: RadixTreeNode, input_ids: Sequence[int], t: int) -> tuple[RadixTreeNode, int]:
+        """Follow ``input_ids`` (whole pages) down from ``root``; stamp every node passed with ``t``."""
+        prefix_len = 0
+        node = root
+        while prefix_len < len(input_ids):
+            child = node.children.get(node.child_key(input_ids[prefix_len:]))
+            if child is None:
+                return node, prefix_len
+            node = child
+            # the child key matched, so at least one page matches
+            match_len = align_down(node.get_match_len(input_ids[prefix_len:]), self.page_size)
+            prefix_len += match_len
+            if match_len != node.length:
+                node = node.split_at(match_len)
+                node.timestamp = t
+                return node, prefix_len
+            node.timestamp = t
+        return node, prefix_len
+
+    def _find_prefix_len(self, root: RadixTreeNode, input_ids: Sequence[int]) -> int:
+        """Cached length of ``input_ids`` (whole pages), changing nothing."""
+        prefix_len = 0
+        node = root
+        while prefix_len < len(input_ids):
+            child = node.children.get(node.child_key(input_ids[prefix_len:]))
+            if child is None:
+                break
+            match_len = align_down(child.get_match_len(input_ids[prefix_len:]), self.page_size)
+            prefix_len += match_len
+            if match_len != child.length:
+                break
+            node = child
+        return prefix_len
+
+    def _check_new_pages(self, slots: Sequence[int], cached_len: int) -> None:
+        """Raise unless every new page of an insert is an aligned run of slots not cached yet."""
+        p = self.page_size
+        seen: set[int] = set()
+        for start in range(cached_len, len(slots), p):
+            page = slots[start : start + p]
+            if not is_page_run(page, p):
+                raise MisalignedPageError(
+                    f"page {start // p} (tokens [{start}, {start + p})) has slots {list(page)}:"
+                    f" not a run start..start+{p - 1} with start % {p} == 0"
+                )
+            if page[0] in self.cached_starts or page[0] in seen:
+                raise DuplicateSlotError(f"page {start // p} takes slot {page[0]}, which is already cached")
+            seen.add(page[0])
+
+    def _check_type(self, handle: object) -> RadixCacheHandle:
+        """``handle`` if it is a handle of this cache, else raise InvalidTypeError."""
+        if not isinstance(handle, RadixCacheHandle):
+            raise InvalidTypeError(f"expected a RadixCacheHandle, got {type(handle).__name__}")
+        if not any(root is _root_of(handle.node) for root in self.roots.values()):
+            raise InvalidTypeError("the handle belongs to another cache")
+        return handle
+
+    def _check_handle(self, handle: object) -> RadixCacheHandle:
+        """``handle`` if it is a live handle of this cache, else raise."""
+        checked = self._check_type(handle)
+        if checked.node.detached:
+            raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction")
+        return checked
+
+    def _is_evictable_leaf(self, node: RadixTreeNode) -> bool:
+        """True when evict() may take ``node``'s last page now."""
+        return (
+            # a root holds no pages
+            node.parent is not None
+            # nobody holds a lock on it
+            and node.ref_count == 0
+            # and no cached page extends it
+            and node.is_leaf()
+        )
+
+    def _detach(self, node: RadixTreeNode) -> RadixTreeNode:
+        """Remove a leaf from the tree; handles on it become stale. Returns its parent."""
+        parent = node.parent
+        assert parent is not None and node.is_leaf()
+        del parent.children[node.child_key(node.key)]
+        node.detached = True
+        # ACCOUNT
+        self.evictable_size -= node.length
+        self.cached_starts.difference_update(node.value[:: self.page_size])
+        return parent
+
+    def _iter_nodes(self) -> Iterator[RadixTreeNode]:
+        """Every non-root node of every namespace."""
+        stack = [child for root in self.roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _path_to_root(node: RadixTreeNode) -> Iterator[RadixTreeNode]:
+    """``node`` and its ancestors, excluding the root."""
+    while node.parent is not None:
+        yield node
+        node = node.parent
+
+
+def _root_of(node: RadixTreeNode) -> RadixTreeNode:
+    """The root above ``node`` (following parents even from a detached node)."""
+    while node.parent is not None:
+        node = node.parent
+    return node

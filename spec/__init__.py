@@ -1,0 +1,11 @@
+"""radixspec's executable specification: the prefix cache and page accounting as abstract models.
+
+stdlib only. ``spec.prefix_cache`` holds the cache as a dict of pages
+keyed by token prefix; ``spec.cache_manager`` the page accounting around
+it; ``spec.invariants`` the named invariants; ``spec.errors`` the error
+tree every implementation raises.
+"""
+
+from . import cache_manager, errors, helpers, invariants, prefix_cache, types
+
+__all__ = ["cache_manager", "errors", "helpers", "invariants", "prefix_cache", "types"]

@@ -1,0 +1,91 @@
+"""The error tree every implementation raises (spec, reference, optimized).
+
+A rejected call changes nothing: the fuzzer compares the abstract state
+before and after every call that raised one of these.
+"""
+
+from __future__ import annotations
+
+
+class CacheError(Exception):
+    """Base of every error raised by radixspec."""
+
+
+class StaleHandleError(CacheError):
+    """The handle's path lost a page to eviction or reset; it can no longer be used."""
+
+
+class UnlockError(CacheError):
+    """Unlock of a path holding a page whose ref count is already 0."""
+
+
+class EvictionError(CacheError):
+    """Asked to evict more tokens than are evictable."""
+
+
+class CacheBusyError(CacheError):
+    """The operation needs an unlocked cache (reset) but some page is locked."""
+
+
+class OutOfPagesError(CacheError):
+    """Not enough free plus evictable pages for an allocation."""
+
+
+class IntegrityError(CacheError):
+    """A named invariant does not hold; the message names it and gives the numbers."""
+
+
+class KVCorruptionError(CacheError):
+    """A KV slot holds values other than those stored for its token."""
+
+
+class UnavailableError(CacheError):
+    """An optional part (CUDA kernel, C extension) is not available on this machine."""
+
+
+class InvalidInputError(CacheError, ValueError):
+    """Bad argument value; the call was rejected before any change."""
+
+
+class LengthMismatchError(InvalidInputError):
+    """Two sequences that must have equal lengths do not."""
+
+
+class MisalignedPageError(InvalidInputError):
+    """A page's slots are not ``start .. start+P-1`` with ``start % P == 0`` and ``start >= 0``."""
+
+
+class DuplicateSlotError(InvalidInputError):
+    """A slot offered for a new page is already cached, or offered twice."""
+
+
+class InvalidSizeError(InvalidInputError):
+    """A size or count is negative or otherwise out of its range."""
+
+
+class InvalidRequestError(InvalidInputError):
+    """A request's lengths or page-table row do not fit the operation."""
+
+
+class InvalidTypeError(CacheError, TypeError):
+    """Bad argument type (not a sequence of ints, wrong dtype, wrong device, foreign handle)."""
+
+
+__all__ = [
+    "CacheBusyError",
+    "CacheError",
+    "DuplicateSlotError",
+    "EvictionError",
+    "IntegrityError",
+    "InvalidInputError",
+    "InvalidRequestError",
+    "InvalidSizeError",
+    "InvalidTypeError",
+    "KVCorruptionError",
+    "LengthMismatchError",
+    "MisalignedPageError",
+    "OutOfPagesError",
+    "StaleHandleError",
+    "UnavailableError",
+    "UnlockError",
+]

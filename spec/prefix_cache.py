@@ -1,0 +1,336 @@
+"""The prefix cache as an abstract model: cached pages keyed by token prefix.
+
+No tree here. The state is a dict of pages, each keyed by
+``(namespace, tokens up to the end of the page)``; a tree is one way to
+store it (see ``reference/`` and ``optimized/``, whose ``abstract_state()``
+maps back to this). Every operation lists its guards first (``# CHECK``,
+which raise before any change), then its effects.
+
+Time is logical: every match_prefix and insert_prefix takes ``t = clock``,
+advances the clock, and stamps every page on its path with ``t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from .errors import (
+    CacheBusyError,
+    DuplicateSlotError,
+    EvictionError,
+    InvalidSizeError,
+    InvalidTypeError,
+    LengthMismatchError,
+    MisalignedPageError,
+    StaleHandleError,
+    UnlockError,
+)
+from .helpers import align_down, compute_page_to_token, div_ceil, is_page_run
+from .types import (
+    InsertResult,
+    Namespace,
+    SizeInfo,
+    check_int_sequence,
+    check_namespace,
+    check_page_size,
+)
+
+# (namespace, token prefix ending at a page boundary)
+PageKey = tuple[Namespace, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cached page."""
+
+    # first of the page's P slots in the KV pool
+    slot_start: int
+    # clock value of the last match/insert whose path held this page
+    last_access: int
+    # outstanding locks on paths through this page
+    ref_count: int
+    # clock value of the insert that cached this page (a re-insert is a new generation)
+    generation: int
+
+
+@dataclass
+class PrefixCacheState:
+    """The whole abstract state of a prefix cache."""
+
+    # tokens per page (P)
+    page_size: int
+    # cached pages; prefix-closed: a page's parent page is cached too
+    entries: dict[PageKey, Entry] = field(default_factory=dict)
+    # logical clock: the stamp the next match/insert takes
+    clock: int = 0
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A match or insert result: a path of cached pages, valid until one of them is evicted."""
+
+    namespace: Namespace
+    # the matched tokens; len(tokens) == cached_len, a multiple of P
+    tokens: tuple[int, ...]
+    # generation of each page of the path when the handle was made
+    generations: tuple[int, ...]
+
+    @property
+    def cached_len(self) -> int:
+        """Matched tokens (page aligned)."""
+        return len(self.tokens)
+
+
+def new_state(page_size: int) -> PrefixCacheState:
+    """An empty cache with pages of ``page_size`` tokens."""
+    return PrefixCacheState(page_size=check_page_size(page_size))
+
+
+# ---------------------------------------------------------------- reads
+
+
+def get_page_keys(state: PrefixCacheState, namespace: Namespace, tokens: Sequence[int]) -> list[PageKey]:
+    """Keys of the whole pages of ``tokens``, shortest first."""
+    p = state.page_size
+    return [(namespace, tuple(tokens[:end])) for end in range(p, align_down(len(tokens), p) + 1, p)]
+
+
+def get_parent_key(state: PrefixCacheState, key: PageKey) -> PageKey | None:
+    """Key of the page before ``key`` on its path, or None for a first page."""
+    namespace, tokens = key
+    if len(tokens) == state.page_size:
+        return None
+    return (namespace, tokens[: len(tokens) - state.page_size])
+
+
+def get_child_keys(state: PrefixCacheState, key: PageKey) -> list[PageKey]:
+    """Cached pages that extend ``key`` by one page."""
+    return [other for other in state.entries if get_parent_key(state, other) == key]
+
+
+def has_cached_child(state: PrefixCacheState, key: PageKey) -> bool:
+    """True when some cached page extends ``key`` by one page."""
+    return bool(get_child_keys(state, key))
+
+
+def count_locks_ending_at(state: PrefixCacheState, key: PageKey) -> int:
+    """Locks on paths that end at page ``key``: its ref_count minus those passing on to its children."""
+    return state.entries[key].ref_count - sum(state.entries[child].ref_count for child in get_child_keys(state, key))
+
+
+def is_evictable(state: PrefixCacheState, key: PageKey) -> bool:
+    """True when the page ``key`` may be evicted now."""
+    return (
+        # nobody holds a lock on it
+        state.entries[key].ref_count == 0
+        # and no cached page extends it
+        and not has_cached_child(state, key)
+    )
+
+
+def get_evictable_leaves(state: PrefixCacheState) -> list[PageKey]:
+    """Every page that evict() may take next."""
+    return [key for key in state.entries if is_evictable(state, key)]
+
+
+def get_handle_keys(state: PrefixCacheState, handle: Handle) -> list[PageKey]:
+    """Keys of the pages on the handle's path, shortest first."""
+    return get_page_keys(state, handle.namespace, handle.tokens)
+
+
+def is_handle_stale(state: PrefixCacheState, handle: Handle) -> bool:
+    """True when a page of the handle's path was evicted since the handle was made."""
+    keys = get_handle_keys(state, handle)
+    return any(
+        # the page is gone
+        key not in state.entries
+        # or it was evicted and cached again: a new generation
+        or state.entries[key].generation != generation
+        for key, generation in zip(keys, handle.generations, strict=True)
+    )
+
+
+def is_handle_locked(state: PrefixCacheState, handle: Handle) -> bool:
+    """True when the handle is live and some lock ends at its last page (an empty path is always locked)."""
+    keys = get_handle_keys(state, handle)
+    return (
+        # no page of its path was evicted
+        not is_handle_stale(state, handle)
+        # and a lock of this very path is outstanding, not only locks of longer paths through it
+        and (not keys or count_locks_ending_at(state, keys[-1]) >= 1)
+    )
+
+
+def get_matched_indices(state: PrefixCacheState, handle: Handle) -> list[int]:
+    """Slots of the handle's path in sequence order. Does not change the cache.
+
+    The slots stay valid only while the handle is locked.
+    """
+    # CHECK
+    if is_handle_stale(state, handle):
+        raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction")
+    # WALK
+    starts = [state.entries[key].slot_start for key in get_handle_keys(state, handle)]
+    return compute_page_to_token(starts, state.page_size)
+
+
+def size_info(state: PrefixCacheState) -> SizeInfo:
+    """Evictable (ref 0) and protected (ref > 0) tokens."""
+    p = state.page_size
+    locked = sum(1 for entry in state.entries.values() if entry.ref_count > 0)
+    return SizeInfo(evictable_size=(len(state.entries) - locked) * p, protected_size=locked * p)
+
+
+# ---------------------------------------------------------------- operations
+
+
+def take_tick(state: PrefixCacheState) -> int:
+    """Advance the logical clock; return the stamp of this operation."""
+    t = state.clock
+    state.clock += 1
+    return t
+
+
+def stamp(state: PrefixCacheState, keys: Sequence[PageKey], t: int) -> None:
+    """Set last_access of every page in ``keys`` to ``t``."""
+    for key in keys:
+        state.entries[key] = replace(state.entries[key], last_access=t)
+
+
+def match_prefix(state: PrefixCacheState, input_ids: Sequence[int], namespace: Namespace = None) -> Handle:
+    """Longest cached page-aligned prefix of ``input_ids``; stamps its pages."""
+    # CHECK
+    tokens = check_int_sequence(input_ids, "input_ids")
+    namespace = check_namespace(namespace)
+    # WALK
+    keys = []
+    for key in get_page_keys(state, namespace, tokens):
+        if key not in state.entries:
+            break
+        keys.append(key)
+    # UPDATE
+    stamp(state, keys, take_tick(state))
+    matched = keys[-1][1] if keys else ()
+    return Handle(namespace, matched, tuple(state.entries[key].generation for key in keys))
+
+
+def insert_prefix(
+    state: PrefixCacheState,
+    input_ids: Sequence[int],
+    indices: Sequence[int],
+    namespace: Namespace = None,
+) -> InsertResult:
+    """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``.
+
+    Pages already cached keep their slots; ``result.cached_len`` counts them, and
+    the caller frees its own duplicates among them (``CacheManager.cache_req``).
+    """
+    # CHECK
+    tokens = check_int_sequence(input_ids, "input_ids")
+    slots = check_int_sequence(indices, "indices")
+    namespace = check_namespace(namespace)
+    if len(tokens) != len(slots):
+        raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
+    p = state.page_size
+    keys = get_page_keys(state, namespace, tokens)
+    num_cached = 0
+    while num_cached < len(keys) and keys[num_cached] in state.entries:
+        num_cached += 1
+    cached_starts = {entry.slot_start for entry in state.entries.values()}
+    new_starts: list[int] = []
+    for page in range(num_cached, len(keys)):
+        page_slots = slots[page * p : (page + 1) * p]
+        if not is_page_run(page_slots, p):
+            raise MisalignedPageError(
+                f"page {page} (tokens [{page * p}, {(page + 1) * p})) has slots {list(page_slots)}:"
+                f" not a run start..start+{p - 1} with start % {p} == 0"
+            )
+        if page_slots[0] in cached_starts or page_slots[0] in new_starts:
+            raise DuplicateSlotError(f"page {page} takes slot {page_slots[0]}, which is already cached")
+        new_starts.append(page_slots[0])
+    # UPDATE
+    t = take_tick(state)
+    stamp(state, keys[:num_cached], t)
+    for key, start in zip(keys[num_cached:], new_starts, strict=True):
+        state.entries[key] = Entry(slot_start=start, last_access=t, ref_count=0, generation=t)
+    handle = Handle(namespace, tokens[: len(keys) * p], tuple(state.entries[key].generation for key in keys))
+    return InsertResult(cached_len=num_cached * p, handle=handle)
+
+
+def lock(state: PrefixCacheState, handle: Handle) -> None:
+    """Add one lock to every page of the handle's path; locked pages are never evicted."""
+    # CHECK
+    check_handle(state, handle)
+    # UPDATE
+    for key in get_handle_keys(state, handle):
+        entry = state.entries[key]
+        state.entries[key] = replace(entry, ref_count=entry.ref_count + 1)
+
+
+def unlock(state: PrefixCacheState, handle: Handle) -> None:
+    """Remove one lock from every page of the handle's path.
+
+    Refused unless a lock of this very path is outstanding: unlocking a
+    prefix of a locked path would leave a page with fewer locks than the
+    pages below it.
+    """
+    # CHECK
+    check_handle(state, handle)
+    if not is_handle_locked(state, handle):
+        raise UnlockError(f"no lock ends at the last page of this handle (cached_len {handle.cached_len})")
+    # UPDATE
+    for key in get_handle_keys(state, handle):
+        entry = state.entries[key]
+        state.entries[key] = replace(entry, ref_count=entry.ref_count - 1)
+
+
+def evict(state: PrefixCacheState, size: int) -> list[int]:
+    """Evict exactly ceil(size / P) pages, least recently used evictable leaf first.
+
+    Returns the evicted slots, ascending.
+    """
+    # CHECK
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
+    if size < 0:
+        raise InvalidSizeError(f"cannot evict a negative size ({size})")
+    evictable = size_info(state).evictable_size
+    if size > evictable:
+        raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
+    # UPDATE
+    starts = []
+    for _ in range(div_ceil(size, state.page_size)):
+        leaves = get_evictable_leaves(state)
+        oldest = min(leaves, key=lambda key: state.entries[key].last_access)
+        # each operation stamps one root path, so two leaves never share a stamp
+        assert sum(state.entries[key].last_access == state.entries[oldest].last_access for key in leaves) == 1
+        starts.append(state.entries.pop(oldest).slot_start)
+    return sorted(compute_page_to_token(starts, state.page_size))
+
+
+def reset(state: PrefixCacheState) -> list[int]:
+    """Empty the cache; returns every slot it held, ascending. Refused while any page is locked."""
+    # CHECK
+    locked = size_info(state).protected_size
+    if locked:
+        raise CacheBusyError(f"cannot reset: {locked} tokens are locked")
+    # UPDATE
+    starts = [entry.slot_start for entry in state.entries.values()]
+    state.entries.clear()
+    return sorted(compute_page_to_token(starts, state.page_size))
+
+
+def check_type(handle: object) -> Handle:
+    """``handle`` if it is a spec handle, else raise InvalidTypeError."""
+    if not isinstance(handle, Handle):
+        raise InvalidTypeError(f"expected a spec Handle, got {type(handle).__name__}")
+    return handle
+
+
+def check_handle(state: PrefixCacheState, handle: object) -> Handle:
+    """``handle`` if it is a spec handle whose path is still cached, else raise."""
+    checked = check_type(handle)
+    if is_handle_stale(state, checked):
+        raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction")
+    return checked

@@ -1,0 +1,26 @@
+"""Failures the fuzzer found, replayed as the shrunk programs it printed."""
+
+import pytest
+
+from fuzz.prefix_cache_machine import PrefixCacheMachine
+from spec.errors import UnlockError
+from spec.invariants import check_invariants
+
+
+def test_unlocking_a_prefix_of_a_locked_path_is_rejected_by_every_implementation() -> None:
+    # Shrunk program of the first campaign: unlock(handles_1) used to succeed because every
+    # page of the short path had ref >= 1, leaving page (0,) at ref 0 under page (0, 0) at ref 1.
+    state = PrefixCacheMachine()
+    (seqs_0,) = state.setup(page_size=1, first=[([0, 0], [])])
+    state.implementations_agree()
+    seqs_1 = state.prefix_of(base=seqs_0, cut=1)
+    handles_0 = state.insert_prefix_bad_slots(namespace=None, seq=seqs_0, slots="scrambled", which=0)
+    state.lock(handle=handles_0)
+    handles_1 = state.insert_prefix(namespace=None, seq=seqs_1)
+    state.unlock(handle=handles_1)
+    state.implementations_agree()
+    state.teardown()
+    check_invariants(state.spec.state, locks=state.locks)
+    reference = state.impls[1].cache
+    with pytest.raises(UnlockError):
+        reference.unlock(handles_1.handles[1])
