@@ -82,21 +82,43 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.impls = [SpecManager(*args)] + [MANAGER_IMPLEMENTATIONS[name](*args) for name in self.IMPLS]
         return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
 
-    @rule(target=prompts, base=prompts, keep=st.booleans(), pages=page_choices, tail=tail_choices)
-    def new_prompt(self, base: tuple[int, ...], keep: bool, pages: list[int], tail: list[int]) -> tuple[int, ...]:
-        """A prompt of drawn pages, after the whole pages of ``base`` when ``keep``."""
-        STATS.record_rule("manager.new_prompt")
-        return tuple(build_sequence(self.page_size, pages, tail, base if keep else ()))
-
     # ------------------------------------------------------------ lifecycle
 
     @precondition(lambda self: len(self.live) < ROWS)
-    @rule(prompt=prompts, namespace=namespaces, max_new_tokens=st.integers(1, 6))
-    def admit(self, prompt: tuple[int, ...], namespace: Namespace, max_new_tokens: int) -> None:
-        """The seed's PrefillAdder._try_allocate_one: match, check, lock, check again, fill the row."""
+    @rule(
+        target=prompts,
+        base=prompts,
+        keep=st.booleans(),
+        pages=page_choices,
+        tail=tail_choices,
+        namespace=namespaces,
+        max_new_tokens=st.integers(1, 6),
+    )
+    def admit(
+        self,
+        base: tuple[int, ...],
+        keep: bool,
+        pages: list[int],
+        tail: list[int],
+        namespace: Namespace,
+        max_new_tokens: int,
+    ) -> Any:
+        """The seed's PrefillAdder._try_allocate_one: match, check, lock, check again, fill the row.
+
+        The prompt is ``base`` when ``keep`` and no pages are drawn, else the drawn
+        pages after ``base``'s whole pages (when ``keep``); it joins the bundle.
+        """
         STATS.record_rule("manager.admit")
+        prompt = (
+            base if keep and not pages else tuple(build_sequence(self.page_size, pages, tail, base if keep else ()))
+        )
         if len(prompt) + max_new_tokens > MAX_PAGES_PER_REQ * self.page_size:
-            return
+            return prompt
+        self.try_admit(prompt, namespace, max_new_tokens)
+        return prompt
+
+    def try_admit(self, prompt: tuple[int, ...], namespace: Namespace, max_new_tokens: int) -> None:
+        """Admit ``prompt`` on every implementation if each finds room (they must agree)."""
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         used = {live.reqs[0].table_idx for live in self.live}
         table_idx = min(set(range(ROWS)) - used)
@@ -177,6 +199,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
             if lazy:
                 for impl in self.impls:
                     stack.enter_context(impl.lazy_free_region())
+                self.check_nested_lazy_region_is_rejected()
             for live, device_len in zip(batch, targets, strict=True):
                 was_prefill = live.in_prefill
                 live.cached_len = device_len
@@ -225,33 +248,24 @@ class CacheManagerMachine(RuleBasedStateMachine):
         )
         assert out.ok, f"releasing live request {live.uid} was rejected with {out.error}"
         self.live.remove(live)
-        self.released = live
-
-    @rule(prompt=prompts, namespace=namespaces)
-    def touch(self, prompt: tuple[int, ...], namespace: Namespace) -> None:
-        """A match that is never admitted: refreshes LRU stamps and may split nodes."""
-        STATS.record_rule("manager.touch")
-        probe = [impl.new_req(list(prompt), 0, namespace, -1) for impl in self.impls]
-        apply_all(
-            "match_req",
+        again = apply_all(
+            "cache_req(finished=True) again",
             self.impls,
-            lambda impl, i: impl.match_req(probe[i]),
-            lambda impl, h: (impl.cached_len(h), impl.get_matched_indices(h)),
+            lambda impl, i: impl.cache_req(live.reqs[i], True),
             snapshot=self.snapshot,
         )
+        assert not again.ok, f"a second cache_req(finished=True) of request {live.uid} was accepted"
+
+    def check_nested_lazy_region_is_rejected(self) -> None:
+        """Opening a lazy free region inside another is rejected, changing nothing."""
+
+        def nest(impl: ManagerAdapter, i: int) -> None:
+            with impl.lazy_free_region():
+                pass
+
+        assert not apply_all("nested lazy_free_region", self.impls, nest, snapshot=self.snapshot).ok
 
     # ------------------------------------------------------------ bad input
-
-    @precondition(lambda self: hasattr(self, "released"))
-    @rule()
-    def release_twice(self) -> None:
-        """cache_req on a request already released: rejected, nothing freed twice."""
-        STATS.record_rule("manager.release_twice")
-        live = self.released
-        out = apply_all(
-            "cache_req twice", self.impls, lambda impl, i: impl.cache_req(live.reqs[i], True), snapshot=self.snapshot
-        )
-        assert not out.ok, "a second cache_req(finished=True) of one request was accepted"
 
     @precondition(lambda self: bool(self.live))
     @rule(pick=st.integers(0, ROWS - 1), how=st.sampled_from(["same row twice", "past max_seq_len", "backwards"]))
@@ -276,17 +290,6 @@ class CacheManagerMachine(RuleBasedStateMachine):
         for impl_index, impl in enumerate(self.impls):
             impl.set_lengths(live.reqs[impl_index], live.cached_len, live.cached_len)
         assert not out.ok, f"allocate_paged accepted a batch with {how}"
-
-    @rule()
-    def nested_lazy_free_region(self) -> None:
-        """Opening a lazy free region inside another is rejected."""
-        STATS.record_rule("manager.nested_lazy_free_region")
-
-        def nest(impl: ManagerAdapter, i: int) -> None:
-            with impl.lazy_free_region(), impl.lazy_free_region():
-                pass
-
-        assert not apply_all("nested lazy_free_region", self.impls, nest, snapshot=self.snapshot).ok
 
     # ------------------------------------------------------------ checks
 

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
 from spec import prefix_cache as pc
 from spec.helpers import align_down
@@ -28,6 +28,8 @@ from .stats import STATS
 
 # bad slots for insert_prefix: shifted, out of order, already cached, given twice, one short
 BAD_SLOTS = ("misaligned", "scrambled", "cached", "twice", "short")
+# reset only trees this large, so that most examples grow trees
+RESET_AT_PAGES = 6
 EVICT_SIZES = ("some", "some", "all", "zero", "over", "negative")
 
 
@@ -160,6 +162,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         if out.ok:
             STATS.evicted_pages += len(out.results[0]) // self.page_size
 
+    @precondition(lambda self: len(self.spec.state.entries) >= RESET_AT_PAGES)
     @rule()
     def reset(self) -> None:
         STATS.record_rule("cache.reset")
