@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+import torch
+
+import optimized
 import reference
 from spec import cache_manager as sm
 from spec import prefix_cache as pc
@@ -268,12 +271,126 @@ class ReferenceManager(ListReqMixin):
         return self.manager.page_table[req.table_idx][: req.alloc_len]
 
 
+class OptimizedCache:
+    """The optimized cache: lists in, tensors to it (token dtype alternating int32/int64), lists out."""
+
+    name = "optimized"
+
+    def __init__(self, page_size: int) -> None:
+        self.cache = optimized.RadixPrefixCache(page_size, device="cpu")
+        self.calls = 0
+
+    def tokens(self, values: list[int]) -> torch.Tensor:
+        self.calls += 1
+        return torch.tensor(values, dtype=torch.int32 if self.calls % 2 else torch.int64)
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+        return self.cache.match_prefix(self.tokens(tokens), namespace)
+
+    def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, Any]:
+        slots = torch.tensor(indices, dtype=torch.int64 if self.calls % 2 else torch.int32)
+        return tuple(self.cache.insert_prefix(self.tokens(tokens), slots, namespace))  # type: ignore[return-value]
+
+    def lock(self, handle: Any) -> None:
+        self.cache.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.unlock(handle)
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle.cached_len)
+
+    def get_matched_indices(self, handle: Any) -> list[int]:
+        return list(handle.get_matched_indices().tolist())
+
+    def evict(self, size: int) -> list[int]:
+        return list(self.cache.evict(size).tolist())
+
+    def reset(self) -> list[int]:
+        return list(self.cache.reset().tolist())
+
+    def size_info(self) -> tuple[int, int]:
+        return tuple(self.cache.size_info)  # type: ignore[return-value]
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return self.cache.abstract_state()
+
+
+class OptimizedManager:
+    """The optimized CacheManager; its requests keep token ids as CPU tensors."""
+
+    name = "optimized"
+
+    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
+        self.manager = optimized.CacheManager(num_pages, page_size, optimized.make_page_table(rows, max_seq_len))
+
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
+        tokens = torch.tensor(prompt, dtype=torch.int64)
+        return Req(input_ids=tokens, table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)  # type: ignore[arg-type]
+
+    def match_req(self, req: Req) -> Any:
+        return self.manager.match_req(req)
+
+    def lock(self, handle: Any) -> None:
+        self.manager.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.manager.unlock(handle)
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle.cached_len)
+
+    def get_matched_indices(self, handle: Any) -> list[int]:
+        return list(handle.get_matched_indices().tolist())
+
+    def available_size(self) -> int:
+        return self.manager.available_size
+
+    def admit(self, req: Req, handle: Any) -> None:
+        matched = handle.get_matched_indices()
+        self.manager.page_table[req.table_idx, : matched.numel()] = matched
+        req.cache_handle = handle
+        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+
+    def set_lengths(self, req: Req, cached_len: int, device_len: int) -> None:
+        req.cached_len, req.device_len = cached_len, device_len
+
+    def append_token(self, req: Req, token: int) -> None:
+        req.input_ids = torch.cat([req.input_ids, torch.tensor([token])])  # type: ignore[list-item, assignment]
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        self.manager.allocate_paged(reqs)
+
+    def cache_req(self, req: Req, finished: bool) -> None:
+        self.manager.cache_req(req, finished=finished)
+
+    def lazy_free_region(self) -> AbstractContextManager[None]:
+        return self.manager.lazy_free_region()
+
+    def evict(self, size: int) -> list[int]:
+        return list(self.manager.prefix_cache.evict(size).tolist())
+
+    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
+        self.manager.check_integrity(live_reqs)
+
+    def abstract_state(self) -> sm.ManagerState:
+        return self.manager.abstract_state()
+
+    def row(self, req: Req) -> list[int]:
+        return list(self.manager.page_table[req.table_idx, : req.alloc_len].tolist())
+
+
 # --impl name -> the adapters that run beside the spec
 CACHE_IMPLEMENTATIONS: dict[str, Callable[[int], CacheAdapter]] = {
     "reference": ReferenceCache,
+    "optimized": OptimizedCache,
 }
 MANAGER_IMPLEMENTATIONS: dict[str, Callable[[int, int, int, int], ManagerAdapter]] = {
     "reference": ReferenceManager,
+    "optimized": OptimizedManager,
 }
 
 

@@ -53,7 +53,7 @@ class LiveReq:
 class CacheManagerMachine(RuleBasedStateMachine):
     """Spec and implementations driven through the same request lifecycles."""
 
-    IMPLS: ClassVar[tuple[str, ...]] = ("reference",)
+    IMPLS: ClassVar[tuple[str, ...]] = ("reference", "optimized")
 
     prompts = Bundle("prompts")
 

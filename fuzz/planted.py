@@ -76,6 +76,63 @@ BUGS: tuple[PlantedBug, ...] = (
         "match_prefix(req.input_ids, req.namespace)",
         "manager",
     ),
+    # the same bugs in the optimized implementation
+    PlantedBug(
+        "split_at does not copy ref_count",
+        "optimized/radix_cache.py",
+        "        new_node.ref_count = node.ref_count\n",
+        "",
+        "cache",
+        "optimized",
+    ),
+    PlantedBug(
+        "lock skips the handle's own node (mini-sglang #52)",
+        "optimized/radix_cache.py",
+        "        node = self._check_handle(handle).node\n        # UPDATE\n",
+        "        node = self._check_handle(handle).node\n        node = node.parent or node\n        # UPDATE\n",
+        "cache",
+        "optimized",
+    ),
+    PlantedBug(
+        "evict takes a locked leaf",
+        "optimized/radix_cache.py",
+        "            if node.ref_count == 0 and not node.children and node.timestamp == ts:",
+        "            if not node.children and node.timestamp == ts:",
+        "cache",
+        "optimized",
+    ),
+    PlantedBug(
+        "cache_req forgets to free [old_handle.cached_len : cached_len)",
+        "optimized/cache_manager.py",
+        "        self._free(row[old_handle.cached_len : cached_len])\n",
+        "",
+        "manager",
+        "optimized",
+    ),
+    PlantedBug(
+        "LRU by insertion time instead of last access",
+        "optimized/radix_cache.py",
+        "        priority = node.timestamp\n",
+        "        priority = node.generation\n",
+        "cache",
+        "optimized",
+    ),
+    PlantedBug(
+        "match_req matches the whole prompt",
+        "optimized/cache_manager.py",
+        "match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)",
+        "match_prefix(req.input_ids, req.namespace)",
+        "manager",
+        "optimized",
+    ),
+    PlantedBug(
+        "unlock forgets the heap entry of a leaf it frees",
+        "optimized/radix_cache.py",
+        "                if not node.children:\n                    self._push(node)\n",
+        "",
+        "cache",
+        "optimized",
+    ),
 )
 
 

@@ -52,7 +52,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     """Spec and implementations driven by the same match / insert / lock / unlock / evict / reset calls."""
 
     # implementations beside the spec (see fuzz.adapters)
-    IMPLS: ClassVar[tuple[str, ...]] = ("reference",)
+    IMPLS: ClassVar[tuple[str, ...]] = ("reference", "optimized")
 
     seqs = Bundle("seqs")
     handles = Bundle("handles")

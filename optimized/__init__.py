@@ -1,0 +1,22 @@
+"""radixspec's fast implementation, optimized for speed rather than clarity.
+
+Same names, semantics and errors as ``reference`` (each class names its
+twin); token ids are CPU tensors (or lists), slots are int32 tensors on the
+chosen device, key compare is C through cffi (``fast_compare_key``).
+"""
+
+from .cache_manager import CacheManager, make_page_table
+from .naive_cache import NaiveCacheHandle, NaivePrefixCache
+from .radix_cache import RadixCacheHandle, RadixPrefixCache, RadixTreeNode
+from .radix_kernel import fast_compare_key
+
+__all__ = [
+    "CacheManager",
+    "NaiveCacheHandle",
+    "NaivePrefixCache",
+    "RadixCacheHandle",
+    "RadixPrefixCache",
+    "RadixTreeNode",
+    "fast_compare_key",
+    "make_page_table",
+]

@@ -1,0 +1,68 @@
+"""Input checks of the optimized implementation: token ids and slot indices as tensors.
+
+Twins of ``spec.types.check_int_sequence``: the same errors for the same
+bad input (InvalidTypeError for a wrong type, InvalidInputError for a
+negative value), checked on the whole tensor at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spec.errors import InvalidInputError, InvalidTypeError
+from spec.types import check_int_sequence
+
+INT_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2**31 - 1
+
+
+def device_of(device: torch.device | str) -> torch.device:
+    """``device`` as a torch.device, or raise InvalidTypeError."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidTypeError(f"not a torch device: {device!r} ({exc})") from None
+
+
+def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, bool]:
+    """Token ids as a contiguous 1-D int64 CPU tensor, and whether it is a fresh copy we own."""
+    if not isinstance(input_ids, torch.Tensor):
+        return torch.tensor(check_int_sequence(input_ids, "input_ids"), dtype=torch.int64), True
+    if input_ids.numel() == 0 and input_ids.device.type == "cpu":
+        return torch.empty(0, dtype=torch.int64), True  # torch.tensor([]) is float32: accept it as empty
+    if input_ids.dim() != 1 or input_ids.dtype not in INT_DTYPES or input_ids.device.type != "cpu":
+        raise InvalidTypeError(
+            f"input_ids must be a 1-D int32/int64 CPU tensor, got {input_ids.dim()}-D {input_ids.dtype}"
+            f" on {input_ids.device}"
+        )
+    if input_ids.numel() and int(input_ids.min()) < 0:
+        raise InvalidInputError("input_ids holds a negative token id")
+    if input_ids.dtype == torch.int64 and input_ids.is_contiguous():
+        return input_ids, False
+    return input_ids.to(torch.int64).contiguous(), True
+
+
+def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tuple[torch.Tensor, bool]:
+    """Slot indices as a 1-D int32 tensor on ``device``, and whether it is a fresh copy we own."""
+    if not isinstance(indices, torch.Tensor):
+        values = check_int_sequence(indices, "indices")
+        if values and max(values) > INT32_MAX:
+            raise InvalidInputError(f"slot index {max(values)} does not fit in int32")
+        return torch.tensor(values, dtype=torch.int32, device=device), True
+    if indices.numel() == 0 and indices.device == device:
+        return torch.empty(0, dtype=torch.int32, device=device), True
+    if indices.dim() != 1 or indices.dtype not in INT_DTYPES:
+        raise InvalidTypeError(f"indices must be a 1-D int32/int64 tensor, got {indices.dim()}-D {indices.dtype}")
+    if indices.device != device:
+        raise InvalidTypeError(f"indices are on {indices.device}, the cache's slots live on {device}")
+    if indices.numel():
+        low, high = torch.aminmax(indices)
+        if int(low) < 0:
+            raise InvalidInputError("indices holds a negative slot")
+        if int(high) > INT32_MAX:
+            raise InvalidInputError(f"slot index {int(high)} does not fit in int32")
+    if indices.dtype == torch.int32:
+        return indices, False
+    return indices.to(torch.int32), True

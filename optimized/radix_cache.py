@@ -1,0 +1,515 @@
+"""The radix tree prefix cache on torch tensors. Twin of ``reference.radix_cache``.
+
+Optimized for speed rather than clarity: token keys are int64 CPU tensors
+compared in C on raw pointers (no slice tensors on the walk), slot values
+are int32 tensors on the cache's device, and evictable leaves live in a
+min-heap by timestamp with lazy deletion, so ``evict`` costs O(log n) per
+page however large the tree. Ref counts keep, per node, the sum of its
+children's counts (``child_refs``), so lock checks are O(1) per node.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Hashable, Iterator, Sequence
+
+import torch
+
+from spec import prefix_cache as pc
+from spec.errors import (
+    CacheBusyError,
+    DuplicateSlotError,
+    EvictionError,
+    IntegrityError,
+    InvalidSizeError,
+    InvalidTypeError,
+    LengthMismatchError,
+    MisalignedPageError,
+    StaleHandleError,
+    UnlockError,
+)
+from spec.helpers import align_down, div_ceil
+from spec.invariants import check_invariants
+from spec.types import InsertResult, Namespace, SizeInfo, check_namespace, check_page_size
+
+from .inputs import as_slots, as_tokens, device_of
+from .radix_kernel import compare_raw
+
+_INT64_BYTES = 8
+
+
+class RadixTreeNode:
+    """A run of whole cached pages. Twin of ``reference.radix_cache.RadixTreeNode``."""
+
+    __slots__ = (
+        "child_refs",
+        "children",
+        "detached",
+        "generation",
+        "heap_ts",
+        "key",
+        "key_ptr",
+        "length",
+        "parent",
+        "ref_count",
+        "timestamp",
+        "value",
+    )
+
+    def __init__(self, key: torch.Tensor, value: torch.Tensor, timestamp: int, generation: int) -> None:
+        self.children: dict[Hashable, RadixTreeNode] = {}
+        self.parent: RadixTreeNode | None = None
+        self.ref_count = 0
+        # sum of the children's ref counts: locks that pass on below this node
+        self.child_refs = 0
+        self.timestamp = timestamp
+        self.generation = generation
+        self.detached = False
+        # timestamp of this node's live heap entry, or None when it has none
+        self.heap_ts: int | None = None
+        self.set_key_value(key, value)
+
+    def set_key_value(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        self.key = key
+        self.key_ptr = key.data_ptr()
+        self.value = value
+        self.length = key.numel()
+
+
+class RadixCacheHandle:
+    """A matched path. Twin of ``reference.radix_cache.RadixCacheHandle``."""
+
+    __slots__ = ("cached_len", "node", "root")
+
+    def __init__(self, cached_len: int, node: RadixTreeNode, root: RadixTreeNode) -> None:
+        self.cached_len = cached_len
+        self.node = node
+        self.root = root
+
+    def get_matched_indices(self) -> torch.Tensor:
+        """Slots of the path in sequence order (int32 on the cache's device); stale once evicted."""
+        node = self.node
+        if node.detached:
+            raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction")
+        values = []
+        while node.parent is not None:
+            values.append(node.value)
+            node = node.parent
+        if not values:
+            return self.root.value
+        if len(values) == 1:
+            return values[0]
+        values.reverse()
+        return torch.cat(values)
+
+    def __repr__(self) -> str:
+        return f"RadixCacheHandle(cached_len={self.cached_len})"
+
+
+class RadixPrefixCache:
+    """Radix tree prefix cache on tensors. Twin of ``reference.RadixPrefixCache``."""
+
+    def __init__(self, page_size: int = 1, device: torch.device | str = "cpu") -> None:
+        self.page_size = check_page_size(page_size)
+        self.device = device_of(device)
+        self.roots: dict[Namespace, RadixTreeNode] = {}
+        self.clock = 0
+        self.evictable_size = 0
+        self.protected_size = 0
+        self.cached_starts: set[int] = set()
+        self.num_nodes = 0
+        # min-heap of (priority, tie, stamp, node) over evictable leaves: priority is the LRU order
+        # (last access), stamp the timestamp the entry was made at; stale entries are skipped on pop
+        self.heap: list[tuple[int, int, int, RadixTreeNode]] = []
+        self._tie = itertools.count()
+        self._empty_key = torch.empty(0, dtype=torch.int64)
+        self._offsets = torch.arange(self.page_size, dtype=torch.int32, device=self.device)
+
+    # ------------------------------------------------------------ operations
+
+    def match_prefix(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
+        """Longest cached page-aligned prefix; stamps its nodes, splitting the last one if needed."""
+        # CHECK
+        ids, _ = as_tokens(input_ids)
+        namespace = check_namespace(namespace)
+        # WALK
+        root = self._get_root(namespace)
+        path, partial, prefix_len = self._find(root, ids, align_down(ids.numel(), self.page_size))
+        # UPDATE
+        node = self._stamp_path(root, path, partial, self._take_tick())
+        return RadixCacheHandle(prefix_len, node, root)
+
+    def insert_prefix(
+        self,
+        input_ids: torch.Tensor | Sequence[int],
+        indices: torch.Tensor | Sequence[int],
+        namespace: Namespace = None,
+    ) -> InsertResult:
+        """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
+        # CHECK
+        ids, ids_owned = as_tokens(input_ids)
+        slots, slots_owned = as_slots(indices, self.device)
+        namespace = check_namespace(namespace)
+        if ids.numel() != slots.numel():
+            raise LengthMismatchError(f"input_ids has {ids.numel()} tokens but indices has {slots.numel()} slots")
+        insert_len = align_down(ids.numel(), self.page_size)
+        root = self._get_root(namespace)
+        path, partial, prefix_len = self._find(root, ids, insert_len)
+        new_starts = self._check_new_pages(slots, prefix_len, insert_len)
+        # WALK
+        t = self._take_tick()
+        node = self._stamp_path(root, path, partial, t)
+        # UPDATE
+        if prefix_len < insert_len:
+            key = ids[prefix_len:insert_len]
+            value = slots[prefix_len:insert_len]
+            new_node = RadixTreeNode(key if ids_owned else key.clone(), value if slots_owned else value.clone(), t, t)
+            self._attach(new_node, node, self._child_key_of(new_node.key, 0))
+            # ACCOUNT
+            self.evictable_size += new_node.length
+            self.cached_starts.update(new_starts)
+            self._push(new_node)
+            node = new_node
+        return InsertResult(prefix_len, RadixCacheHandle(insert_len, node, root))
+
+    def lock(self, handle: RadixCacheHandle) -> None:
+        """+1 ref on every node from the handle's node up to the root. O(depth)."""
+        # CHECK
+        node = self._check_handle(handle).node
+        # UPDATE
+        parent = node.parent
+        while parent is not None:
+            if node.ref_count == 0:
+                self.evictable_size -= node.length
+                self.protected_size += node.length
+            node.ref_count += 1
+            parent.child_refs += 1
+            node, parent = parent, parent.parent
+
+    def unlock(self, handle: RadixCacheHandle) -> None:
+        """-1 ref on every node from the handle's node up to the root. O(depth)."""
+        # CHECK
+        checked = self._check_handle(handle)
+        if not self.is_handle_locked(checked):
+            raise UnlockError(f"no lock ends at the last node of this handle (cached_len {checked.cached_len})")
+        # UPDATE
+        node = checked.node
+        parent = node.parent
+        while parent is not None:
+            node.ref_count -= 1
+            parent.child_refs -= 1
+            if node.ref_count == 0:
+                self.evictable_size += node.length
+                self.protected_size -= node.length
+                if not node.children:
+                    self._push(node)
+            node, parent = parent, parent.parent
+
+    def is_handle_locked(self, handle: RadixCacheHandle) -> bool:
+        """True when the handle is live and a lock ends at its node, not only locks of longer paths."""
+        node = self._check_type(handle).node
+        return not node.detached and (node.parent is None or node.ref_count > node.child_refs)
+
+    def evict(self, size: int) -> torch.Tensor:
+        """Evict exactly ceil(size / P) pages, LRU evictable leaf first; slots ascending (int32)."""
+        # CHECK
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
+        if size < 0:
+            raise InvalidSizeError(f"cannot evict a negative size ({size})")
+        if size > self.evictable_size:
+            raise EvictionError(f"cannot evict {size} tokens, only {self.evictable_size} are evictable")
+        # UPDATE
+        p = self.page_size
+        remaining = div_ceil(size, p)
+        evicted: list[torch.Tensor] = []
+        while remaining > 0:
+            node = self._pop_evictable()
+            pages = node.length // p
+            if pages > remaining:
+                self._split(node, (pages - remaining) * p)
+            evicted.append(node.value)
+            remaining -= node.length // p
+            parent = self._detach(node)
+            if parent.parent is not None and parent.ref_count == 0 and not parent.children:
+                self._push(parent)
+        if not evicted:
+            return self._offsets[:0]
+        return torch.sort(torch.cat(evicted)).values
+
+    def reset(self) -> torch.Tensor:
+        """Empty every namespace; returns every slot the cache held, ascending (int32)."""
+        # CHECK
+        if self.protected_size:
+            raise CacheBusyError(f"cannot reset: {self.protected_size} tokens are locked")
+        # UPDATE
+        values = []
+        for node in list(self._iter_nodes()):
+            values.append(node.value)
+            node.detached = True
+        for root in self.roots.values():
+            root.children.clear()
+        # ACCOUNT
+        self.evictable_size = 0
+        self.cached_starts.clear()
+        self.num_nodes = 0
+        self.heap.clear()
+        return torch.sort(torch.cat(values)).values if values else self._offsets[:0]
+
+    @property
+    def size_info(self) -> SizeInfo:
+        """Evictable and protected tokens, kept as running counters."""
+        return SizeInfo(evictable_size=self.evictable_size, protected_size=self.protected_size)
+
+    # ------------------------------------------------------------ checks and views
+
+    def check_integrity(self) -> None:
+        """The tree's structure, its counters and heap, then the spec's invariants on its abstract state."""
+        evictable = protected = nodes = 0
+        starts: list[int] = []
+        live_entries = {id(node) for _, _, ts, node in self.heap if node.heap_ts == ts and not node.detached}
+        for node in self._iter_nodes():
+            nodes += 1
+            problem = self._node_problem(node)
+            if problem is None and node.ref_count == 0 and not node.children and id(node) not in live_entries:
+                problem = f"evictable leaf of {node.length} tokens has no heap entry"
+            if problem:
+                raise IntegrityError(f"tree_is_well_formed: {problem}")
+            if node.ref_count:
+                protected += node.length
+            else:
+                evictable += node.length
+            starts.extend(node.value[:: self.page_size].tolist())
+        if (evictable, protected, nodes) != (self.evictable_size, self.protected_size, self.num_nodes):
+            raise IntegrityError(
+                f"size_counters_match_tree: counters say ({self.evictable_size}, {self.protected_size},"
+                f" {self.num_nodes} nodes), the tree holds ({evictable}, {protected}, {nodes} nodes)"
+            )
+        if sorted(starts) != sorted(self.cached_starts):
+            raise IntegrityError(
+                f"cached_starts_match_tree: {len(self.cached_starts)} starts recorded, {len(starts)} in the tree"
+            )
+        check_invariants(self.abstract_state(), reported=self.size_info)
+
+    def _node_problem(self, node: RadixTreeNode) -> str | None:
+        """What is wrong with a non-root node, or None."""
+        parent = node.parent
+        assert parent is not None
+        p = self.page_size
+        if node.detached:
+            return f"detached node of {node.length} tokens is still in the tree"
+        if node.length == 0 or node.length % p or node.value.numel() != node.length:
+            return f"node has {node.length} tokens and {node.value.numel()} slots, P={p}"
+        if node.key.dtype != torch.int64 or node.value.dtype != torch.int32 or node.value.device != self.device:
+            return f"node holds {node.key.dtype} keys and {node.value.dtype} slots on {node.value.device}"
+        if parent.children.get(self._child_key_of(node.key, 0)) is not node:
+            return f"node of {node.length} tokens is not its parent's child under its key"
+        pages = node.value.view(-1, p)
+        if bool(((pages[:, 0] % p != 0) | (pages != pages[:, :1] + self._offsets).any(dim=1)).any()):
+            return f"node slots {node.value[:8].tolist()}... are not whole aligned pages"
+        below = sum(child.ref_count for child in node.children.values())
+        if node.ref_count < below or node.child_refs != below:
+            return f"node ref_count {node.ref_count}, child_refs {node.child_refs}, children hold {below}"
+        return None
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        """The spec's state: one entry per cached page."""
+        p = self.page_size
+        entries: dict[pc.PageKey, pc.Entry] = {}
+        for namespace, root in self.roots.items():
+            stack: list[tuple[RadixTreeNode, tuple[int, ...]]] = [(child, ()) for child in root.children.values()]
+            while stack:
+                node, prefix = stack.pop()
+                key = tuple(node.key.tolist())
+                starts = node.value[::p].tolist()
+                for page, start in enumerate(starts):
+                    entries[(namespace, prefix + key[: (page + 1) * p])] = pc.Entry(
+                        start, node.timestamp, node.ref_count, node.generation
+                    )
+                stack.extend((child, prefix + key) for child in node.children.values())
+        return pc.PrefixCacheState(page_size=p, entries=entries, clock=self.clock)
+
+    def abstract_handle(self, handle: RadixCacheHandle) -> pc.Handle:
+        """The spec handle of the same path (works on stale handles too)."""
+        checked = self._check_type(handle)
+        nodes = []
+        node = checked.node
+        while node.parent is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        namespace = next(ns for ns, root in self.roots.items() if root is checked.root)
+        tokens = tuple(t for n in nodes for t in n.key.tolist())
+        generations = tuple(n.generation for n in nodes for _ in range(n.length // self.page_size))
+        return pc.Handle(namespace, tokens, generations)
+
+    # ------------------------------------------------------------ internals
+
+    def _take_tick(self) -> int:
+        t = self.clock
+        self.clock += 1
+        return t
+
+    def _get_root(self, namespace: Namespace) -> RadixTreeNode:
+        root = self.roots.get(namespace)
+        if root is None:
+            root = RadixTreeNode(self._empty_key, self._offsets[:0], -1, -1)
+            self.roots[namespace] = root
+        return root
+
+    def _child_key_of(self, ids: torch.Tensor, pos: int) -> Hashable:
+        """Child key of the run starting at ``ids[pos]``: first token, or first page as a tuple."""
+        if self.page_size == 1:
+            return int(ids[pos])
+        return tuple(ids[pos : pos + self.page_size].tolist())
+
+    def _find(
+        self, root: RadixTreeNode, ids: torch.Tensor, n: int
+    ) -> tuple[list[RadixTreeNode], tuple[RadixTreeNode, int] | None, int]:
+        """Follow ``ids[:n]`` (whole pages) down from ``root``, changing nothing.
+
+        Returns the fully matched nodes, the node matched only in part with
+        its matched length (or None), and the matched length.
+        """
+        p = self.page_size
+        path: list[RadixTreeNode] = []
+        node, prefix_len = root, 0
+        base = ids.data_ptr()
+        while prefix_len < n:
+            child = node.children.get(self._child_key_of(ids, prefix_len))
+            if child is None:
+                break
+            m = compare_raw(
+                torch.int64, child.key_ptr, base + prefix_len * _INT64_BYTES, min(child.length, n - prefix_len)
+            )
+            m = m - m % p
+            prefix_len += m
+            if m != child.length:
+                return path, (child, m), prefix_len
+            path.append(child)
+            node = child
+        return path, None, prefix_len
+
+    def _stamp_path(
+        self,
+        root: RadixTreeNode,
+        path: list[RadixTreeNode],
+        partial: tuple[RadixTreeNode, int] | None,
+        t: int,
+    ) -> RadixTreeNode:
+        """Stamp the walked nodes with ``t``, splitting the partly matched one; return the last node."""
+        for node in path:
+            node.timestamp = t
+        if partial is not None:
+            child, m = partial
+            node = self._split(child, m)
+            node.timestamp = t
+            return node
+        if not path:
+            return root
+        last = path[-1]
+        if not last.children and last.ref_count == 0:
+            self._push(last)
+        return last
+
+    def _split(self, node: RadixTreeNode, pos: int) -> RadixTreeNode:
+        """Split off ``key[:pos]`` into a new parent node; ``node`` keeps the suffix and its identity."""
+        parent = node.parent
+        assert parent is not None and 0 < pos < node.length
+        new_node = RadixTreeNode(node.key[:pos], node.value[:pos], node.timestamp, node.generation)
+        new_node.ref_count = node.ref_count
+        new_node.child_refs = node.ref_count
+        child_key = self._child_key_of(node.key, 0)
+        new_node.parent = parent
+        parent.children[child_key] = new_node
+        self.num_nodes += 1
+        node.set_key_value(node.key[pos:], node.value[pos:])
+        self._attach(node, new_node, self._child_key_of(node.key, 0), count=False)
+        return new_node
+
+    def _attach(self, node: RadixTreeNode, parent: RadixTreeNode, child_key: Hashable, count: bool = True) -> None:
+        node.parent = parent
+        parent.children[child_key] = node
+        if count:
+            self.num_nodes += 1
+
+    def _detach(self, node: RadixTreeNode) -> RadixTreeNode:
+        """Remove an unlocked leaf; handles on it become stale. Returns its parent."""
+        parent = node.parent
+        assert parent is not None and not node.children and node.ref_count == 0
+        del parent.children[self._child_key_of(node.key, 0)]
+        node.detached = True
+        node.heap_ts = None
+        self.num_nodes -= 1
+        self.evictable_size -= node.length
+        self.cached_starts.difference_update(node.value[:: self.page_size].tolist())
+        return parent
+
+    def _push(self, node: RadixTreeNode) -> None:
+        """Give an evictable leaf a heap entry at its current timestamp (once per timestamp)."""
+        if node.heap_ts == node.timestamp:
+            return
+        node.heap_ts = node.timestamp
+        priority = node.timestamp
+        heapq.heappush(self.heap, (priority, next(self._tie), node.timestamp, node))
+        if len(self.heap) > 2 * self.num_nodes + 64:
+            self._compact_heap()
+
+    def _pop_evictable(self) -> RadixTreeNode:
+        """Pop the evictable leaf with the oldest timestamp, skipping stale entries."""
+        while True:
+            _, _, ts, node = heapq.heappop(self.heap)
+            if node.heap_ts != ts or node.detached:
+                continue
+            node.heap_ts = None
+            if node.ref_count == 0 and not node.children and node.timestamp == ts:
+                return node
+
+    def _compact_heap(self) -> None:
+        """Drop stale entries (amortized: runs after as many pushes as there are nodes)."""
+        self.heap = [entry for entry in self.heap if entry[3].heap_ts == entry[2] and not entry[3].detached]
+        heapq.heapify(self.heap)
+
+    def _check_new_pages(self, slots: torch.Tensor, start: int, end: int) -> list[int]:
+        """Page starts of the new pages ``slots[start:end]``; raise unless aligned, whole and not cached."""
+        p = self.page_size
+        if start == end:
+            return []
+        pages = slots[start:end].view(-1, p)
+        firsts = pages[:, 0]
+        if p > 1:
+            bad = (firsts % p != 0) | (pages != firsts[:, None] + self._offsets).any(dim=1)
+            if bool(bad.any()):
+                page = int(torch.nonzero(bad)[0, 0])
+                raise MisalignedPageError(
+                    f"page {start // p + page} has slots {pages[page].tolist()}:"
+                    f" not a run start..start+{p - 1} with start % {p} == 0"
+                )
+        new_starts = firsts.tolist()
+        seen: set[int] = set()
+        for page, first in enumerate(new_starts):
+            if first in self.cached_starts or first in seen:
+                raise DuplicateSlotError(f"page {start // p + page} takes slot {first}, which is already cached")
+            seen.add(first)
+        return new_starts
+
+    def _check_type(self, handle: object) -> RadixCacheHandle:
+        if not isinstance(handle, RadixCacheHandle):
+            raise InvalidTypeError(f"expected an optimized RadixCacheHandle, got {type(handle).__name__}")
+        if not any(root is handle.root for root in self.roots.values()):
+            raise InvalidTypeError("the handle belongs to another cache")
+        return handle
+
+    def _check_handle(self, handle: object) -> RadixCacheHandle:
+        checked = self._check_type(handle)
+        if checked.node.detached:
+            raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction")
+        return checked
+
+    def _iter_nodes(self) -> Iterator[RadixTreeNode]:
+        stack = [child for root in self.roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

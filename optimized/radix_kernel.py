@@ -1,0 +1,62 @@
+"""``fast_compare_key``: the common prefix length of two token arrays, in C (csrc/radix.c via cffi).
+
+Twin of ``spec.helpers.compute_match_len``. The wrapper validates (1-D,
+contiguous, CPU, same integer dtype int32/int64) and raises InvalidTypeError
+otherwise; the C side checks its own arguments and returns -1 if invalid.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from spec.errors import InvalidTypeError, UnavailableError
+
+_C_NAMES = {torch.int32: ("int32_t *", "radix_compare_i32"), torch.int64: ("int64_t *", "radix_compare_i64")}
+
+
+@functools.cache
+def _load() -> tuple[Any, Any]:
+    """The compiled cffi module (built by ``pip install``; ``python csrc/build_ffi.py`` rebuilds it)."""
+    try:
+        from . import _radix_c  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise UnavailableError(
+            f"the C helpers are not built ({exc}); run `pip install -e .` or `python csrc/build_ffi.py`"
+        ) from None
+    return _radix_c.ffi, _radix_c.lib
+
+
+def check_key(t: object, what: str) -> torch.Tensor:
+    """``t`` if it is a 1-D contiguous CPU int32/int64 tensor, else raise InvalidTypeError."""
+    if not isinstance(t, torch.Tensor):
+        raise InvalidTypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 1 or t.device.type != "cpu" or t.dtype not in _C_NAMES or not t.is_contiguous():
+        raise InvalidTypeError(
+            f"{what} must be a 1-D contiguous CPU int32/int64 tensor,"
+            f" got {t.dim()}-D {t.dtype} on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}"
+        )
+    return t
+
+
+def fast_compare_key(key: torch.Tensor, input_ids: torch.Tensor) -> int:
+    """Length of the common prefix of ``key`` and ``input_ids`` (same dtype, CPU, 1-D, contiguous)."""
+    # CHECK
+    check_key(key, "key")
+    check_key(input_ids, "input_ids")
+    if key.dtype != input_ids.dtype:
+        raise InvalidTypeError(f"key is {key.dtype} but input_ids is {input_ids.dtype}")
+    # WALK
+    return compare_raw(key.dtype, key.data_ptr(), input_ids.data_ptr(), min(key.numel(), input_ids.numel()))
+
+
+def compare_raw(dtype: torch.dtype, a_ptr: int, b_ptr: int, n: int) -> int:
+    """The C compare on raw data pointers (for callers that validated once and index by offset)."""
+    ffi, lib = _load()
+    c_type, fn = _C_NAMES[dtype]
+    result = int(getattr(lib, fn)(ffi.cast(c_type, a_ptr), ffi.cast(c_type, b_ptr), n))
+    if result < 0:
+        raise InvalidTypeError(f"{fn} rejected its arguments (n={n})")
+    return result
