@@ -16,6 +16,9 @@ ffibuilder.cdef(
     """
     int64_t radix_compare_i32(const int32_t *a, const int32_t *b, int64_t n);
     int64_t radix_compare_i64(const int64_t *a, const int64_t *b, int64_t n);
+    int64_t radix_first_negative_i32(const int32_t *a, int64_t n);
+    int64_t radix_first_negative_i64(const int64_t *a, int64_t n);
+    int64_t radix_first_bad_page_i32(const int32_t *slots, int64_t npages, int64_t page_size);
     """
 )
 ffibuilder.set_source(

@@ -51,3 +51,43 @@ int64_t radix_compare_i64(const int64_t *a, const int64_t *b, int64_t n) {
     }
     return i;
 }
+
+int64_t radix_first_negative_i32(const int32_t *a, int64_t n) {
+    if (n < 0 || (n > 0 && a == NULL)) {
+        return -1;
+    }
+    int64_t i = 0;
+    while (i < n && a[i] >= 0) {
+        ++i;
+    }
+    return i;
+}
+
+int64_t radix_first_negative_i64(const int64_t *a, int64_t n) {
+    if (n < 0 || (n > 0 && a == NULL)) {
+        return -1;
+    }
+    int64_t i = 0;
+    while (i < n && a[i] >= 0) {
+        ++i;
+    }
+    return i;
+}
+
+int64_t radix_first_bad_page_i32(const int32_t *slots, int64_t npages, int64_t page_size) {
+    if (npages < 0 || page_size < 1 || (npages > 0 && slots == NULL)) {
+        return -1;
+    }
+    for (int64_t page = 0; page < npages; ++page) {
+        const int32_t *s = slots + page * page_size;
+        if (s[0] < 0 || s[0] % page_size != 0) {
+            return page;
+        }
+        for (int64_t k = 1; k < page_size; ++k) {
+            if ((int64_t)s[k] != (int64_t)s[0] + k) {
+                return page;
+            }
+        }
+    }
+    return npages;
+}

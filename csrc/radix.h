@@ -5,3 +5,11 @@
 /* Length of the common prefix of a[0..n) and b[0..n) (n = the shorter length). */
 int64_t radix_compare_i32(const int32_t *a, const int32_t *b, int64_t n);
 int64_t radix_compare_i64(const int64_t *a, const int64_t *b, int64_t n);
+
+/* Index of the first negative value of a[0..n), or n when there is none. */
+int64_t radix_first_negative_i32(const int32_t *a, int64_t n);
+int64_t radix_first_negative_i64(const int64_t *a, int64_t n);
+
+/* Index of the first of npages pages of page_size slots that is not a run
+ * start..start+page_size-1 with start >= 0 and start % page_size == 0, or npages when all are. */
+int64_t radix_first_bad_page_i32(const int32_t *slots, int64_t npages, int64_t page_size);

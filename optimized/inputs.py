@@ -14,6 +14,8 @@ import torch
 from spec.errors import InvalidInputError, InvalidTypeError
 from spec.types import check_int_sequence
 
+from .radix_kernel import first_negative
+
 INT_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
 
@@ -37,11 +39,13 @@ def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, bo
             f"input_ids must be a 1-D int32/int64 CPU tensor, got {input_ids.dim()}-D {input_ids.dtype}"
             f" on {input_ids.device}"
         )
-    if input_ids.numel() and int(input_ids.min()) < 0:
-        raise InvalidInputError("input_ids holds a negative token id")
     if input_ids.dtype == torch.int64 and input_ids.is_contiguous():
-        return input_ids, False
-    return input_ids.to(torch.int64).contiguous(), True
+        ids, owned = input_ids, False
+    else:
+        ids, owned = input_ids.to(torch.int64).contiguous(), True
+    if first_negative(ids) < ids.numel():
+        raise InvalidInputError("input_ids holds a negative token id")
+    return ids, owned
 
 
 def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tuple[torch.Tensor, bool]:
@@ -57,12 +61,10 @@ def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tup
         raise InvalidTypeError(f"indices must be a 1-D int32/int64 tensor, got {indices.dim()}-D {indices.dtype}")
     if indices.device != device:
         raise InvalidTypeError(f"indices are on {indices.device}, the cache's slots live on {device}")
-    if indices.numel():
-        low, high = torch.aminmax(indices)
-        if int(low) < 0:
-            raise InvalidInputError("indices holds a negative slot")
-        if int(high) > INT32_MAX:
-            raise InvalidInputError(f"slot index {int(high)} does not fit in int32")
+    if first_negative(indices) < indices.numel():
+        raise InvalidInputError("indices holds a negative slot")
     if indices.dtype == torch.int32:
         return indices, False
+    if int(indices.max()) > INT32_MAX:
+        raise InvalidInputError(f"slot index {int(indices.max())} does not fit in int32")
     return indices.to(torch.int32), True

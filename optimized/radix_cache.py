@@ -34,7 +34,7 @@ from spec.invariants import check_invariants
 from spec.types import InsertResult, Namespace, SizeInfo, check_namespace, check_page_size
 
 from .inputs import as_slots, as_tokens, device_of
-from .radix_kernel import compare_raw
+from .radix_kernel import PageKeyReader, first_bad_page
 
 _INT64_BYTES = 8
 
@@ -125,6 +125,7 @@ class RadixPrefixCache:
         self._tie = itertools.count()
         self._empty_key = torch.empty(0, dtype=torch.int64)
         self._offsets = torch.arange(self.page_size, dtype=torch.int32, device=self.device)
+        self._keys = PageKeyReader(self.page_size)
 
     # ------------------------------------------------------------ operations
 
@@ -165,7 +166,7 @@ class RadixPrefixCache:
             key = ids[prefix_len:insert_len]
             value = slots[prefix_len:insert_len]
             new_node = RadixTreeNode(key if ids_owned else key.clone(), value if slots_owned else value.clone(), t, t)
-            self._attach(new_node, node, self._child_key_of(new_node.key, 0))
+            self._attach(new_node, node, self._keys(new_node.key_ptr, 0))
             # ACCOUNT
             self.evictable_size += new_node.length
             self.cached_starts.update(new_starts)
@@ -236,7 +237,9 @@ class RadixPrefixCache:
                 self._push(parent)
         if not evicted:
             return self._offsets[:0]
-        return torch.sort(torch.cat(evicted)).values
+        slots = evicted[0] if len(evicted) == 1 else torch.cat(evicted)
+        # one page is already ascending
+        return slots if slots.numel() == p else torch.sort(slots).values
 
     def reset(self) -> torch.Tensor:
         """Empty every namespace; returns every slot the cache held, ascending (int32)."""
@@ -303,7 +306,7 @@ class RadixPrefixCache:
             return f"node has {node.length} tokens and {node.value.numel()} slots, P={p}"
         if node.key.dtype != torch.int64 or node.value.dtype != torch.int32 or node.value.device != self.device:
             return f"node holds {node.key.dtype} keys and {node.value.dtype} slots on {node.value.device}"
-        if parent.children.get(self._child_key_of(node.key, 0)) is not node:
+        if parent.children.get(self._keys(node.key_ptr, 0)) is not node:
             return f"node of {node.length} tokens is not its parent's child under its key"
         pages = node.value.view(-1, p)
         if bool(((pages[:, 0] % p != 0) | (pages != pages[:, :1] + self._offsets).any(dim=1)).any()):
@@ -358,12 +361,6 @@ class RadixPrefixCache:
             self.roots[namespace] = root
         return root
 
-    def _child_key_of(self, ids: torch.Tensor, pos: int) -> Hashable:
-        """Child key of the run starting at ``ids[pos]``: first token, or first page as a tuple."""
-        if self.page_size == 1:
-            return int(ids[pos])
-        return tuple(ids[pos : pos + self.page_size].tolist())
-
     def _find(
         self, root: RadixTreeNode, ids: torch.Tensor, n: int
     ) -> tuple[list[RadixTreeNode], tuple[RadixTreeNode, int] | None, int]:
@@ -373,16 +370,15 @@ class RadixPrefixCache:
         its matched length (or None), and the matched length.
         """
         p = self.page_size
+        keys = self._keys
         path: list[RadixTreeNode] = []
         node, prefix_len = root, 0
         base = ids.data_ptr()
         while prefix_len < n:
-            child = node.children.get(self._child_key_of(ids, prefix_len))
+            child = node.children.get(keys(base, prefix_len))
             if child is None:
                 break
-            m = compare_raw(
-                torch.int64, child.key_ptr, base + prefix_len * _INT64_BYTES, min(child.length, n - prefix_len)
-            )
+            m = keys.compare(child.key_ptr, base + prefix_len * _INT64_BYTES, min(child.length, n - prefix_len))
             m = m - m % p
             prefix_len += m
             if m != child.length:
@@ -420,12 +416,11 @@ class RadixPrefixCache:
         new_node = RadixTreeNode(node.key[:pos], node.value[:pos], node.timestamp, node.generation)
         new_node.ref_count = node.ref_count
         new_node.child_refs = node.ref_count
-        child_key = self._child_key_of(node.key, 0)
         new_node.parent = parent
-        parent.children[child_key] = new_node
+        parent.children[self._keys(node.key_ptr, 0)] = new_node
         self.num_nodes += 1
         node.set_key_value(node.key[pos:], node.value[pos:])
-        self._attach(node, new_node, self._child_key_of(node.key, 0), count=False)
+        self._attach(node, new_node, self._keys(node.key_ptr, 0), count=False)
         return new_node
 
     def _attach(self, node: RadixTreeNode, parent: RadixTreeNode, child_key: Hashable, count: bool = True) -> None:
@@ -438,7 +433,7 @@ class RadixPrefixCache:
         """Remove an unlocked leaf; handles on it become stale. Returns its parent."""
         parent = node.parent
         assert parent is not None and not node.children and node.ref_count == 0
-        del parent.children[self._child_key_of(node.key, 0)]
+        del parent.children[self._keys(node.key_ptr, 0)]
         node.detached = True
         node.heap_ts = None
         self.num_nodes -= 1
@@ -476,17 +471,14 @@ class RadixPrefixCache:
         p = self.page_size
         if start == end:
             return []
-        pages = slots[start:end].view(-1, p)
-        firsts = pages[:, 0]
-        if p > 1:
-            bad = (firsts % p != 0) | (pages != firsts[:, None] + self._offsets).any(dim=1)
-            if bool(bad.any()):
-                page = int(torch.nonzero(bad)[0, 0])
-                raise MisalignedPageError(
-                    f"page {start // p + page} has slots {pages[page].tolist()}:"
-                    f" not a run start..start+{p - 1} with start % {p} == 0"
-                )
-        new_starts = firsts.tolist()
+        new = slots[start:end]
+        page = first_bad_page(new, p) if p > 1 else new.numel()
+        if page < new.numel() // p:
+            raise MisalignedPageError(
+                f"page {start // p + page} has slots {new[page * p : (page + 1) * p].tolist()}:"
+                f" not a run start..start+{p - 1} with start % {p} == 0"
+            )
+        new_starts = new[::p].tolist()
         seen: set[int] = set()
         for page, first in enumerate(new_starts):
             if first in self.cached_starts or first in seen:

@@ -60,3 +60,52 @@ def compare_raw(dtype: torch.dtype, a_ptr: int, b_ptr: int, n: int) -> int:
     if result < 0:
         raise InvalidTypeError(f"{fn} rejected its arguments (n={n})")
     return result
+
+
+def first_negative(t: torch.Tensor) -> int:
+    """Index of the first negative value of a 1-D int32/int64 tensor, or its length if none."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        negative = torch.nonzero(t < 0)
+        return int(negative[0, 0]) if negative.numel() else t.numel()
+    ffi, lib = _load()
+    if t.dtype == torch.int32:
+        result = int(lib.radix_first_negative_i32(ffi.cast("int32_t *", t.data_ptr()), t.numel()))
+    else:
+        result = int(lib.radix_first_negative_i64(ffi.cast("int64_t *", t.data_ptr()), t.numel()))
+    if result < 0:
+        raise InvalidTypeError("radix_first_negative rejected its arguments")
+    return result
+
+
+def first_bad_page(slots: torch.Tensor, page_size: int) -> int:
+    """Index of the first page of ``slots`` (int32, whole pages) that is not an aligned run; #pages if none."""
+    npages = slots.numel() // page_size
+    if slots.device.type != "cpu" or not slots.is_contiguous():
+        pages = slots.view(npages, page_size)
+        offsets = torch.arange(page_size, dtype=slots.dtype, device=slots.device)
+        bad = (pages[:, 0] < 0) | (pages[:, 0] % page_size != 0) | (pages != pages[:, :1] + offsets).any(dim=1)
+        where = torch.nonzero(bad)
+        return int(where[0, 0]) if where.numel() else npages
+    ffi, lib = _load()
+    result = int(lib.radix_first_bad_page_i32(ffi.cast("int32_t *", slots.data_ptr()), npages, page_size))
+    if result < 0:
+        raise InvalidTypeError("radix_first_bad_page rejected its arguments")
+    return result
+
+
+class PageKeyReader:
+    """Reads the child key of a page straight from an int64 token buffer: an int (P = 1) or the page's bytes."""
+
+    def __init__(self, page_size: int) -> None:
+        self.ffi, self.lib = _load()
+        self.page_size = page_size
+        self.nbytes = page_size * 8
+
+    def __call__(self, ptr: int, pos: int) -> int | bytes:
+        if self.page_size == 1:
+            return int(self.ffi.cast("int64_t *", ptr)[pos])
+        return bytes(self.ffi.unpack(self.ffi.cast("char *", ptr + pos * 8), self.nbytes))
+
+    def compare(self, a_ptr: int, b_ptr: int, n: int) -> int:
+        """radix_compare_i64 on raw pointers (arguments validated by the caller)."""
+        return int(self.lib.radix_compare_i64(self.ffi.cast("int64_t *", a_ptr), self.ffi.cast("int64_t *", b_ptr), n))

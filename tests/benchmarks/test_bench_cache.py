@@ -1,0 +1,68 @@
+"""Prefix-cache benchmarks (opt-in: ``pytest -m bench`` or ``tox -e bench``).
+
+Implementations of one workload share a group; compare their mins within
+one run (the summary at the end prints the ratios).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.benchmarks import workloads as w
+
+pytestmark = pytest.mark.bench
+PAGE_SIZES = [1, 16]
+
+
+@pytest.mark.parametrize("impl", w.IMPLS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_a_shared_prompt_insert_all_then_match_all(benchmark: Any, impl: str, page_size: int) -> None:
+    benchmark.group = f"a shared 1k prompt + 20k branches P={page_size}"
+    work = w.shared_prompt(impl, page_size)
+    benchmark.pedantic(
+        w.run_shared_prompt, setup=lambda: ((w.make_cache(impl, page_size), work), {}), rounds=3, iterations=1
+    )
+
+
+@pytest.mark.parametrize("impl", [*w.IMPLS, "fullscan"])
+@pytest.mark.parametrize("leaves", [1_000, 10_000, 20_000, 100_000])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_b_evict_one_page_under_pressure(benchmark: Any, impl: str, leaves: int, page_size: int) -> None:
+    if impl != "optimized" and leaves > 20_000:
+        pytest.skip("the full-scan implementations take seconds per call at this size")
+    benchmark.group = f"b evict one page P={page_size} leaves={leaves}"
+    farm = w.LeafFarm(impl, page_size, leaves)
+    last: list[Any] = []
+
+    def setup() -> tuple[tuple[()], dict[str, Any]]:
+        if last:
+            farm.refill(last.pop())
+        return (), {}
+
+    def evict() -> None:
+        last.append(farm.evict_one_page())
+
+    rounds = 200 if impl == "optimized" else 20
+    benchmark.pedantic(evict, setup=setup, rounds=rounds, iterations=1, warmup_rounds=2)
+
+
+@pytest.mark.parametrize("impl", w.IMPLS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_c_match_a_fully_cached_32k_prompt(benchmark: Any, impl: str, page_size: int) -> None:
+    benchmark.group = f"c match cached 32k prompt P={page_size}"
+    cache, tokens = w.long_prompt(impl, page_size)
+    handle = benchmark.pedantic(cache.match_prefix, args=(tokens,), rounds=50, iterations=1, warmup_rounds=2)
+    assert handle.cached_len == 32_768 - 32_768 % page_size
+
+
+@pytest.mark.parametrize("impl", w.IMPLS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_d_serving_loop_trace(benchmark: Any, impl: str, page_size: int) -> None:
+    benchmark.group = f"d serving loop trace P={page_size}"
+    trace = w.trace_for(impl, TRACES.setdefault(page_size, w.serving_trace(page_size)))
+    benchmark.pedantic(w.replay, setup=lambda: ((w.make_cache(impl, page_size), trace), {}), rounds=3, iterations=1)
+
+
+TRACES: dict[int, list[Any]] = {}
