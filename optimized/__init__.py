@@ -2,16 +2,21 @@
 
 Same names, semantics and errors as ``reference`` (each class names its
 twin); token ids are CPU tensors (or lists), slots are int32 tensors on the
-chosen device, key compare is C through cffi (``fast_compare_key``).
+chosen device, key compare is C through cffi (``fast_compare_key``). The
+physical side lives here too: ``MHAKVCache`` (the paged KV pool) and
+``store_cache`` (C on the CPU, a CUDA kernel on GPUs).
 """
 
 from .cache_manager import CacheManager, make_page_table
+from .kv_pool import MHAKVCache
+from .kv_store import store_cache
 from .naive_cache import NaiveCacheHandle, NaivePrefixCache
 from .radix_cache import RadixCacheHandle, RadixPrefixCache, RadixTreeNode
 from .radix_kernel import fast_compare_key
 
 __all__ = [
     "CacheManager",
+    "MHAKVCache",
     "NaiveCacheHandle",
     "NaivePrefixCache",
     "RadixCacheHandle",
@@ -19,4 +24,5 @@ __all__ = [
     "RadixTreeNode",
     "fast_compare_key",
     "make_page_table",
+    "store_cache",
 ]

@@ -59,6 +59,10 @@ class DuplicateSlotError(InvalidInputError):
     """A slot offered for a new page is already cached, or offered twice."""
 
 
+class SlotOutOfRangeError(InvalidInputError):
+    """A slot index lies outside the KV pool."""
+
+
 class InvalidSizeError(InvalidInputError):
     """A size or count is negative or otherwise out of its range."""
 
@@ -85,6 +89,7 @@ __all__ = [
     "LengthMismatchError",
     "MisalignedPageError",
     "OutOfPagesError",
+    "SlotOutOfRangeError",
     "StaleHandleError",
     "UnavailableError",
     "UnlockError",

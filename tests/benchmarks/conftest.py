@@ -1,36 +1,41 @@
-"""After a benchmark run, print each group's mins and the ratios to ``optimized`` (measured in this run)."""
+"""After a benchmark run, print each group's mins and ratios to its first implementation (same run).
+
+Implementations are named by the ``impl`` parameter; where a benchmark records
+``extra_info["bytes"]``, the bandwidth at the min is printed too.
+"""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+BASELINE_FIRST = ("optimized", "store_cache")
+
 
 def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
     session = getattr(config, "_benchmarksession", None)
     if session is None or not getattr(session, "benchmarks", None):
         return
-    groups: dict[str, dict[str, float]] = {}
+    groups: dict[str, dict[str, tuple[float, int | None]]] = {}
     for bench in session.benchmarks:
         if bench.stats is None:
             continue
-        impl = re.search(r"impl=?(\w+)|-(optimized|reference|fullscan)[\]-]", bench.name)
-        name = next((g for g in (impl.groups() if impl else ()) if g), bench.name)
-        groups.setdefault(bench.group or "", {})[name] = bench.stats.min
+        impl = str(bench.params.get("impl", bench.name)) if bench.params else bench.name
+        groups.setdefault(bench.group or "", {})[impl] = (bench.stats.min, bench.extra_info.get("bytes"))
     write = terminalreporter.write_line
     write("")
-    write("min per call and ratio to optimized (same run):")
-    write(f"  {'workload':<48} {'optimized':>12} {'reference':>12} {'x':>8} {'fullscan':>12} {'x':>8}")
-    for group in sorted(groups):
+    write("min per call, and how many times slower than the group's first implementation (same run):")
+    for group in sorted(groups, key=_natural):
         mins = groups[group]
-        fast = mins.get("optimized")
+        order = sorted(mins, key=lambda name: (name not in BASELINE_FIRST, name))
+        base = mins[order[0]][0]
+        cells = []
+        for name in order:
+            seconds, nbytes = mins[name]
+            rate = f" {nbytes / seconds / 1e9:6.2f} GB/s" if nbytes else ""
+            cells.append(f"{name} {seconds * 1e3:9.3f} ms{rate} (x{seconds / base:.1f})")
+        write(f"  {group:<46} " + "   ".join(cells))
 
-        def cell(name: str, mins: dict[str, float] = mins, fast: float | None = fast) -> str:
-            value = mins.get(name)
-            if value is None:
-                return f"{'-':>12} {'-':>8}"
-            ratio = f"{value / fast:8.1f}" if fast else f"{'-':>8}"
-            return f"{value * 1e3:10.3f}ms {ratio}"
 
-        fast_cell = f"{fast * 1e3:10.3f}ms" if fast else f"{'-':>12}"
-        write(f"  {group:<48} {fast_cell} {cell('reference')} {cell('fullscan')}")
+def _natural(text: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
