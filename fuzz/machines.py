@@ -9,10 +9,12 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from .cache_manager_machine import CacheManagerMachine
 from .prefix_cache_machine import PrefixCacheMachine
+from .scheduler_machine import SchedulerMachine
 
 MACHINES: dict[str, type[RuleBasedStateMachine]] = {
     "cache": PrefixCacheMachine,
     "manager": CacheManagerMachine,
+    "scheduler": SchedulerMachine,
 }
 
 

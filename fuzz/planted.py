@@ -125,6 +125,52 @@ BUGS: tuple[PlantedBug, ...] = (
         "manager",
         "optimized",
     ),
+    # the scheduler's request lifecycle
+    PlantedBug(
+        "abort of an in-flight request frees twice (mini-sglang #111)",
+        "reference/scheduler.py",
+        "            if uid in self.finished_reqs or uid not in self.live:\n"
+        "                continue  # its last batch finished it and freed it already\n",
+        "",
+        "scheduler",
+    ),
+    PlantedBug(
+        "cache_req(finished=True) skips freeing the tail",
+        "reference/cache_manager.py",
+        "            self._free(row[new_handle.cached_len : req.alloc_len])\n",
+        "",
+        "scheduler",
+    ),
+    PlantedBug(
+        "PrefillAdder skips the second available_size check",
+        "reference/prefill.py",
+        "        if estimated_len + self.reserved_size > self.cache_manager.available_size:\n"
+        "            self.cache_manager.unlock(handle)\n"
+        "            return None\n",
+        "",
+        "scheduler",
+    ),
+    PlantedBug(
+        "decode batch built from a set",
+        "reference/decode.py",
+        'return Batch(reqs=list(self.running_reqs.values()), phase="decode")',
+        'return Batch(reqs=list(set(self.running_reqs.values())), phase="decode")',
+        "scheduler",
+    ),
+    PlantedBug(
+        "chunked request not put back at the head",
+        "reference/prefill.py",
+        "self.pending_list = chunked_list + self.pending_list[len(reqs) :]",
+        "self.pending_list = self.pending_list[len(reqs) :] + chunked_list",
+        "scheduler",
+    ),
+    PlantedBug(
+        "_page_to_token off by one",
+        "reference/cache_manager.py",
+        "        return compute_page_to_token(pages, self.page_size)\n",
+        "        return [slot + 1 for slot in compute_page_to_token(pages, self.page_size)]\n",
+        "scheduler",
+    ),
     PlantedBug(
         "unlock forgets the heap entry of a leaf it frees",
         "optimized/radix_cache.py",
@@ -159,7 +205,8 @@ def run_one(bug: PlantedBug, minutes: float, seed: int) -> tuple[str, float | No
             ),
         )
         plant(bug, tree)
-        cmd = [sys.executable, "-m", "fuzz", "--machine", bug.machine, "--impl", bug.impl]
+        impl = "all" if bug.machine == "scheduler" else bug.impl
+        cmd = [sys.executable, "-m", "fuzz", "--machine", bug.machine, "--impl", impl]
         cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
     found = re.search(r"first failing example after ([\d.]+) s, shrunk and reported after ([\d.]+) s", proc.stdout)
@@ -181,11 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--impl", default=None, help="only bugs planted in this implementation")
     parser.add_argument("--only", default=None, help="only bugs whose name contains this text")
+    parser.add_argument("--machine", default=None, help="only bugs caught by this machine (cache, manager, scheduler)")
     args = parser.parse_args(argv)
     chosen = [
         bug
         for bug in BUGS
-        if (args.impl is None or bug.impl == args.impl) and (args.only is None or args.only in bug.name)
+        if (args.impl is None or bug.impl == args.impl)
+        and (args.only is None or args.only in bug.name)
+        and (args.machine is None or bug.machine == args.machine)
     ]
     missed = 0
     print(f"{'planted bug':<66} {'impl':<10} {'verdict':<8} {'found':>8} {'reported':>9}")

@@ -8,20 +8,27 @@ physical side lives here too: ``MHAKVCache`` (the paged KV pool) and
 """
 
 from .cache_manager import CacheManager, make_page_table
+from .engine import Engine, EngineResult
 from .kv_pool import MHAKVCache
 from .kv_store import store_cache
+from .model import HashModel
 from .naive_cache import NaiveCacheHandle, NaivePrefixCache
 from .radix_cache import RadixCacheHandle, RadixPrefixCache, RadixTreeNode
 from .radix_kernel import fast_compare_key
+from .scheduler import Scheduler
 
 __all__ = [
     "CacheManager",
+    "Engine",
+    "EngineResult",
+    "HashModel",
     "MHAKVCache",
     "NaiveCacheHandle",
     "NaivePrefixCache",
     "RadixCacheHandle",
     "RadixPrefixCache",
     "RadixTreeNode",
+    "Scheduler",
     "fast_compare_key",
     "make_page_table",
     "store_cache",

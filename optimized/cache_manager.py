@@ -25,7 +25,7 @@ from spec.errors import (
     UnlockError,
 )
 from spec.helpers import div_ceil
-from spec.types import Req, check_page_size
+from spec.types import Prompted, Req, check_page_size
 
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache
@@ -60,9 +60,11 @@ class CacheManager:
         )
         self.free_slots = torch.arange(num_pages, dtype=torch.int32, device=self.device) * page_size
         self.lazy_frees: list[torch.Tensor] | None = None
+        # pages taken back from the cache by allocations, over the manager's life
+        self.evicted_pages = 0
         self._offsets = torch.arange(page_size, dtype=torch.int32, device=self.device)
 
-    def match_req(self, req: Req) -> Any:
+    def match_req(self, req: Prompted) -> Any:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""
         # CHECK
         if len(req.input_ids) == 0:
@@ -202,6 +204,7 @@ class CacheManager:
         if needed_pages > free_pages:
             evicted = self.prefix_cache.evict((needed_pages - free_pages) * self.page_size)
             self.free_slots = torch.cat([self.free_slots, evicted[:: self.page_size]])
+            self.evicted_pages += needed_pages - free_pages
         allocated = self.free_slots[:needed_pages]
         self.free_slots = self.free_slots[needed_pages:]
         return allocated

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from spec import cache_manager as spec_manager
 from spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError, OutOfPagesError, UnlockError
 from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
-from spec.types import Req, check_page_size
+from spec.types import Prompted, Req, check_page_size
 
 from .base import BaseCacheHandle, BasePrefixCache
 from .naive_cache import NaivePrefixCache
@@ -48,8 +48,10 @@ class CacheManager:
         self.free_slots: list[int] = [page * page_size for page in range(num_pages)]
         # page starts freed inside lazy_free_region; None outside it
         self.lazy_frees: list[int] | None = None
+        # pages taken back from the cache by allocations, over the manager's life
+        self.evicted_pages = 0
 
-    def match_req(self, req: Req) -> BaseCacheHandle:
+    def match_req(self, req: Prompted) -> BaseCacheHandle:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""
         # CHECK
         if len(req.input_ids) == 0:
@@ -196,6 +198,7 @@ class CacheManager:
         if needed_pages > free_pages:
             evicted = self.prefix_cache.evict((needed_pages - free_pages) * self.page_size)
             self.free_slots.extend(compute_page_starts(evicted, self.page_size))
+            self.evicted_pages += needed_pages - free_pages
         allocated = self.free_slots[:needed_pages]
         del self.free_slots[:needed_pages]
         return allocated

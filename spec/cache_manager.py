@@ -33,7 +33,7 @@ from .invariants import (
     raise_first,
     rows_match_handles,
 )
-from .types import Req, check_page_size
+from .types import Prompted, Req, check_page_size
 
 
 @dataclass
@@ -78,7 +78,7 @@ def available_size(state: ManagerState) -> int:
     return pc.size_info(state.cache).evictable_size + len(state.free_slots) * state.page_size
 
 
-def match_req(state: ManagerState, req: Req) -> pc.Handle:
+def match_req(state: ManagerState, req: Prompted) -> pc.Handle:
     """Match all of the prompt but its last token, which is always recomputed to produce logits."""
     # CHECK
     if len(req.input_ids) == 0:

@@ -94,3 +94,16 @@ def is_page_run(slots: Sequence[int], page_size: int) -> bool:
         # and is consecutive
         and all(slots[i] == slots[0] + i for i in range(page_size))
     )
+
+
+def compute_pages_to_finish(max_device_len: int, alloc_len: int, page_size: int) -> int:
+    """Pages a request still needs: positions [0, max_device_len - 1) get KV (the last token never does).
+
+    pre: page_size >= 1
+    pre: max_device_len >= 1
+    pre: alloc_len >= 0 and alloc_len % page_size == 0
+    post: __return__ >= 0
+    post: alloc_len + __return__ * page_size >= max_device_len - 1
+    post: __return__ == 0 or alloc_len + (__return__ - 1) * page_size < max_device_len - 1
+    """
+    return max(0, div_ceil(max_device_len - 1, page_size) - alloc_len // page_size)

@@ -5,3 +5,6 @@ from fuzz.prefix_cache_machine import PrefixCacheMachine
 
 TestPrefixCacheMachine = PrefixCacheMachine.TestCase
 TestCacheManagerMachine = CacheManagerMachine.TestCase
+from fuzz.scheduler_machine import SchedulerMachine  # noqa: E402
+
+TestSchedulerMachine = SchedulerMachine.TestCase

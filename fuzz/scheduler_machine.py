@@ -1,0 +1,274 @@
+"""Differential state machine for schedulers: reference vs optimized, under a small pool, with aborts.
+
+Requests are built from a few shared system prompts and few-shot blocks
+plus random suffixes, in random namespaces, with random max_tokens and
+ignore_eos; aborts hit waiting, chunked, running, in-flight and finished
+requests; steps run in normal or overlap mode. After every step both
+schedulers agree on the batch (uids, phase, chunk sizes), the tokens, the
+page-table rows, available_size and the abstract cache; check_integrity
+holds on each; the HashModels found no corrupted KV (they raise). At the
+end every request finished or was aborted, every page is free or
+evictable, and the outputs equal a run with no sharing and an unbounded pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import optimized
+import reference
+from optimized.model import HashModel as OptimizedHashModel
+from reference.model import HashModel as ReferenceHashModel
+from spec.errors import CacheError
+from spec.types import Namespace, SchedulerConfig
+
+from .differential import describe_difference
+from .sequences import build_sequence, namespaces
+from .stats import STATS
+
+EOS = 0
+EOS_PER_MILLE = 150
+MAX_STEPS_TO_DRAIN = 3000
+
+# shared parts of prompts: (pages as pattern choices) per system prompt and few-shot block
+SYSTEMS = ((), (0, 1), (3, 3, 5))
+SHOTS = ((), (2,), (7, 4))
+
+
+def make_scheduler(impl: str, config: SchedulerConfig) -> Any:
+    """A scheduler of implementation ``impl`` with its HashModel."""
+    if impl == "reference":
+        return reference.Scheduler(config, ReferenceHashModel(eos_token_id=EOS, eos_per_mille=EOS_PER_MILLE))
+    model = OptimizedHashModel(config.num_pages, config.page_size, eos_token_id=EOS, eos_per_mille=EOS_PER_MILLE)
+    return optimized.Scheduler(config, model)
+
+
+def row_of(scheduler: Any, uid: int) -> list[int]:
+    """The page-table row of live request ``uid`` up to its allocated length, as a list."""
+    req = scheduler.live[uid]
+    row = scheduler.page_table[req.table_idx]
+    return list(row[: req.alloc_len]) if isinstance(row, list) else row[: req.alloc_len].tolist()
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    """Reference and optimized schedulers driven by the same requests, aborts and steps."""
+
+    IMPLS: ClassVar[tuple[str, ...]] = ("reference", "optimized")
+
+    def __init__(self) -> None:
+        super().__init__()
+        STATS.examples += 1
+        self.schedulers: list[Any] = []
+        self.requests: dict[int, tuple[list[int], int, bool, Namespace]] = {}
+        self.next_uid = 0
+        self.config = SchedulerConfig()
+
+    @initialize(
+        page_size=st.sampled_from([1, 2, 4, 16]),
+        num_pages=st.integers(4, 24),
+        rows=st.integers(1, 5),
+        budget_pages=st.integers(1, 6),
+        overlap=st.booleans(),
+    )
+    def setup(self, page_size: int, num_pages: int, rows: int, budget_pages: int, overlap: bool) -> None:
+        self.config = SchedulerConfig(
+            page_size=page_size,
+            num_pages=num_pages,
+            max_running_reqs=rows,
+            max_seq_len=12 * page_size,
+            max_extend_tokens=budget_pages * page_size - (1 if page_size > 1 else 0) + 1,
+            overlap=overlap,
+            eos_token_id=EOS,
+        )
+        impls = ("reference", *[name for name in self.IMPLS if name != "reference"])
+        self.schedulers = [make_scheduler(name, self.config) for name in impls]
+        self.names = impls
+
+    # ------------------------------------------------------------ rules
+
+    @rule(
+        system=st.integers(0, len(SYSTEMS) - 1),
+        shots=st.integers(0, len(SHOTS) - 1),
+        suffix_pages=st.lists(st.integers(0, 7), max_size=2),
+        tail=st.lists(st.integers(1, 3), max_size=4),
+        namespace=namespaces,
+        max_tokens=st.integers(1, 8),
+        ignore_eos=st.booleans(),
+    )
+    def add_request(
+        self,
+        system: int,
+        shots: int,
+        suffix_pages: list[int],
+        tail: list[int],
+        namespace: Namespace,
+        max_tokens: int,
+        ignore_eos: bool,
+    ) -> None:
+        """A request of a shared system prompt, a few-shot block and its own suffix."""
+        STATS.record_rule("scheduler.add_request")
+        pages = [*SYSTEMS[system], *SHOTS[shots], *suffix_pages]
+        self.submit(build_sequence(self.config.page_size, pages, tail) or [1], namespace, max_tokens, ignore_eos)
+
+    @precondition(lambda self: bool(self.requests))
+    @rule(
+        pick=st.integers(0, 1 << 16),
+        keep=st.integers(0, 1 << 16),
+        suffix_pages=st.lists(st.integers(0, 7), max_size=2),
+        max_tokens=st.integers(1, 8),
+    )
+    def add_follow_up(self, pick: int, keep: int, suffix_pages: list[int], max_tokens: int) -> None:
+        """A request that continues part of an earlier one (a multi-turn chat): long shared prefixes."""
+        STATS.record_rule("scheduler.add_follow_up")
+        uid = sorted(self.requests)[pick % len(self.requests)]
+        prompt, _, ignore_eos, namespace = self.requests[uid]
+        base = prompt + self.schedulers[0].outputs[uid]
+        base = base[: keep % (len(base) + 1)]
+        self.submit(
+            build_sequence(self.config.page_size, suffix_pages, [1], base) or [1], namespace, max_tokens, ignore_eos
+        )
+
+    def submit(self, prompt: list[int], namespace: Namespace, max_tokens: int, ignore_eos: bool) -> None:
+        uid, self.next_uid = self.next_uid, self.next_uid + 1
+        outcome = self.on_all(lambda s: s.add_request(uid, prompt, max_tokens, ignore_eos, namespace))
+        if outcome[0] == "returns":
+            self.requests[uid] = (prompt, outcome[1], ignore_eos, namespace)
+
+    @rule(bad=st.sampled_from(["empty prompt", "duplicate uid", "too long", "never fits", "max_tokens 0"]))
+    def add_bad_request(self, bad: str) -> None:
+        STATS.record_rule(f"scheduler.add_bad_request[{bad}]")
+        p = self.config.page_size
+        uid, prompt, max_tokens = self.next_uid, [1, 2, 3], 1
+        if bad == "empty prompt":
+            prompt = []
+        elif bad == "duplicate uid":
+            uid = max(self.requests, default=-1)
+        elif bad == "too long":
+            prompt = [1] * self.config.max_seq_len
+        elif bad == "never fits":
+            prompt, max_tokens = [1] * (self.config.max_seq_len - 1), 1
+            if (self.config.max_seq_len - 1 + p - 1) // p <= self.config.num_pages:
+                return  # the pool is large enough for any request
+        else:
+            max_tokens = 0
+        if uid < 0:
+            return
+        before = [(dict(s.status), [r.uid for r in s.prefill_manager.pending_list]) for s in self.schedulers]
+        outcome = self.on_all(lambda s: s.add_request(uid, prompt, max_tokens))
+        assert outcome[0] == "raises", f"{bad}: accepted"
+        after = [(dict(s.status), [r.uid for r in s.prefill_manager.pending_list]) for s in self.schedulers]
+        assert before == after, f"{bad}: a rejected request changed the scheduler"
+
+    @precondition(lambda self: bool(self.requests))
+    @rule(pick=st.integers(0, 1 << 16))
+    def abort(self, pick: int) -> None:
+        """Abort a request: mostly a live one, sometimes one already finished or aborted."""
+        status = self.schedulers[0].status
+        live = [uid for uid in sorted(self.requests) if status[uid] in ("waiting", "running")]
+        uids = live if live and pick % 4 else sorted(self.requests)
+        uid = uids[pick % len(uids)]
+        STATS.record_rule(f"scheduler.abort[{self.schedulers[0].status[uid]}]")
+        self.on_all(lambda s: s.abort(uid))
+
+    @rule()
+    def step(self) -> None:
+        STATS.record_rule("scheduler.step")
+        self.step_all()
+
+    @rule(times=st.integers(2, 6))
+    def steps(self, times: int) -> None:
+        STATS.record_rule("scheduler.steps")
+        for _ in range(times):
+            self.step_all()
+
+    # ------------------------------------------------------------ checks
+
+    def on_all(self, call: Any) -> tuple[str, Any]:
+        """Apply ``call`` to every scheduler; they must return the same value or raise the same error class."""
+        outcomes = []
+        for scheduler in self.schedulers:
+            try:
+                outcomes.append(("returns", call(scheduler)))
+            except CacheError as exc:
+                outcomes.append(("raises", type(exc)))
+        for name, outcome in zip(self.names[1:], outcomes[1:], strict=True):
+            assert outcome == outcomes[0], f"reference {outcomes[0]} but {name} {outcome}"
+        if outcomes[0][0] == "raises":
+            STATS.record_rejection(outcomes[0][1])
+        return outcomes[0]
+
+    def step_all(self) -> None:
+        reports = [scheduler.step() for scheduler in self.schedulers]
+        for name, report in zip(self.names[1:], reports[1:], strict=True):
+            assert report == reports[0], f"step: reference {reports[0]} but {name} {report}"
+        if reports[0].phase:
+            STATS.rules[f"scheduler.batch[{reports[0].phase}]"] += 1
+        STATS.evicted_pages = max(STATS.evicted_pages, self.schedulers[0].cache_manager.evicted_pages)
+
+    @invariant()
+    def schedulers_agree(self) -> None:
+        if not self.schedulers:
+            return
+        first = self.schedulers[0]
+        expected_cache = first.cache_manager.prefix_cache.abstract_state()
+        STATS.record_tree(len(expected_cache.entries))
+        for name, scheduler in zip(self.names, self.schedulers, strict=True):
+            scheduler.check_integrity()
+            if scheduler is first:
+                continue
+            assert scheduler.status == first.status, f"status: reference {first.status}, {name} {scheduler.status}"
+            assert scheduler.outputs == first.outputs, f"outputs differ between reference and {name}"
+            assert scheduler.cache_manager.available_size == first.cache_manager.available_size
+            actual = scheduler.cache_manager.prefix_cache.abstract_state()
+            assert actual == expected_cache, f"cache of {name}:\n{describe_difference(expected_cache, actual)}"
+            assert sorted(scheduler.live) == sorted(first.live)
+            for uid in first.live:
+                assert row_of(scheduler, uid) == row_of(first, uid), f"row of request {uid} differs in {name}"
+
+    def teardown(self) -> None:
+        """Drain; then every request ended, no page leaked, outputs equal a run without sharing."""
+        if not self.schedulers:
+            return
+        for _ in range(MAX_STEPS_TO_DRAIN):
+            if all(scheduler.idle for scheduler in self.schedulers):
+                break
+            self.step_all()
+        self.schedulers_agree()
+        for scheduler in self.schedulers:
+            assert scheduler.idle, f"not idle after {MAX_STEPS_TO_DRAIN} steps: a request starves"
+            assert set(scheduler.status.values()) <= {"finished", "aborted"}, scheduler.status
+            cache = scheduler.cache_manager
+            assert cache.prefix_cache.size_info.protected_size == 0, "a lock outlived every request"
+            free = len(cache.free_slots)
+            cached = len(cache.prefix_cache.abstract_state().entries)
+            assert free + cached == self.config.num_pages, f"{free} free + {cached} cached != {self.config.num_pages}"
+        self.compare_with_unshared_run()
+
+    def compare_with_unshared_run(self) -> None:
+        """Finished requests' outputs equal a naive-cache, unbounded-pool run; aborted ones are prefixes of it."""
+        if not self.requests:
+            return
+        total_pages = sum(len(prompt) + n for prompt, n, _, _ in self.requests.values())
+        config = SchedulerConfig(
+            page_size=self.config.page_size,
+            num_pages=total_pages,
+            max_running_reqs=len(self.requests),
+            max_seq_len=self.config.max_seq_len,
+            max_extend_tokens=self.config.max_seq_len * len(self.requests),
+            cache_type="naive",
+            eos_token_id=EOS,
+        )
+        baseline = make_scheduler("reference", config)
+        for uid, (prompt, max_tokens, ignore_eos, namespace) in self.requests.items():
+            baseline.add_request(uid, prompt, max_tokens, ignore_eos, namespace)
+        baseline.run_until_idle(MAX_STEPS_TO_DRAIN)
+        first = self.schedulers[0]
+        for uid in self.requests:
+            got, want = first.outputs[uid], baseline.outputs[uid]
+            if first.status[uid] == "finished":
+                assert got == want, f"request {uid}: {got} with sharing, {want} without"
+            else:
+                assert got == want[: len(got)], f"aborted request {uid}: {got} is not a prefix of {want}"

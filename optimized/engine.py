@@ -1,0 +1,44 @@
+"""``Engine`` on tensors. Twin of ``reference.engine.Engine``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spec.types import RequestSpec, SchedulerConfig, SchedulerStats
+
+from .model import HashModel
+from .scheduler import Scheduler
+
+
+@dataclass
+class EngineResult:
+    """What a run produced. Twin of ``reference.engine.EngineResult``."""
+
+    outputs: dict[int, list[int]]
+    stats: SchedulerStats
+    evicted_pages: int
+
+
+class Engine:
+    """A tensor scheduler with a HashModel on an MHAKVCache. Twin of ``reference.Engine``."""
+
+    def __init__(self, config: SchedulerConfig, device: torch.device | str = "cpu") -> None:
+        self.config = config
+        self.model = HashModel(config.num_pages, config.page_size, device, eos_token_id=config.eos_token_id)
+        self.scheduler = Scheduler(config, self.model, device)
+
+    def generate(self, requests: list[RequestSpec], check_every: int = 0) -> EngineResult:
+        for spec in requests:
+            self.scheduler.add_request(spec.uid, spec.input_ids, spec.max_tokens, spec.ignore_eos, spec.namespace)
+        while not self.scheduler.idle:
+            self.scheduler.step()
+            if check_every and self.scheduler.stats.steps % check_every == 0:
+                self.scheduler.check_integrity()
+        self.scheduler.check_integrity()
+        return EngineResult(
+            {uid: list(tokens) for uid, tokens in self.scheduler.outputs.items()},
+            self.scheduler.stats,
+            self.scheduler.cache_manager.evicted_pages,
+        )

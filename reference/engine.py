@@ -1,0 +1,53 @@
+"""``Engine``: run a list of requests to completion; outputs per request and a stats line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spec.types import RequestSpec, SchedulerConfig, SchedulerStats
+
+from .model import HashModel
+from .scheduler import Scheduler
+
+
+@dataclass
+class EngineResult:
+    """What a run produced."""
+
+    # uid -> generated tokens
+    outputs: dict[int, list[int]]
+    stats: SchedulerStats
+    evicted_pages: int
+
+    def summary(self) -> str:
+        s = self.stats
+        return (
+            f"requests {s.admitted}  steps {s.steps} (prefill {s.prefill_batches}, decode {s.decode_batches})"
+            f"  prompt tokens {s.prompt_tokens}  prefix hits {s.prefix_hit_tokens} ({100 * s.hit_rate:.1f}%)"
+            f"  generated {s.generated_tokens}  evicted pages {self.evicted_pages}"
+            f"  peak pages in use {s.peak_pages_in_use}"
+        )
+
+
+class Engine:
+    """A scheduler with a HashModel: the whole request lifecycle, checked for KV corruption at every read."""
+
+    def __init__(self, config: SchedulerConfig, model: HashModel | None = None) -> None:
+        self.config = config
+        self.model = model or HashModel(eos_token_id=config.eos_token_id)
+        self.scheduler = Scheduler(config, self.model)
+
+    def generate(self, requests: list[RequestSpec], check_every: int = 0) -> EngineResult:
+        """Run every request to completion; ``check_every`` > 0 runs check_integrity every that many steps."""
+        for spec in requests:
+            self.scheduler.add_request(spec.uid, spec.input_ids, spec.max_tokens, spec.ignore_eos, spec.namespace)
+        while not self.scheduler.idle:
+            self.scheduler.step()
+            if check_every and self.scheduler.stats.steps % check_every == 0:
+                self.scheduler.check_integrity()
+        self.scheduler.check_integrity()
+        return EngineResult(
+            {uid: list(tokens) for uid, tokens in self.scheduler.outputs.items()},
+            self.scheduler.stats,
+            self.scheduler.cache_manager.evicted_pages,
+        )
