@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
             live.remove(name)
         progress.update(time.monotonic() - start, budget_s, batch, failures)
     progress.done()
-    print_summary(out, time.monotonic() - start, batch, failures)
+    print_summary(out, time.monotonic() - start, batch, failures, shrunk=not args.no_shrink)
     return 1 if failures else 0
 
 
@@ -159,7 +159,7 @@ class Progress:
             print(file=self.out)
 
 
-def print_summary(out: TextIO, elapsed: float, batches: int, failures: list[Failure]) -> None:
+def print_summary(out: TextIO, elapsed: float, batches: int, failures: list[Failure], shrunk: bool = True) -> None:
     """The campaign's summary: volume, coverage of rules, rejections, failures with their programs."""
 
     def p(*parts: object) -> None:
@@ -186,10 +186,11 @@ def print_summary(out: TextIO, elapsed: float, batches: int, failures: list[Fail
         p("")
         p(
             f"--- {failure.machine}: first failing example after {failure.found_after_s:.1f} s,"
-            f" shrunk and reported after {failure.reported_after_s:.1f} s (batch seed {failure.seed})"
+            f" {'' if shrunk else 'not '}shrunk and reported after {failure.reported_after_s:.1f} s"
+            f" (batch seed {failure.seed})"
         )
         p(failure.error)
-        p("shrunk program:")
+        p("shrunk program:" if shrunk else "failing program (not shrunk):")
         for line in failure.program:
             p(f"    {line}")
 

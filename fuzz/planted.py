@@ -193,7 +193,7 @@ def plant(bug: PlantedBug, tree: Path) -> None:
     target.write_text(text.replace(bug.old, bug.new))
 
 
-def run_one(bug: PlantedBug, minutes: float, seed: int) -> tuple[str, float | None, float | None]:
+def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[str, float | None, float | None]:
     """Fuzz a copy of the tree with ``bug`` planted; return (verdict, found after s, reported after s)."""
     with tempfile.TemporaryDirectory(prefix="radixspec-planted-") as tmp:
         tree = Path(tmp) / "tree"
@@ -208,8 +208,10 @@ def run_one(bug: PlantedBug, minutes: float, seed: int) -> tuple[str, float | No
         impl = "all" if bug.machine == "scheduler" else bug.impl
         cmd = [sys.executable, "-m", "fuzz", "--machine", bug.machine, "--impl", impl]
         cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
+        if not shrink:
+            cmd.append("--no-shrink")
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
-    found = re.search(r"first failing example after ([\d.]+) s, shrunk and reported after ([\d.]+) s", proc.stdout)
+    found = re.search(r"first failing example after ([\d.]+) s, (?:not )?shrunk and reported after ([\d.]+) s", proc.stdout)
     if proc.returncode == 1 and found:
         return "caught", float(found.group(1)), float(found.group(2))
     if proc.returncode == 0:
@@ -226,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuzz.planted", description=__doc__)
     parser.add_argument("--minutes", type=float, default=1.0, help="campaign budget per bug")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shrink", action="store_true", help="also shrink each failure (slow: minutes per bug)")
     parser.add_argument("--impl", default=None, help="only bugs planted in this implementation")
     parser.add_argument("--only", default=None, help="only bugs whose name contains this text")
     parser.add_argument("--machine", default=None, help="only bugs caught by this machine (cache, manager, scheduler)")
@@ -240,7 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missed = 0
     print(f"{'planted bug':<66} {'impl':<10} {'verdict':<8} {'found':>8} {'reported':>9}")
     for bug in chosen:
-        verdict, found_s, reported_s = run_one(bug, args.minutes, args.seed)
+        verdict, found_s, reported_s = run_one(bug, args.minutes, args.seed, args.shrink)
         missed += verdict != "caught"
         print(f"{bug.name:<66} {bug.impl:<10} {verdict:<8} {seconds(found_s):>8} {seconds(reported_s):>9}", flush=True)
     return 1 if missed else 0
