@@ -43,7 +43,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Differential fuzz campaign: the spec against the chosen implementations.",
     )
     parser.add_argument("--machine", choices=[*MACHINES, "all"], default="all", help="state machine(s) to run")
-    parser.add_argument("--impl", default="reference", help="implementation(s) beside the spec: reference or all")
+    parser.add_argument(
+        "--impl", default="reference", help="implementation(s) to drive: reference, optimized, or all (both)"
+    )
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=float, default=None, help="time budget (default 1)")
     budget.add_argument("--examples", type=int, default=None, help="stop after this many examples per machine")
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     start = time.monotonic()
     progress = Progress(out, quiet=args.quiet)
     print(
-        f"radixspec fuzz: machines {', '.join(names)}; spec vs {', '.join(impls)}; seed {args.seed};"
+        f"radixspec fuzz: machines {', '.join(names)}; implementations {', '.join(impls)}"
+        f" (the spec is the oracle of cache and manager); seed {args.seed};"
         f" budget {f'{budget_s:.0f} s' if budget_s else f'{args.examples} examples per machine'}",
         file=out,
     )

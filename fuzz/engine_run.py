@@ -25,7 +25,9 @@ def shared_prompt_workload(requests: int, seed: int = 0) -> list[RequestSpec]:
     shots = [[rnd.randrange(1, 32_000) for _ in range(64)] for _ in range(8)]
     workload = []
     for uid in range(requests):
-        prompt = rnd.choice(systems) + rnd.choice(shots) + [rnd.randrange(1, 32_000) for _ in range(rnd.randrange(4, 48))]
+        prompt = (
+            rnd.choice(systems) + rnd.choice(shots) + [rnd.randrange(1, 32_000) for _ in range(rnd.randrange(4, 48))]
+        )
         namespace = rnd.choice([None, None, ("tenant", "a"), ("lora", 7)])
         workload.append(RequestSpec(uid, prompt, max_tokens=rnd.randrange(1, 64), namespace=namespace))
     return workload

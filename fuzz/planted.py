@@ -211,7 +211,9 @@ def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[s
         if not shrink:
             cmd.append("--no-shrink")
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
-    found = re.search(r"first failing example after ([\d.]+) s, (?:not )?shrunk and reported after ([\d.]+) s", proc.stdout)
+    found = re.search(
+        r"first failing example after ([\d.]+) s, (?:not )?shrunk and reported after ([\d.]+) s", proc.stdout
+    )
     if proc.returncode == 1 and found:
         return "caught", float(found.group(1)), float(found.group(2))
     if proc.returncode == 0:
