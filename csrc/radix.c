@@ -28,51 +28,34 @@ static int64_t first_differing_byte_block(const unsigned char *a, const unsigned
     return off;
 }
 
-int64_t radix_compare_i32(const int32_t *a, const int32_t *b, int64_t n) {
-    if (n < 0 || (n > 0 && (a == NULL || b == NULL))) {
-        return -1;
+/* The same two functions for int32 and int64 token ids. */
+#define RADIX_DEFINE_FOR(SUFFIX, TYPE)                                                                         \
+    int64_t radix_compare_##SUFFIX(const TYPE *a, const TYPE *b, int64_t n) {                                 \
+        if (n < 0 || (n > 0 && (a == NULL || b == NULL))) {                                                    \
+            return -1;                                                                                         \
+        }                                                                                                      \
+        int64_t i = first_differing_byte_block((const unsigned char *)a, (const unsigned char *)b,             \
+                                               n * (int64_t)sizeof(TYPE)) /                                    \
+                    (int64_t)sizeof(TYPE);                                                                     \
+        while (i < n && a[i] == b[i]) {                                                                        \
+            ++i;                                                                                               \
+        }                                                                                                      \
+        return i;                                                                                              \
+    }                                                                                                          \
+                                                                                                               \
+    int64_t radix_first_negative_##SUFFIX(const TYPE *a, int64_t n) {                                          \
+        if (n < 0 || (n > 0 && a == NULL)) {                                                                   \
+            return -1;                                                                                         \
+        }                                                                                                      \
+        int64_t i = 0;                                                                                         \
+        while (i < n && a[i] >= 0) {                                                                           \
+            ++i;                                                                                               \
+        }                                                                                                      \
+        return i;                                                                                              \
     }
-    int64_t i = first_differing_byte_block((const unsigned char *)a, (const unsigned char *)b,
-                                           n * (int64_t)sizeof(int32_t)) / (int64_t)sizeof(int32_t);
-    while (i < n && a[i] == b[i]) {
-        ++i;
-    }
-    return i;
-}
 
-int64_t radix_compare_i64(const int64_t *a, const int64_t *b, int64_t n) {
-    if (n < 0 || (n > 0 && (a == NULL || b == NULL))) {
-        return -1;
-    }
-    int64_t i = first_differing_byte_block((const unsigned char *)a, (const unsigned char *)b,
-                                           n * (int64_t)sizeof(int64_t)) / (int64_t)sizeof(int64_t);
-    while (i < n && a[i] == b[i]) {
-        ++i;
-    }
-    return i;
-}
-
-int64_t radix_first_negative_i32(const int32_t *a, int64_t n) {
-    if (n < 0 || (n > 0 && a == NULL)) {
-        return -1;
-    }
-    int64_t i = 0;
-    while (i < n && a[i] >= 0) {
-        ++i;
-    }
-    return i;
-}
-
-int64_t radix_first_negative_i64(const int64_t *a, int64_t n) {
-    if (n < 0 || (n > 0 && a == NULL)) {
-        return -1;
-    }
-    int64_t i = 0;
-    while (i < n && a[i] >= 0) {
-        ++i;
-    }
-    return i;
-}
+RADIX_DEFINE_FOR(i32, int32_t)
+RADIX_DEFINE_FOR(i64, int64_t)
 
 int64_t radix_first_bad_page_i32(const int32_t *slots, int64_t npages, int64_t page_size) {
     if (npages < 0 || page_size < 1 || (npages > 0 && slots == NULL)) {

@@ -80,7 +80,31 @@ class SpecCache:
         return pc.PrefixCacheState(self.state.page_size, dict(self.state.entries), self.state.clock)
 
 
-class ReferenceCache:
+class DelegatingCache:
+    """Calls that read the same on every tree implementation (``self.cache``)."""
+
+    cache: Any
+
+    def lock(self, handle: Any) -> None:
+        self.cache.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.unlock(handle)
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle.cached_len)
+
+    def size_info(self) -> tuple[int, int]:
+        return tuple(self.cache.size_info)  # type: ignore[return-value]
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return self.cache.abstract_state()  # type: ignore[no-any-return]
+
+
+class ReferenceCache(DelegatingCache):
     """A reference cache (already lists and ints)."""
 
     name = "reference"
@@ -94,15 +118,6 @@ class ReferenceCache:
     def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, Any]:
         return tuple(self.cache.insert_prefix(tokens, indices, namespace))  # type: ignore[return-value]
 
-    def lock(self, handle: Any) -> None:
-        self.cache.lock(handle)
-
-    def unlock(self, handle: Any) -> None:
-        self.cache.unlock(handle)
-
-    def cached_len(self, handle: Any) -> int:
-        return int(handle.cached_len)
-
     def get_matched_indices(self, handle: Any) -> list[int]:
         return list(handle.get_matched_indices())
 
@@ -111,15 +126,6 @@ class ReferenceCache:
 
     def reset(self) -> list[int]:
         return list(self.cache.reset())
-
-    def size_info(self) -> tuple[int, int]:
-        return tuple(self.cache.size_info)  # type: ignore[return-value]
-
-    def check_integrity(self) -> None:
-        self.cache.check_integrity()
-
-    def abstract_state(self) -> pc.PrefixCacheState:
-        return self.cache.abstract_state()
 
 
 class ManagerAdapter(Protocol):
@@ -220,13 +226,10 @@ class SpecManager(ListReqMixin):
         return self.state.page_table[req.table_idx][: req.alloc_len]
 
 
-class ReferenceManager(ListReqMixin):
-    """The reference CacheManager."""
+class DelegatingManager:
+    """Calls that read the same on every CacheManager implementation (``self.manager``)."""
 
-    name = "reference"
-
-    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
-        self.manager = reference.CacheManager(num_pages, page_size, reference.make_page_table(rows, max_seq_len))
+    manager: Any
 
     def match_req(self, req: Req) -> Any:
         return self.manager.match_req(req)
@@ -237,17 +240,8 @@ class ReferenceManager(ListReqMixin):
     def unlock(self, handle: Any) -> None:
         self.manager.unlock(handle)
 
-    def get_matched_indices(self, handle: Any) -> list[int]:
-        return list(handle.get_matched_indices())
-
     def available_size(self) -> int:
-        return self.manager.available_size
-
-    def admit(self, req: Req, handle: Any) -> None:
-        matched = handle.get_matched_indices()
-        self.manager.page_table[req.table_idx][: len(matched)] = matched
-        req.cache_handle = handle
-        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+        return int(self.manager.available_size)
 
     def allocate_paged(self, reqs: Sequence[Req]) -> None:
         self.manager.allocate_paged(reqs)
@@ -256,22 +250,40 @@ class ReferenceManager(ListReqMixin):
         self.manager.cache_req(req, finished=finished)
 
     def lazy_free_region(self) -> AbstractContextManager[None]:
-        return self.manager.lazy_free_region()
-
-    def evict(self, size: int) -> list[int]:
-        return list(self.manager.prefix_cache.evict(size))
+        return self.manager.lazy_free_region()  # type: ignore[no-any-return]
 
     def check_integrity(self, live_reqs: Sequence[Req]) -> None:
         self.manager.check_integrity(live_reqs)
 
     def abstract_state(self) -> sm.ManagerState:
-        return self.manager.abstract_state()
+        return self.manager.abstract_state()  # type: ignore[no-any-return]
+
+    def admit(self, req: Req, handle: Any) -> None:
+        matched = handle.get_matched_indices()
+        self.manager.page_table[req.table_idx][: len(matched)] = matched
+        req.cache_handle = handle
+        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+
+
+class ReferenceManager(ListReqMixin, DelegatingManager):
+    """The reference CacheManager."""
+
+    name = "reference"
+
+    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
+        self.manager = reference.CacheManager(num_pages, page_size, reference.make_page_table(rows, max_seq_len))
+
+    def get_matched_indices(self, handle: Any) -> list[int]:
+        return list(handle.get_matched_indices())
+
+    def evict(self, size: int) -> list[int]:
+        return list(self.manager.prefix_cache.evict(size))
 
     def row(self, req: Req) -> list[int]:
-        return self.manager.page_table[req.table_idx][: req.alloc_len]
+        return list(self.manager.page_table[req.table_idx][: req.alloc_len])
 
 
-class OptimizedCache:
+class OptimizedCache(DelegatingCache):
     """The optimized cache: lists in, tensors to it (token dtype alternating int32/int64), lists out."""
 
     name = "optimized"
@@ -291,15 +303,6 @@ class OptimizedCache:
         slots = torch.tensor(indices, dtype=torch.int64 if self.calls % 2 else torch.int32)
         return tuple(self.cache.insert_prefix(self.tokens(tokens), slots, namespace))  # type: ignore[return-value]
 
-    def lock(self, handle: Any) -> None:
-        self.cache.lock(handle)
-
-    def unlock(self, handle: Any) -> None:
-        self.cache.unlock(handle)
-
-    def cached_len(self, handle: Any) -> int:
-        return int(handle.cached_len)
-
     def get_matched_indices(self, handle: Any) -> list[int]:
         return list(handle.get_matched_indices().tolist())
 
@@ -309,17 +312,8 @@ class OptimizedCache:
     def reset(self) -> list[int]:
         return list(self.cache.reset().tolist())
 
-    def size_info(self) -> tuple[int, int]:
-        return tuple(self.cache.size_info)  # type: ignore[return-value]
 
-    def check_integrity(self) -> None:
-        self.cache.check_integrity()
-
-    def abstract_state(self) -> pc.PrefixCacheState:
-        return self.cache.abstract_state()
-
-
-class OptimizedManager:
+class OptimizedManager(ListReqMixin, DelegatingManager):
     """The optimized CacheManager; its requests keep token ids as CPU tensors."""
 
     name = "optimized"
@@ -327,57 +321,18 @@ class OptimizedManager:
     def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
         self.manager = optimized.CacheManager(num_pages, page_size, optimized.make_page_table(rows, max_seq_len))
 
-    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:  # tensors
         tokens = torch.tensor(prompt, dtype=torch.int64)
         return Req(input_ids=tokens, table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)  # type: ignore[arg-type]
-
-    def match_req(self, req: Req) -> Any:
-        return self.manager.match_req(req)
-
-    def lock(self, handle: Any) -> None:
-        self.manager.lock(handle)
-
-    def unlock(self, handle: Any) -> None:
-        self.manager.unlock(handle)
-
-    def cached_len(self, handle: Any) -> int:
-        return int(handle.cached_len)
 
     def get_matched_indices(self, handle: Any) -> list[int]:
         return list(handle.get_matched_indices().tolist())
 
-    def available_size(self) -> int:
-        return self.manager.available_size
-
-    def admit(self, req: Req, handle: Any) -> None:
-        matched = handle.get_matched_indices()
-        self.manager.page_table[req.table_idx, : matched.numel()] = matched
-        req.cache_handle = handle
-        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
-
-    def set_lengths(self, req: Req, cached_len: int, device_len: int) -> None:
-        req.cached_len, req.device_len = cached_len, device_len
-
     def append_token(self, req: Req, token: int) -> None:
         req.input_ids = torch.cat([req.input_ids, torch.tensor([token])])  # type: ignore[list-item, assignment]
 
-    def allocate_paged(self, reqs: Sequence[Req]) -> None:
-        self.manager.allocate_paged(reqs)
-
-    def cache_req(self, req: Req, finished: bool) -> None:
-        self.manager.cache_req(req, finished=finished)
-
-    def lazy_free_region(self) -> AbstractContextManager[None]:
-        return self.manager.lazy_free_region()
-
     def evict(self, size: int) -> list[int]:
         return list(self.manager.prefix_cache.evict(size).tolist())
-
-    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
-        self.manager.check_integrity(live_reqs)
-
-    def abstract_state(self) -> sm.ManagerState:
-        return self.manager.abstract_state()
 
     def row(self, req: Req) -> list[int]:
         return list(self.manager.page_table[req.table_idx, : req.alloc_len].tolist())

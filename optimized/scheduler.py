@@ -12,8 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-from spec.errors import IntegrityError, InvalidRequestError, InvalidSizeError, InvalidTypeError
-from spec.helpers import compute_pages_to_finish
+from spec.errors import IntegrityError, InvalidRequestError
 from spec.types import (
     Batch,
     ChunkedReq,
@@ -24,7 +23,8 @@ from spec.types import (
     SchedulerConfig,
     SchedulerStats,
     StepReport,
-    check_int_sequence,
+    check_request,
+    is_finished,
 )
 
 from .cache_manager import CacheManager, make_page_table
@@ -72,25 +72,7 @@ class Scheduler:
         namespace: Namespace = None,
     ) -> int:
         # CHECK
-        if not isinstance(uid, int) or isinstance(uid, bool):
-            raise InvalidTypeError(f"uid must be an int, got {type(uid).__name__}")
-        if uid in self.status:
-            raise InvalidRequestError(f"request {uid} already exists")
-        tokens = list(check_int_sequence(input_ids, "input_ids"))
-        if not tokens:
-            raise InvalidRequestError(f"request {uid} has an empty prompt")
-        if len(tokens) >= self.config.max_seq_len:
-            raise InvalidRequestError(
-                f"request {uid}: prompt of {len(tokens)} tokens leaves no room in max_seq_len {self.config.max_seq_len}"
-            )
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidSizeError(f"request {uid}: max_tokens must be >= 1, got {max_tokens!r}")
-        clipped = min(max_tokens, self.config.max_seq_len - len(tokens))
-        pages = compute_pages_to_finish(len(tokens) + clipped, 0, self.config.page_size)
-        if pages > self.config.num_pages:
-            raise InvalidRequestError(
-                f"request {uid} needs {pages} pages, the pool has {self.config.num_pages}: it could never run"
-            )
+        tokens, clipped = check_request(self.config, self.status, uid, input_ids, max_tokens)
         # UPDATE
         self.prefill_manager.add_one_req(PendingReq(uid, tokens, SamplingParams(clipped, ignore_eos), namespace))
         self.status[uid] = "waiting"
@@ -206,8 +188,7 @@ class Scheduler:
                     continue
                 req.append_host(token)
                 self.sampled[req.uid] += 1
-                params = req.sampling_params
-                finished = self.sampled[req.uid] >= params.max_tokens or (not params.ignore_eos and token == eos)
+                finished = is_finished(self.sampled[req.uid], req.sampling_params, token, eos)
                 if self.status[req.uid] == "running":
                     self.outputs[req.uid].append(token)
                     self.stats.generated_tokens += 1

@@ -11,8 +11,7 @@ issue #111 was a double free here).
 
 from __future__ import annotations
 
-from spec.errors import IntegrityError, InvalidRequestError, InvalidSizeError, InvalidTypeError
-from spec.helpers import compute_pages_to_finish
+from spec.errors import IntegrityError, InvalidRequestError
 from spec.types import (
     Batch,
     ChunkedReq,
@@ -23,7 +22,8 @@ from spec.types import (
     SchedulerConfig,
     SchedulerStats,
     StepReport,
-    check_int_sequence,
+    check_request,
+    is_finished,
 )
 
 from .cache_manager import CacheManager, make_page_table
@@ -72,25 +72,7 @@ class Scheduler:
     ) -> int:
         """Queue a request; returns its max_tokens, clipped to what fits in a row of max_seq_len."""
         # CHECK
-        if not isinstance(uid, int) or isinstance(uid, bool):
-            raise InvalidTypeError(f"uid must be an int, got {type(uid).__name__}")
-        if uid in self.status:
-            raise InvalidRequestError(f"request {uid} already exists")
-        tokens = list(check_int_sequence(input_ids, "input_ids"))
-        if not tokens:
-            raise InvalidRequestError(f"request {uid} has an empty prompt")
-        if len(tokens) >= self.config.max_seq_len:
-            raise InvalidRequestError(
-                f"request {uid}: prompt of {len(tokens)} tokens leaves no room in max_seq_len {self.config.max_seq_len}"
-            )
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidSizeError(f"request {uid}: max_tokens must be >= 1, got {max_tokens!r}")
-        clipped = min(max_tokens, self.config.max_seq_len - len(tokens))
-        pages = compute_pages_to_finish(len(tokens) + clipped, 0, self.config.page_size)
-        if pages > self.config.num_pages:
-            raise InvalidRequestError(
-                f"request {uid} needs {pages} pages, the pool has {self.config.num_pages}: it could never run"
-            )
+        tokens, clipped = check_request(self.config, self.status, uid, input_ids, max_tokens)
         # UPDATE
         params = SamplingParams(max_tokens=clipped, ignore_eos=ignore_eos)
         self.prefill_manager.add_one_req(PendingReq(uid, tokens, params, namespace))
@@ -214,9 +196,7 @@ class Scheduler:
                 self.sampled[req.uid] += 1
                 # judged by this batch's token count, not by req.can_decode: in overlap mode the
                 # request has already advanced through the next batch
-                finished = self.sampled[req.uid] >= req.sampling_params.max_tokens or (
-                    not req.sampling_params.ignore_eos and token == self.config.eos_token_id
-                )
+                finished = is_finished(self.sampled[req.uid], req.sampling_params, token, self.config.eos_token_id)
                 if self.status[req.uid] == "running":
                     self.outputs[req.uid].append(token)
                     self.stats.generated_tokens += 1

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
-from .errors import InvalidInputError, InvalidSizeError, InvalidTypeError
+from .errors import InvalidInputError, InvalidRequestError, InvalidSizeError, InvalidTypeError
+from .helpers import compute_pages_to_finish
 
 # A namespace isolates cache lines (LoRA id, tenant salt). ``None`` is the
 # default namespace; any other namespace is a tuple, never a joined string.
@@ -231,6 +232,41 @@ class SchedulerStats:
     @property
     def hit_rate(self) -> float:
         return self.prefix_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def check_request(
+    config: SchedulerConfig, known: Container[int], uid: object, input_ids: object, max_tokens: object
+) -> tuple[list[int], int]:
+    """A new request's prompt and max_tokens clipped to the room left in a row; raise if it cannot run.
+
+    Rejected: a non-int or known uid, an empty prompt, a prompt that fills
+    max_seq_len, max_tokens < 1, a request needing more pages than the pool has.
+    """
+    if not isinstance(uid, int) or isinstance(uid, bool):
+        raise InvalidTypeError(f"uid must be an int, got {type(uid).__name__}")
+    if uid in known:
+        raise InvalidRequestError(f"request {uid} already exists")
+    tokens = list(check_int_sequence(input_ids, "input_ids"))
+    if not tokens:
+        raise InvalidRequestError(f"request {uid} has an empty prompt")
+    if len(tokens) >= config.max_seq_len:
+        raise InvalidRequestError(
+            f"request {uid}: prompt of {len(tokens)} tokens leaves no room in max_seq_len {config.max_seq_len}"
+        )
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidSizeError(f"request {uid}: max_tokens must be >= 1, got {max_tokens!r}")
+    clipped = min(max_tokens, config.max_seq_len - len(tokens))
+    pages = compute_pages_to_finish(len(tokens) + clipped, 0, config.page_size)
+    if pages > config.num_pages:
+        raise InvalidRequestError(
+            f"request {uid} needs {pages} pages, the pool has {config.num_pages}: it could never run"
+        )
+    return tokens, clipped
+
+
+def is_finished(sampled: int, params: SamplingParams, token: int, eos_token_id: int) -> bool:
+    """True when the ``sampled``-th token ``token`` ends its request (max_tokens reached, or EOS)."""
+    return sampled >= params.max_tokens or (not params.ignore_eos and token == eos_token_id)
 
 
 def check_page_size(page_size: object) -> int:
