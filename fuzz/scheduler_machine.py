@@ -248,9 +248,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.compare_with_unshared_run()
 
     def compare_with_unshared_run(self) -> None:
-        """Finished requests' outputs equal a naive-cache, unbounded-pool run; aborted ones are prefixes of it."""
+        """Finished outputs equal runs with no sharing and with an unbounded pool; aborted ones are prefixes."""
         if not self.requests:
             return
+        for cache_type in ("naive", "radix"):
+            baseline = self.unbounded_run(cache_type)
+            first = self.schedulers[0]
+            for uid in self.requests:
+                got, want = first.outputs[uid], baseline.outputs[uid]
+                if first.status[uid] == "finished":
+                    assert got == want, f"request {uid}: {got} here, {want} with an unbounded {cache_type} cache"
+                else:
+                    assert got == want[: len(got)], f"aborted request {uid}: {got} is not a prefix of {want}"
+
+    def unbounded_run(self, cache_type: str) -> Any:
+        """Every request of this example, run to completion with room for all of them at once."""
         total_pages = sum(len(prompt) + n for prompt, n, _, _ in self.requests.values())
         config = SchedulerConfig(
             page_size=self.config.page_size,
@@ -258,17 +270,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_running_reqs=len(self.requests),
             max_seq_len=self.config.max_seq_len,
             max_extend_tokens=self.config.max_seq_len * len(self.requests),
-            cache_type="naive",
+            cache_type=cache_type,
             eos_token_id=EOS,
         )
         baseline = make_scheduler("reference", config)
         for uid, (prompt, max_tokens, ignore_eos, namespace) in self.requests.items():
             baseline.add_request(uid, prompt, max_tokens, ignore_eos, namespace)
         baseline.run_until_idle(MAX_STEPS_TO_DRAIN)
-        first = self.schedulers[0]
-        for uid in self.requests:
-            got, want = first.outputs[uid], baseline.outputs[uid]
-            if first.status[uid] == "finished":
-                assert got == want, f"request {uid}: {got} with sharing, {want} without"
-            else:
-                assert got == want[: len(got)], f"aborted request {uid}: {got} is not a prefix of {want}"
+        return baseline
