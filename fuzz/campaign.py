@@ -131,7 +131,17 @@ def run_batch(machine: type[RuleBasedStateMachine], batch: settings) -> tuple[Ex
 
 
 def failing_program(exc: BaseException, reported: list[str]) -> list[str]:
-    """The shrunk program as Python lines, and the @reproduce_failure line, from the error's notes."""
+    """The shrunk program as Python lines, and the @reproduce_failure line, from the error's notes.
+
+    When Hypothesis found several distinct failures (an ExceptionGroup), each one's program follows
+    a line naming its error.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        lines: list[str] = []
+        for number, sub in enumerate(exc.exceptions, start=1):
+            lines.append(f"# failure {number}: {type(sub).__name__}: {str(sub).splitlines()[0] if str(sub) else ''}")
+            lines.extend(failing_program(sub, []))
+        return lines
     text = [line for chunk in [*getattr(exc, "__notes__", []), *reported] for line in str(chunk).splitlines()]
     keep = [line for line in text if line.startswith(("state", "(", "@reproduce_failure")) or " = state." in line]
     return keep + [line for line in text if "reproduce_failure(" in line and not line.startswith("@")]

@@ -96,8 +96,8 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "evict takes a locked leaf",
         "optimized/radix_cache.py",
-        "            if node.ref_count == 0 and not node.children and node.timestamp == ts:",
-        "            if not node.children and node.timestamp == ts:",
+        "            if node.ref_count == 0 and not node.children and self._lru_key(node) == ts:",
+        "            if not node.children and self._lru_key(node) == ts:",
         "cache",
         "optimized",
     ),
@@ -112,8 +112,8 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "LRU by insertion time instead of last access",
         "optimized/radix_cache.py",
-        "        priority = node.timestamp\n",
-        "        priority = node.generation\n",
+        "        return node.timestamp\n",
+        "        return node.generation\n",
         "cache",
         "optimized",
     ),

@@ -64,6 +64,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.schedulers: list[Any] = []
         self.requests: dict[int, tuple[list[int], int, bool, Namespace]] = {}
         self.next_uid = 0
+        self.evicted_seen = 0
         self.config = SchedulerConfig()
 
     @initialize(
@@ -206,7 +207,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert report == reports[0], f"step: reference {reports[0]} but {name} {report}"
         if reports[0].phase:
             STATS.rules[f"scheduler.batch[{reports[0].phase}]"] += 1
-        STATS.evicted_pages = max(STATS.evicted_pages, self.schedulers[0].cache_manager.evicted_pages)
+        evicted = self.schedulers[0].cache_manager.evicted_pages
+        STATS.evicted_pages += evicted - self.evicted_seen
+        self.evicted_seen = evicted
 
     @invariant()
     def schedulers_agree(self) -> None:

@@ -3,7 +3,7 @@
 Optimized for speed rather than clarity: token keys are int64 CPU tensors
 compared in C on raw pointers (no slice tensors on the walk), slot values
 are int32 tensors on the cache's device, and evictable leaves live in a
-min-heap by timestamp with lazy deletion, so ``evict`` costs O(log n) per
+min-heap of timestamps with lazy deletion, so ``evict`` costs O(log n) per
 page however large the tree. Ref counts keep, per node, the sum of its
 children's counts (``child_refs``), so lock checks are O(1) per node.
 """
@@ -11,7 +11,6 @@ children's counts (``child_refs``), so lock checks are O(1) per node.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections.abc import Hashable, Iterator, Sequence
 
 import torch
@@ -43,6 +42,7 @@ class RadixTreeNode:
     """A run of whole cached pages. Twin of ``reference.radix_cache.RadixTreeNode``."""
 
     __slots__ = (
+        "child_key",
         "child_refs",
         "children",
         "detached",
@@ -53,12 +53,19 @@ class RadixTreeNode:
         "length",
         "parent",
         "ref_count",
+        "starts",
         "timestamp",
         "value",
     )
 
-    def __init__(self, key: torch.Tensor, value: torch.Tensor, timestamp: int, generation: int) -> None:
+    def __init__(
+        self, key: torch.Tensor, value: torch.Tensor, starts: list[int], timestamp: int, generation: int
+    ) -> None:
         self.children: dict[Hashable, RadixTreeNode] = {}
+        # this node's key in its parent's children (set when attached)
+        self.child_key: Hashable = None
+        # first slot of each page, on the host (what evict hands back to the cached_starts set)
+        self.starts = starts
         self.parent: RadixTreeNode | None = None
         self.ref_count = 0
         # sum of the children's ref counts: locks that pass on below this node
@@ -119,10 +126,10 @@ class RadixPrefixCache:
         self.protected_size = 0
         self.cached_starts: set[int] = set()
         self.num_nodes = 0
-        # min-heap of (priority, tie, stamp, node) over evictable leaves: priority is the LRU order
-        # (last access), stamp the timestamp the entry was made at; stale entries are skipped on pop
-        self.heap: list[tuple[int, int, int, RadixTreeNode]] = []
-        self._tie = itertools.count()
+        # min-heap of the timestamps of evictable leaves (LRU order), and the leaf of each: distinct
+        # leaves never share a timestamp, so a stamp names its leaf; stale stamps are skipped on pop
+        self.heap: list[int] = []
+        self.leaf_at: dict[int, RadixTreeNode] = {}
         self._empty_key = torch.empty(0, dtype=torch.int64)
         self._offsets = torch.arange(self.page_size, dtype=torch.int32, device=self.device)
         self._keys = PageKeyReader(self.page_size)
@@ -165,7 +172,9 @@ class RadixPrefixCache:
         if prefix_len < insert_len:
             key = ids[prefix_len:insert_len]
             value = slots[prefix_len:insert_len]
-            new_node = RadixTreeNode(key if ids_owned else key.clone(), value if slots_owned else value.clone(), t, t)
+            new_node = RadixTreeNode(
+                key if ids_owned else key.clone(), value if slots_owned else value.clone(), new_starts, t, t
+            )
             self._attach(new_node, node, self._keys(new_node.key_ptr, 0))
             # ACCOUNT
             self.evictable_size += new_node.length
@@ -258,6 +267,7 @@ class RadixPrefixCache:
         self.cached_starts.clear()
         self.num_nodes = 0
         self.heap.clear()
+        self.leaf_at.clear()
         return torch.sort(torch.cat(values)).values if values else self._offsets[:0]
 
     @property
@@ -271,11 +281,18 @@ class RadixPrefixCache:
         """The tree's structure, its counters and heap, then the spec's invariants on its abstract state."""
         evictable = protected = nodes = 0
         starts: list[int] = []
-        live_entries = {id(node) for _, _, ts, node in self.heap if node.heap_ts == ts and not node.detached}
+        live_entries = {
+            id(node) for ts in self.heap if (node := self.leaf_at.get(ts)) and node.heap_ts == ts and not node.detached
+        }
         for node in self._iter_nodes():
             nodes += 1
             problem = self._node_problem(node)
-            if problem is None and node.ref_count == 0 and not node.children and id(node) not in live_entries:
+            if (
+                problem is None
+                and node.ref_count == 0
+                and not node.children
+                and (id(node) not in live_entries or node.heap_ts != self._lru_key(node))
+            ):
                 problem = f"evictable leaf of {node.length} tokens has no heap entry"
             if problem:
                 raise IntegrityError(f"tree_is_well_formed: {problem}")
@@ -283,7 +300,9 @@ class RadixPrefixCache:
                 protected += node.length
             else:
                 evictable += node.length
-            starts.extend(node.value[:: self.page_size].tolist())
+            if node.starts != node.value[:: self.page_size].tolist():
+                raise IntegrityError(f"tree_is_well_formed: node page starts {node.starts[:8]} disagree with its slots")
+            starts.extend(node.starts)
         if (evictable, protected, nodes) != (self.evictable_size, self.protected_size, self.num_nodes):
             raise IntegrityError(
                 f"size_counters_match_tree: counters say ({self.evictable_size}, {self.protected_size},"
@@ -306,7 +325,7 @@ class RadixPrefixCache:
             return f"node has {node.length} tokens and {node.value.numel()} slots, P={p}"
         if node.key.dtype != torch.int64 or node.value.dtype != torch.int32 or node.value.device != self.device:
             return f"node holds {node.key.dtype} keys and {node.value.dtype} slots on {node.value.device}"
-        if parent.children.get(self._keys(node.key_ptr, 0)) is not node:
+        if node.child_key != self._keys(node.key_ptr, 0) or parent.children.get(node.child_key) is not node:
             return f"node of {node.length} tokens is not its parent's child under its key"
         pages = node.value.view(-1, p)
         if bool(((pages[:, 0] % p != 0) | (pages != pages[:, :1] + self._offsets).any(dim=1)).any()):
@@ -357,7 +376,7 @@ class RadixPrefixCache:
     def _get_root(self, namespace: Namespace) -> RadixTreeNode:
         root = self.roots.get(namespace)
         if root is None:
-            root = RadixTreeNode(self._empty_key, self._offsets[:0], -1, -1)
+            root = RadixTreeNode(self._empty_key, self._offsets[:0], [], -1, -1)
             self.roots[namespace] = root
         return root
 
@@ -413,18 +432,19 @@ class RadixPrefixCache:
         """Split off ``key[:pos]`` into a new parent node; ``node`` keeps the suffix and its identity."""
         parent = node.parent
         assert parent is not None and 0 < pos < node.length
-        new_node = RadixTreeNode(node.key[:pos], node.value[:pos], node.timestamp, node.generation)
+        page = pos // self.page_size
+        new_node = RadixTreeNode(node.key[:pos], node.value[:pos], node.starts[:page], node.timestamp, node.generation)
         new_node.ref_count = node.ref_count
         new_node.child_refs = node.ref_count
-        new_node.parent = parent
-        parent.children[self._keys(node.key_ptr, 0)] = new_node
-        self.num_nodes += 1
+        self._attach(new_node, parent, node.child_key)
         node.set_key_value(node.key[pos:], node.value[pos:])
+        node.starts = node.starts[page:]
         self._attach(node, new_node, self._keys(node.key_ptr, 0), count=False)
         return new_node
 
     def _attach(self, node: RadixTreeNode, parent: RadixTreeNode, child_key: Hashable, count: bool = True) -> None:
         node.parent = parent
+        node.child_key = child_key
         parent.children[child_key] = node
         if count:
             self.num_nodes += 1
@@ -433,37 +453,45 @@ class RadixPrefixCache:
         """Remove an unlocked leaf; handles on it become stale. Returns its parent."""
         parent = node.parent
         assert parent is not None and not node.children and node.ref_count == 0
-        del parent.children[self._keys(node.key_ptr, 0)]
+        del parent.children[node.child_key]
         node.detached = True
         node.heap_ts = None
         self.num_nodes -= 1
         self.evictable_size -= node.length
-        self.cached_starts.difference_update(node.value[:: self.page_size].tolist())
+        self.cached_starts.difference_update(node.starts)
         return parent
 
     def _push(self, node: RadixTreeNode) -> None:
         """Give an evictable leaf a heap entry at its current timestamp (once per timestamp)."""
-        if node.heap_ts == node.timestamp:
+        key = self._lru_key(node)
+        if node.heap_ts == key and self.leaf_at.get(key) is node:
             return
-        node.heap_ts = node.timestamp
-        priority = node.timestamp
-        heapq.heappush(self.heap, (priority, next(self._tie), node.timestamp, node))
+        node.heap_ts = key
+        self.leaf_at[key] = node
+        heapq.heappush(self.heap, key)
         if len(self.heap) > 2 * self.num_nodes + 64:
             self._compact_heap()
 
     def _pop_evictable(self) -> RadixTreeNode:
         """Pop the evictable leaf with the oldest timestamp, skipping stale entries."""
         while True:
-            _, _, ts, node = heapq.heappop(self.heap)
-            if node.heap_ts != ts or node.detached:
+            ts = heapq.heappop(self.heap)
+            node = self.leaf_at.pop(ts, None)
+            if node is None or node.heap_ts != ts or node.detached:
                 continue
             node.heap_ts = None
-            if node.ref_count == 0 and not node.children and node.timestamp == ts:
+            if node.ref_count == 0 and not node.children and self._lru_key(node) == ts:
                 return node
+
+    @staticmethod
+    def _lru_key(node: RadixTreeNode) -> int:
+        """Eviction order: least recently used first (the last access stamp)."""
+        return node.timestamp
 
     def _compact_heap(self) -> None:
         """Drop stale entries (amortized: runs after as many pushes as there are nodes)."""
-        self.heap = [entry for entry in self.heap if entry[3].heap_ts == entry[2] and not entry[3].detached]
+        self.leaf_at = {ts: n for ts, n in self.leaf_at.items() if n.heap_ts == ts and not n.detached}
+        self.heap = list(self.leaf_at)
         heapq.heapify(self.heap)
 
     def _check_new_pages(self, slots: torch.Tensor, start: int, end: int) -> list[int]:

@@ -33,7 +33,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
         for name in order:
             seconds, nbytes = mins[name]
             rate = f" {nbytes / seconds / 1e9:6.2f} GB/s" if nbytes else ""
-            cells.append(f"{name} {seconds * 1e3:9.3f} ms{rate} (x{seconds / base:.1f})")
+            shown = f"{seconds * 1e6:9.2f} us" if seconds < 1e-3 else f"{seconds * 1e3:9.2f} ms"
+            cells.append(f"{name} {shown}{rate} (x{seconds / base:.1f})")
         write(f"  {group:<46} " + "   ".join(cells))
 
 

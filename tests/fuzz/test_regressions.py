@@ -24,3 +24,20 @@ def test_unlocking_a_prefix_of_a_locked_path_is_rejected_by_every_implementation
     reference = state.impls[1].cache
     with pytest.raises(UnlockError):
         reference.unlock(handles_1.handles[1])
+
+
+def test_an_insert_that_extends_a_leaf_leaves_the_heap_able_to_evict_both() -> None:
+    # Shrunk programs from the campaign after the eviction heap became integer keyed: the insert
+    # pushed the leaf it extended and then its new child under the same stamp; the child's entry
+    # replaced the parent's, the parent later looked pushed but had no entry (IntegrityError),
+    # evict popped an empty heap (IndexError) or took the wrong page.
+    for final in (("some", 50), ("all", 0)):
+        state = PrefixCacheMachine()
+        seqs_0, seqs_1 = state.setup(page_size=1, first=[([0, 0], []), ([0], [])])
+        state.evict(fraction=0, size="some")
+        state.insert_prefix(namespace=None, seq=seqs_1)
+        state.insert_prefix(namespace=None, seq=seqs_0)
+        state.insert_prefix(namespace=("lora", 1), seq=seqs_0)
+        state.evict(fraction=final[1], size=final[0])
+        state.implementations_agree()
+        state.teardown()

@@ -103,3 +103,13 @@ def test_the_naive_cache_returns_empty_int32_tensors() -> None:
     handle = cache.insert_prefix(torch.tensor([1, 2]), torch.tensor([0, 1])).handle
     assert handle.get_matched_indices().dtype == torch.int32 and handle.get_matched_indices().numel() == 0
     assert cache.evict(0).numel() == 0
+
+
+def test_a_leaf_extended_by_an_insert_is_evicted_after_its_new_child() -> None:
+    cache = RadixPrefixCache(page_size=1)
+    cache.insert_prefix([0], [0])
+    cache.insert_prefix([0, 0], [0, 1])  # stamps [0] and gives it a child under the same stamp
+    assert cache.evict(1).tolist() == [1]
+    cache.check_integrity()
+    assert cache.evict(1).tolist() == [0]
+    cache.check_integrity()
