@@ -48,6 +48,28 @@ def test_b_evict_one_page_under_pressure(benchmark: Any, impl: str, leaves: int,
     benchmark.pedantic(evict, setup=setup, rounds=rounds, iterations=1, warmup_rounds=2)
 
 
+@pytest.mark.parametrize("impl", ["optimized"])
+@pytest.mark.parametrize("leaves", [1_000, 10_000, 100_000])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_b2_evict_one_page_when_leaves_were_unlocked_out_of_order(
+    benchmark: Any, impl: str, leaves: int, page_size: int
+) -> None:
+    benchmark.group = f"b2 evict one page, heap path P={page_size} leaves={leaves}"
+    farm = w.LeafFarm(impl, page_size, leaves, shuffled=True)
+    last: list[Any] = []
+
+    def setup() -> tuple[tuple[()], dict[str, Any]]:
+        if last:
+            farm.refill(last.pop())
+        return (), {}
+
+    def evict() -> None:
+        last.append(farm.evict_one_page())
+
+    benchmark.pedantic(evict, setup=setup, rounds=200, iterations=1, warmup_rounds=2)
+    assert farm.cache.heap, "the out-of-order leaves should still be on the heap"
+
+
 @pytest.mark.parametrize("impl", w.IMPLS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_c_match_a_fully_cached_32k_prompt(benchmark: Any, impl: str, page_size: int) -> None:

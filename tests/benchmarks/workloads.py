@@ -107,7 +107,7 @@ def run_shared_prompt(cache: Any, work: SharedPromptWorkload) -> None:
 class LeafFarm:
     """(b) a tree with ``leaves`` evictable one-page leaves under a shared prefix; refilled after each evict."""
 
-    def __init__(self, impl: str, page_size: int, leaves: int) -> None:
+    def __init__(self, impl: str, page_size: int, leaves: int, shuffled: bool = False) -> None:
         self.impl, self.page_size = impl, page_size
         self.cache = make_cache(impl, page_size)
         self.next_id = 0
@@ -116,10 +116,21 @@ class LeafFarm:
         prefix = [1] * page_size
         self.cache.insert_prefix(as_impl_tokens(impl, prefix), as_impl_slots(impl, page_slots(0, page_size, page_size)))
         self.prefix = prefix
-        for _ in range(leaves):
-            self.add_leaf()
+        tokens = [self.add_leaf() for _ in range(leaves)]
+        if shuffled:
+            # lock every leaf but one, evict that one (the queue's locked entries are dropped on the
+            # way), then unlock in random order: the stamps come back out of order, so eviction
+            # works from the heap rather than the in-order queue
+            handles = [self.cache.match_prefix(as_impl_tokens(impl, t)) for t in tokens]
+            for handle in handles[:-1]:
+                self.cache.lock(handle)
+            self.refill(self.evict_one_page())
+            handles = handles[:-1]
+            random.Random(5).shuffle(handles)
+            for handle in handles:
+                self.cache.unlock(handle)
 
-    def add_leaf(self) -> None:
+    def add_leaf(self) -> list[int]:
         p = self.page_size
         self.next_id += 1
         leaf = [2 + self.next_id + k for k in range(p)]
@@ -129,6 +140,7 @@ class LeafFarm:
         tokens = self.prefix + leaf
         slots = page_slots(0, p, p) + page_slots(page, p, p)
         self.cache.insert_prefix(as_impl_tokens(self.impl, tokens), as_impl_slots(self.impl, slots))
+        return tokens
 
     def evict_one_page(self) -> Any:
         return self.cache.evict(self.page_size)
