@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from spec.errors import InvalidInputError, InvalidTypeError
-from spec.types import check_int_sequence
+from spec.errors import InvalidInputError, InvalidTypeError, LengthMismatchError
+from spec.types import Namespace, check_int_sequence, check_namespace
 
 from .radix_kernel import first_negative
 
@@ -68,3 +68,18 @@ def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tup
     if int(indices.max()) > INT32_MAX:
         raise InvalidInputError(f"slot index {int(indices.max())} does not fit in int32")
     return indices.to(torch.int32), True
+
+
+def as_insert_args(
+    input_ids: torch.Tensor | Sequence[int],
+    indices: torch.Tensor | Sequence[int],
+    namespace: object,
+    device: torch.device,
+) -> tuple[torch.Tensor, bool, torch.Tensor, bool, Namespace]:
+    """insert_prefix's arguments checked in the reference's order: tokens, slots, namespace, lengths."""
+    ids, ids_owned = as_tokens(input_ids)
+    slots, slots_owned = as_slots(indices, device)
+    checked_namespace = check_namespace(namespace)
+    if ids.numel() != slots.numel():
+        raise LengthMismatchError(f"input_ids has {ids.numel()} tokens but indices has {slots.numel()} slots")
+    return ids, ids_owned, slots, slots_owned, checked_namespace

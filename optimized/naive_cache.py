@@ -13,13 +13,13 @@ from spec.errors import (
     IntegrityError,
     InvalidSizeError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
 )
 from spec.helpers import align_down
 from spec.types import InsertResult, Namespace, SizeInfo, check_namespace, check_page_size
 
-from .inputs import as_slots, as_tokens, device_of
+from .inputs import as_insert_args, as_tokens, device_of
+from .radix_kernel import first_bad_page
 
 
 class NaiveCacheHandle:
@@ -61,18 +61,14 @@ class NaivePrefixCache:
         namespace: Namespace = None,
     ) -> InsertResult:
         # CHECK
-        ids, _ = as_tokens(input_ids)
-        slots, _ = as_slots(indices, self.device)
-        namespace = check_namespace(namespace)
-        if ids.numel() != slots.numel():
-            raise LengthMismatchError(f"input_ids has {ids.numel()} tokens but indices has {slots.numel()} slots")
+        _, _, slots, _, namespace = as_insert_args(input_ids, indices, namespace, self.device)
         p = self.page_size
-        pages = slots[: align_down(slots.numel(), p)].view(-1, p)
-        if pages.numel():
-            bad = (pages[:, 0] % p != 0) | (pages != pages[:, :1] + self._offsets).any(dim=1)
-            if bool(bad.any()):
-                raise MisalignedPageError(f"page {int(torch.nonzero(bad)[0, 0])} is not an aligned run of {p}")
-            if torch.unique(pages[:, 0]).numel() != pages.shape[0]:
+        whole = slots[: align_down(slots.numel(), p)]
+        if whole.numel():
+            bad = first_bad_page(whole, p)
+            if bad < whole.numel() // p:
+                raise MisalignedPageError(f"page {bad} is not an aligned run of {p}")
+            if torch.unique(whole[::p]).numel() != whole.numel() // p:
                 raise DuplicateSlotError("a slot is given to two pages")
         # UPDATE
         self.clock += 1

@@ -26,7 +26,6 @@ from spec.errors import (
     IntegrityError,
     InvalidSizeError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
     StaleHandleError,
     UnlockError,
@@ -35,7 +34,7 @@ from spec.helpers import align_down, div_ceil
 from spec.invariants import check_invariants
 from spec.types import InsertResult, Namespace, SizeInfo, check_namespace, check_page_size
 
-from .inputs import as_slots, as_tokens, device_of
+from .inputs import as_insert_args, as_tokens, device_of
 from .radix_kernel import PageKeyReader, first_bad_page
 
 _INT64_BYTES = 8
@@ -163,11 +162,7 @@ class RadixPrefixCache:
     ) -> InsertResult:
         """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
         # CHECK
-        ids, ids_owned = as_tokens(input_ids)
-        slots, slots_owned = as_slots(indices, self.device)
-        namespace = check_namespace(namespace)
-        if ids.numel() != slots.numel():
-            raise LengthMismatchError(f"input_ids has {ids.numel()} tokens but indices has {slots.numel()} slots")
+        ids, ids_owned, slots, slots_owned, namespace = as_insert_args(input_ids, indices, namespace, self.device)
         insert_len = align_down(ids.numel(), self.page_size)
         root = self._get_root(namespace)
         path, partial, prefix_len = self._find(root, ids, insert_len)
