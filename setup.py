@@ -1,5 +1,28 @@
-"""Build hook for the cffi module (everything else is in pyproject.toml)."""
+"""Build hooks (everything else is in pyproject.toml).
+
+* ``cffi_modules``: csrc/radix.c and csrc/store.c become ``optimized._radix_c``.
+* ``build_py`` also copies the CUDA sources into ``optimized/csrc/`` of the
+  built package, so an installed wheel can still build its store kernel with
+  nvcc (``python -m optimized.kv_store``); a checkout reads them from csrc/.
+"""
+
+from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
-setup(cffi_modules=["csrc/build_ffi.py:ffibuilder"])
+CUDA_SOURCES = ("store.cu", "store_cuda.h", "store_status.h")
+
+
+class BuildPyWithCudaSources(build_py):
+    """build_py, plus csrc/store.cu and the headers it includes into the built package."""
+
+    def run(self) -> None:
+        super().run()
+        target = Path(self.build_lib) / "optimized" / "csrc"
+        target.mkdir(parents=True, exist_ok=True)
+        for name in CUDA_SOURCES:
+            self.copy_file(str(Path("csrc") / name), str(target / name))
+
+
+setup(cffi_modules=["csrc/build_ffi.py:ffibuilder"], cmdclass={"build_py": BuildPyWithCudaSources})

@@ -43,12 +43,12 @@ static int64_t first_differing_byte_block(const unsigned char *a, const unsigned
         return i;                                                                                              \
     }                                                                                                          \
                                                                                                                \
-    int64_t radix_first_negative_##SUFFIX(const TYPE *a, int64_t n) {                                          \
-        if (n < 0 || (n > 0 && a == NULL)) {                                                                   \
+    int64_t radix_first_outside_##SUFFIX(const TYPE *a, int64_t n, int64_t max_value) {                         \
+        if (n < 0 || max_value < 0 || (n > 0 && a == NULL)) {                                                  \
             return -1;                                                                                         \
         }                                                                                                      \
         int64_t i = 0;                                                                                         \
-        while (i < n && a[i] >= 0) {                                                                           \
+        while (i < n && a[i] >= 0 && (int64_t)a[i] <= max_value) {                                             \
             ++i;                                                                                               \
         }                                                                                                      \
         return i;                                                                                              \

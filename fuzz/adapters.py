@@ -300,7 +300,8 @@ class OptimizedCache(DelegatingCache):
         return self.cache.match_prefix(self.tokens(tokens), namespace)
 
     def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, Any]:
-        slots = torch.tensor(indices, dtype=torch.int64 if self.calls % 2 else torch.int32)
+        fits_int32 = all(-(2**31) <= slot < 2**31 for slot in indices)
+        slots = torch.tensor(indices, dtype=torch.int32 if fits_int32 and not self.calls % 2 else torch.int64)
         return tuple(self.cache.insert_prefix(self.tokens(tokens), slots, namespace))  # type: ignore[return-value]
 
     def get_matched_indices(self, handle: Any) -> list[int]:

@@ -54,6 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="steps per example (default: campaign profile)")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--device", default="cpu", help="torch device of the kv machine's pool (cpu, cuda)")
     return parser.parse_args(argv)
 
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         size = batch_settings.max_examples
         if args.examples:
             size = min(size, args.examples - examples_run[name])
-        machine = machine_for(name, impls)
+        machine = machine_for(name, impls, args.device)
         machine._hypothesis_internal_use_seed = batch_seed  # type: ignore[attr-defined]
         FailureClock.first = None
         exc, lines = run_batch(machine, settings(batch_settings, max_examples=size))
@@ -184,7 +185,10 @@ def print_summary(out: TextIO, elapsed: float, batches: int, failures: list[Fail
         f"time {elapsed:.1f} s   batches {batches}   examples {STATS.examples}   steps {STATS.steps}"
         f" ({STATS.steps / max(elapsed, 1e-9):.0f} steps/s)"
     )
-    p(f"largest tree {STATS.largest_tree_pages} pages   evicted pages {STATS.evicted_pages}")
+    p(
+        f"largest tree {STATS.largest_tree_pages} pages   evicted pages {STATS.evicted_pages}"
+        f"   largest KV store {STATS.largest_store_rows} rows"
+    )
     p("rules hit:")
     for rule_name, count in sorted(STATS.rules.items()):
         p(f"  {rule_name:<44} {count:>9}")

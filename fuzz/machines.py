@@ -8,6 +8,7 @@ import time
 from hypothesis.stateful import RuleBasedStateMachine
 
 from .cache_manager_machine import CacheManagerMachine
+from .kv_machine import KVStoreMachine
 from .prefix_cache_machine import PrefixCacheMachine
 from .scheduler_machine import SchedulerMachine
 
@@ -15,6 +16,7 @@ MACHINES: dict[str, type[RuleBasedStateMachine]] = {
     "cache": PrefixCacheMachine,
     "manager": CacheManagerMachine,
     "scheduler": SchedulerMachine,
+    "kv": KVStoreMachine,
 }
 
 
@@ -24,8 +26,11 @@ class FailureClock:
     first: float | None = None
 
 
-def machine_for(name: str, impls: tuple[str, ...]) -> type[RuleBasedStateMachine]:
-    """The machine ``name`` driving the spec beside ``impls``; notes the time of its first failure."""
+def machine_for(name: str, impls: tuple[str, ...], device: str = "cpu") -> type[RuleBasedStateMachine]:
+    """The machine ``name`` driving the spec beside ``impls`` (the kv machine: the pool on ``device``).
+
+    Notes the time of its first failure.
+    """
     base = MACHINES[name]
 
     def teardown(self: RuleBasedStateMachine) -> None:
@@ -35,4 +40,7 @@ def machine_for(name: str, impls: tuple[str, ...]) -> type[RuleBasedStateMachine
             FailureClock.first = FailureClock.first or time.monotonic()
         base.teardown(self)
 
-    return type(base.__name__, (base,), {"IMPLS": impls, "teardown": teardown, "__module__": base.__module__})
+    attributes = {"IMPLS": impls, "teardown": teardown, "__module__": base.__module__}
+    if base is KVStoreMachine:
+        attributes = {"DEVICE": device, "teardown": teardown, "__module__": base.__module__}
+    return type(base.__name__, (base,), attributes)

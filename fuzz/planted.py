@@ -182,6 +182,19 @@ BUGS: tuple[PlantedBug, ...] = (
 )
 
 
+# the KV store (optimized/store.py)
+BUGS += (
+    PlantedBug(
+        "one-row store ignores a non-unit inner stride",
+        "optimized/store.py",
+        "        if t.shape[0] > 0 and width > 1 and t.stride(1) != 1:",
+        "        if t.shape[0] > 1 and width > 1 and t.stride(1) != 1:",
+        "kv",
+        "optimized",
+    ),
+)
+
+
 def plant(bug: PlantedBug, tree: Path) -> None:
     """Apply ``bug`` to the copy at ``tree``; the edit must match exactly once."""
     target = tree / bug.path

@@ -17,17 +17,20 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
 from spec import prefix_cache as pc
+from spec.errors import InvalidTypeError
 from spec.helpers import align_down
 from spec.invariants import check_invariants
-from spec.types import Namespace
+from spec.types import SLOT_LIMIT, Namespace
 
 from .adapters import CACHE_IMPLEMENTATIONS, CacheAdapter, SpecCache
 from .differential import apply_all, describe_difference
-from .sequences import PAGE_SIZES, build_sequence, namespaces, page_choices, tail_choices
+from .sequences import PAGE_SIZES, bad_namespaces, build_sequence, namespaces, page_choices, tail_choices
 from .stats import STATS
 
-# bad slots for insert_prefix: shifted, out of order, already cached, given twice, one short
-BAD_SLOTS = ("misaligned", "scrambled", "cached", "twice", "short")
+# bad slots for insert_prefix: shifted, out of order, already cached, given twice, one short, past 2**31
+BAD_SLOTS = ("misaligned", "scrambled", "cached", "twice", "short", "past_limit")
+# where fresh pages come from: the bottom of the slot domain, or its top (just below 2**31)
+SLOT_RANGES = ("low", "low", "low", "high")
 # reset only trees this large, so that most examples grow trees
 RESET_AT_PAGES = 6
 EVICT_SIZES = ("some", "some", "all", "zero", "over", "negative")
@@ -107,10 +110,24 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         )
         return HandleSet(out.results) if out.ok else multiple()
 
-    @rule(target=handles, seq=seqs, namespace=namespaces)
-    def insert_prefix(self, seq: tuple[int, ...], namespace: Namespace) -> Any:
-        """Insert with valid slots: fresh pages for the new part."""
-        return self.insert(seq, namespace, "fresh", 0)
+    @rule(target=handles, seq=seqs, namespace=namespaces, where=st.sampled_from(SLOT_RANGES))
+    def insert_prefix(self, seq: tuple[int, ...], namespace: Namespace, where: str = "low") -> Any:
+        """Insert with valid slots: fresh pages for the new part, low in the pool or just below 2**31."""
+        return self.insert(seq, namespace, "fresh" if where == "low" else "high", 0)
+
+    @rule(seq=seqs, namespace=bad_namespaces, insert=st.booleans())
+    def bad_namespace(self, seq: tuple[int, ...], namespace: Any, insert: bool) -> None:
+        """A namespace outside the domain (an alias of a valid one, a float, a subclass): InvalidTypeError."""
+        STATS.record_rule(f"cache.bad_namespace[{'insert' if insert else 'match'}]")
+        indices = self.choose_indices(list(seq), None, "fresh", 0)
+        out = apply_all(
+            "bad namespace",
+            self.impls,
+            lambda impl, i: (
+                impl.insert_prefix(list(seq), indices, namespace) if insert else impl.match_prefix(list(seq), namespace)
+            ),
+        )
+        assert out.error is InvalidTypeError, f"namespace {namespace!r} was not rejected as InvalidTypeError"
 
     @rule(target=handles, seq=seqs, namespace=namespaces, slots=st.sampled_from(BAD_SLOTS), which=st.integers(0, 15))
     def insert_prefix_bad_slots(self, seq: tuple[int, ...], namespace: Namespace, slots: str, which: int) -> Any:
@@ -204,7 +221,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             cached += 1
         new_pages = len(keys) - cached
         taken = {entry.slot_start for entry in state.entries.values()}
-        fresh = [s for s in range(0, (len(taken) + new_pages + 1) * p, p) if s not in taken][:new_pages]
+        if mode == "high":  # the top of the slot domain: the last page ends at 2**31 - 1 at most
+            top = (SLOT_LIMIT - p) // p * p
+            fresh = [s for s in range(top, top - (len(taken) + new_pages + 1) * p, -p) if s not in taken][:new_pages]
+        else:
+            fresh = [s for s in range(0, (len(taken) + new_pages + 1) * p, p) if s not in taken][:new_pages]
         # positions the cache must ignore get slots no page ever uses
         filler = [1_000_000 + i for i in range(len(seq))]
         pages = [[start + k for k in range(p)] for start in fresh]
@@ -218,6 +239,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             pages[pick] = [start + k for k in range(p)]
         elif mode == "twice" and new_pages >= 2:
             pages[(pick + 1) % new_pages] = pages[pick]
+        elif mode == "past_limit" and new_pages:
+            start = (SLOT_LIMIT + p - 1) // p * p + which * p
+            pages[pick] = [start + k for k in range(p)]
         indices = filler[: cached * p] + [s for page in pages for s in page] + filler[align_down(len(seq), p) :]
         if mode == "short" and indices:
             indices.pop()

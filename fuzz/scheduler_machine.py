@@ -26,7 +26,7 @@ from spec.errors import CacheError
 from spec.types import Namespace, SchedulerConfig
 
 from .differential import describe_difference
-from .sequences import build_sequence, namespaces
+from .sequences import bad_namespaces, build_sequence, namespaces
 from .stats import STATS
 
 EOS = 0
@@ -138,11 +138,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         if outcome[0] == "returns":
             self.requests[uid] = (prompt, outcome[1], ignore_eos, namespace)
 
-    @rule(bad=st.sampled_from(["empty prompt", "duplicate uid", "too long", "never fits", "max_tokens 0"]))
-    def add_bad_request(self, bad: str) -> None:
+    @rule(
+        bad=st.sampled_from(["empty prompt", "duplicate uid", "too long", "never fits", "max_tokens 0", "namespace"]),
+        namespace=bad_namespaces,
+    )
+    def add_bad_request(self, bad: str, namespace: Any) -> None:
         STATS.record_rule(f"scheduler.add_bad_request[{bad}]")
         p = self.config.page_size
         uid, prompt, max_tokens = self.next_uid, [1, 2, 3], 1
+        if bad != "namespace":
+            namespace = None
         if bad == "empty prompt":
             prompt = []
         elif bad == "duplicate uid":
@@ -153,12 +158,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             prompt, max_tokens = [1] * (self.config.max_seq_len - 1), 1
             if (self.config.max_seq_len - 1 + p - 1) // p <= self.config.num_pages:
                 return  # the pool is large enough for any request
-        else:
+        elif bad == "max_tokens 0":
             max_tokens = 0
         if uid < 0:
             return
         before = [(dict(s.status), [r.uid for r in s.prefill_manager.pending_list]) for s in self.schedulers]
-        outcome = self.on_all(lambda s: s.add_request(uid, prompt, max_tokens))
+        outcome = self.on_all(lambda s: s.add_request(uid, prompt, max_tokens, namespace=namespace))
         assert outcome[0] == "raises", f"{bad}: accepted"
         after = [(dict(s.status), [r.uid for r in s.prefill_manager.pending_list]) for s in self.schedulers]
         assert before == after, f"{bad}: a rejected request changed the scheduler"

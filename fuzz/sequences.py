@@ -9,6 +9,7 @@ lengths, so matches also stop in the middle of a page.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
 
 from hypothesis import strategies as st
 
@@ -18,7 +19,47 @@ NUM_PATTERNS = 8
 # draws: which pattern each page follows, and tail tokens (at most P-1 of them are kept)
 page_choices = st.lists(st.integers(0, NUM_PATTERNS - 1), max_size=6)
 tail_choices = st.lists(st.integers(0, 3), max_size=4)
-namespaces = st.sampled_from([None, ("lora", 1), ("tenant", "b")])
+
+
+class Flavor(IntEnum):
+    """An int subclass: ``Flavor.ONE == 1``, yet not in the namespace domain."""
+
+    ONE = 1
+
+
+class Tag(str):
+    """A str subclass: equal to its text, yet not in the namespace domain."""
+
+
+# Valid namespaces that lines share often, among them values Python calls equal to invalid ones
+# (("lora", 1) == ("lora", True) == ("lora", 1.0)) and near-aliases that must stay apart ("1", b"1").
+NAMESPACE_PALETTE = (None, ("lora", 1), ("tenant", "b"), ("lora", "1"), ("lora", b"1"), ((("lora", 1),),), (), (0,))
+# the whole domain: str, bytes and int items (any size) and tuples of them, nested
+namespace_items = st.recursive(
+    st.one_of(st.text(max_size=4), st.binary(max_size=4), st.integers()),
+    lambda inner: st.lists(inner, max_size=3).map(tuple),
+    max_leaves=6,
+)
+namespaces = st.one_of(
+    st.sampled_from(NAMESPACE_PALETTE),
+    st.sampled_from(NAMESPACE_PALETTE),
+    st.sampled_from(NAMESPACE_PALETTE),
+    st.lists(namespace_items, max_size=3).map(tuple),
+)
+# outside the domain: every implementation raises InvalidTypeError and changes nothing
+BAD_NAMESPACES: tuple[object, ...] = (
+    ("lora", True),
+    ("lora", 1.0),
+    (False,),
+    (Flavor.ONE,),
+    ("lora", Tag("1")),
+    ("lora", None),
+    ("lora", ("x", 1.5)),
+    "lora",
+    ["lora", 1],
+    0,
+)
+bad_namespaces = st.sampled_from(BAD_NAMESPACES)
 
 
 def page_pattern(choice: int, page_size: int) -> list[int]:

@@ -17,6 +17,8 @@ class CampaignStats:
     rejected: Counter[str] = field(default_factory=Counter)
     evicted_pages: int = 0
     largest_tree_pages: int = 0
+    # rows of the largest KV store batch driven
+    largest_store_rows: int = 0
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""
@@ -30,6 +32,10 @@ class CampaignStats:
     def record_tree(self, pages: int) -> None:
         """Note the size of a tree seen after a step."""
         self.largest_tree_pages = max(self.largest_tree_pages, pages)
+
+    def record_store(self, rows: int) -> None:
+        """Note the size of a KV store batch."""
+        self.largest_store_rows = max(self.largest_store_rows, rows)
 
     def reset(self) -> None:
         """Zero every counter."""

@@ -26,7 +26,10 @@ class Engine:
 
     def __init__(self, config: SchedulerConfig, device: torch.device | str = "cpu") -> None:
         self.config = config
-        self.model = HashModel(config.num_pages, config.page_size, device, eos_token_id=config.eos_token_id)
+        # the hot path stores without host syncs; generate() reads the store's error flags once at the end
+        self.model = HashModel(
+            config.num_pages, config.page_size, device, eos_token_id=config.eos_token_id, store_mode="fast"
+        )
         self.scheduler = Scheduler(config, self.model, device)
 
     def generate(self, requests: list[RequestSpec], check_every: int = 0) -> EngineResult:
@@ -37,6 +40,7 @@ class Engine:
             if check_every and self.scheduler.stats.steps % check_every == 0:
                 self.scheduler.check_integrity()
         self.scheduler.check_integrity()
+        self.model.pool.check_store_errors()
         return EngineResult(
             {uid: list(tokens) for uid, tokens in self.scheduler.outputs.items()},
             self.scheduler.stats,

@@ -1,8 +1,10 @@
 """Input checks of the optimized implementation: token ids and slot indices as tensors.
 
-Twins of ``spec.types.check_int_sequence``: the same errors for the same
-bad input (InvalidTypeError for a wrong type, InvalidInputError for a
-negative value), checked on the whole tensor at once.
+Twins of ``spec.types.check_token_ids`` / ``check_slot_indices`` and of the
+spec's devices: the same errors for the same bad input (InvalidTypeError for a
+wrong type, InvalidInputError for a token outside ``[0, 2**63)``,
+SlotOutOfRangeError for a slot outside ``[0, 2**31)``), checked on the whole
+tensor at once.
 """
 
 from __future__ import annotations
@@ -11,27 +13,36 @@ from collections.abc import Sequence
 
 import torch
 
-from spec.errors import InvalidInputError, InvalidTypeError, LengthMismatchError
-from spec.types import Namespace, check_int_sequence, check_namespace
+from spec.errors import InvalidInputError, InvalidTypeError, LengthMismatchError, SlotOutOfRangeError, UnavailableError
+from spec.types import SLOT_LIMIT, TOKEN_LIMIT, Namespace, check_namespace, check_slot_indices, check_token_ids
 
-from .radix_kernel import first_negative
+from .radix_kernel import first_outside
 
 INT_DTYPES = (torch.int32, torch.int64)
-INT32_MAX = 2**31 - 1
 
 
 def device_of(device: torch.device | str) -> torch.device:
-    """``device`` as a torch.device, or raise InvalidTypeError."""
+    """``device`` as a torch.device that this torch can use, or raise (InvalidTypeError, UnavailableError)."""
     try:
-        return torch.device(device)
+        checked = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise InvalidTypeError(f"not a torch device: {device!r} ({exc})") from None
+    if checked.type == "cuda":
+        if not torch.cuda.is_available():
+            built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise UnavailableError(
+                f"device {str(checked)!r} asked for, but torch {torch.__version__} ({built}) sees no CUDA device;"
+                " use device='cpu'"
+            )
+        if checked.index is not None and checked.index >= torch.cuda.device_count():
+            raise UnavailableError(f"device {str(checked)!r} asked for, but only {torch.cuda.device_count()} GPUs")
+    return checked
 
 
 def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, bool]:
     """Token ids as a contiguous 1-D int64 CPU tensor, and whether it is a fresh copy we own."""
     if not isinstance(input_ids, torch.Tensor):
-        return torch.tensor(check_int_sequence(input_ids, "input_ids"), dtype=torch.int64), True
+        return torch.tensor(check_token_ids(input_ids), dtype=torch.int64), True
     if input_ids.numel() == 0 and input_ids.device.type == "cpu":
         return torch.empty(0, dtype=torch.int64), True  # torch.tensor([]) is float32: accept it as empty
     if input_ids.dim() != 1 or input_ids.dtype not in INT_DTYPES or input_ids.device.type != "cpu":
@@ -43,30 +54,27 @@ def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, bo
         ids, owned = input_ids, False
     else:
         ids, owned = input_ids.to(torch.int64).contiguous(), True
-    if first_negative(ids) < ids.numel():
-        raise InvalidInputError("input_ids holds a negative token id")
+    bad = first_outside(ids, TOKEN_LIMIT - 1)
+    if bad < ids.numel():
+        raise InvalidInputError(f"input_ids[{bad}] = {int(ids[bad])} is outside [0, 2**63)")
     return ids, owned
 
 
 def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tuple[torch.Tensor, bool]:
     """Slot indices as a 1-D int32 tensor on ``device``, and whether it is a fresh copy we own."""
     if not isinstance(indices, torch.Tensor):
-        values = check_int_sequence(indices, "indices")
-        if values and max(values) > INT32_MAX:
-            raise InvalidInputError(f"slot index {max(values)} does not fit in int32")
-        return torch.tensor(values, dtype=torch.int32, device=device), True
+        return torch.tensor(check_slot_indices(indices), dtype=torch.int32, device=device), True
     if indices.numel() == 0 and indices.device == device:
         return torch.empty(0, dtype=torch.int32, device=device), True
     if indices.dim() != 1 or indices.dtype not in INT_DTYPES:
         raise InvalidTypeError(f"indices must be a 1-D int32/int64 tensor, got {indices.dim()}-D {indices.dtype}")
     if indices.device != device:
         raise InvalidTypeError(f"indices are on {indices.device}, the cache's slots live on {device}")
-    if first_negative(indices) < indices.numel():
-        raise InvalidInputError("indices holds a negative slot")
+    bad = first_outside(indices, SLOT_LIMIT - 1)
+    if bad < indices.numel():
+        raise SlotOutOfRangeError(f"indices[{bad}] = {int(indices[bad])} is outside [0, 2**31)")
     if indices.dtype == torch.int32:
         return indices, False
-    if int(indices.max()) > INT32_MAX:
-        raise InvalidInputError(f"slot index {int(indices.max())} does not fit in int32")
     return indices.to(torch.int32), True
 
 

@@ -3,6 +3,11 @@
 One buffer ``(2, num_layers, num_pages, page_size, num_kv_heads, head_dim)``;
 layer ``l``'s K is ``buffer[0, l]`` viewed as ``[num_pages * page_size, heads, head_dim]``.
 The radix tree only maps tokens to slots; this stores what the slots hold.
+
+``store_mode`` picks how ``store_kv`` writes: ``"checked"`` (``store_cache``:
+every index checked before any write) or ``"fast"`` (``store_cache_fast``:
+no host sync, out-of-range rows skipped and flagged in ``store_errors``,
+which ``check_store_errors`` reads).
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import torch
 from spec.errors import InvalidInputError, InvalidSizeError, InvalidTypeError, LengthMismatchError, SlotOutOfRangeError
 
 from .inputs import device_of
-from .kv_store import store_cache
+from .store import FLAG_OUT_OF_RANGE, store_cache, store_cache_fast
+
+STORE_MODES = ("checked", "fast")
 
 
 class MHAKVCache:
@@ -27,6 +34,7 @@ class MHAKVCache:
         page_size: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        store_mode: str = "checked",
     ) -> None:
         # CHECK
         for name, value in (
@@ -36,19 +44,25 @@ class MHAKVCache:
             ("num_pages", num_pages),
             ("page_size", page_size),
         ):
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidSizeError(f"{name} must be an int >= 1, got {value!r}")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise InvalidTypeError(f"dtype must be a float torch.dtype, got {dtype!r}")
+        if store_mode not in STORE_MODES:
+            raise InvalidInputError(f"store_mode must be one of {STORE_MODES}, got {store_mode!r}")
         # UPDATE
         self.num_kv_heads, self.num_layers, self.head_dim = num_kv_heads, num_layers, head_dim
         self.num_pages, self.page_size, self.dtype = num_pages, page_size, dtype
         self.device = device_of(device)
         self.num_slots = num_pages * page_size
-        self._kv_buffer = torch.zeros(
-            (2, num_layers, num_pages, page_size, num_kv_heads, head_dim), dtype=dtype, device=self.device
-        )
+        # zero bytes, viewed as the dtype: torch fills no float4 dtype
+        shape = (2, num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        item = torch.empty(0, dtype=dtype).element_size()
+        self._kv_buffer = torch.zeros((*shape[:-1], head_dim * item), dtype=torch.uint8, device=self.device).view(dtype)
         self._storage_shape = (self.num_slots, num_kv_heads, head_dim)
+        self.store_mode = store_mode
+        # fast stores OR their error flags in here; check_store_errors reads and clears it
+        self.store_errors = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     def k_cache(self, layer_id: int) -> torch.Tensor:
         """Layer ``layer_id``'s K as ``[num_slots, num_kv_heads, head_dim]`` (a view)."""
@@ -59,18 +73,29 @@ class MHAKVCache:
         return self._kv_buffer[1, self._check_layer(layer_id)].view(self._storage_shape)
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
-        """Write token ``i``'s K/V (``[n, heads, head_dim]`` or ``[n, heads * head_dim]``) into slot ``out_loc[i]``."""
+        """Write token ``i``'s K/V (``[n, heads, head_dim]`` or ``[n, heads * head_dim]``) into slot ``out_loc[i]``.
+
+        Checked mode: all-or-nothing, errors name the first bad row. Fast mode: see ``store_cache_fast``.
+        """
         # CHECK
         width = self.num_kv_heads * self.head_dim
+        k_cache = self.k_cache(layer_id).view(self.num_slots, width)
+        v_cache = self.v_cache(layer_id).view(self.num_slots, width)
         k2, v2 = self._as_rows(k, "k"), self._as_rows(v, "v")
         # UPDATE
-        store_cache(
-            self.k_cache(layer_id).view(self.num_slots, width),
-            self.v_cache(layer_id).view(self.num_slots, width),
-            out_loc,
-            k2,
-            v2,
-        )
+        if self.store_mode == "fast":
+            store_cache_fast(k_cache, v_cache, out_loc, k2, v2, self.store_errors)
+        else:
+            store_cache(k_cache, v_cache, out_loc, k2, v2)
+
+    def check_store_errors(self) -> None:
+        """Raise SlotOutOfRangeError if a fast store skipped a row since the last check, and clear the flags (syncs)."""
+        flags = int(self.store_errors.item())
+        self.store_errors.zero_()
+        if flags & FLAG_OUT_OF_RANGE:
+            raise SlotOutOfRangeError(
+                f"a fast store skipped rows whose slot lies outside the pool of {self.num_slots} slots"
+            )
 
     def gather_kv(self, indices: torch.Tensor, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the given slots, ``[n, heads, head_dim]`` each: what attention reads through the page table."""
@@ -87,21 +112,27 @@ class MHAKVCache:
             low, high = torch.aminmax(indices)
             if int(low) < 0 or int(high) >= self.num_slots:
                 raise SlotOutOfRangeError(f"slots {int(low)}..{int(high)} outside the pool of {self.num_slots}")
-        # WALK
+        # WALK (through bytes: torch indexes no float8 or float4 dtype on the CPU)
         index = indices.long()
-        return self.k_cache(layer_id)[index], self.v_cache(layer_id)[index]
+        return self._gather(self.k_cache(layer_id), index), self._gather(self.v_cache(layer_id), index)
+
+    def _gather(self, cache: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` of one layer's cache, as a new ``[n, heads, head_dim]`` tensor."""
+        rows = cache.view(self.num_slots, -1).view(torch.uint8)[index]
+        return rows.view(self.dtype).view(index.numel(), self.num_kv_heads, self.head_dim)
 
     def _as_rows(self, t: torch.Tensor, name: str) -> torch.Tensor:
         """``t`` as ``[n, heads * head_dim]`` without copying, or raise."""
         if not isinstance(t, torch.Tensor):
             raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        width = self.num_kv_heads * self.head_dim
+        heads, head_dim = self.num_kv_heads, self.head_dim
+        width = heads * head_dim
         if t.dim() == 3:
-            if tuple(t.shape[1:]) != (self.num_kv_heads, self.head_dim):
-                raise LengthMismatchError(
-                    f"{name} is {tuple(t.shape)}, the pool holds [n, {self.num_kv_heads}, {self.head_dim}]"
-                )
-            if t.shape[0] > 0 and (t.stride(2) != 1 or t.stride(1) != self.head_dim):
+            if tuple(t.shape[1:]) != (heads, head_dim):
+                raise LengthMismatchError(f"{name} is {tuple(t.shape)}, the pool holds [n, {heads}, {head_dim}]")
+            # a token's heads * head_dim values must be consecutive (a dimension of size 1 has no stride to keep)
+            within_token = (head_dim == 1 or t.stride(2) == 1) and (heads == 1 or t.stride(1) == head_dim)
+            if t.shape[0] > 0 and not within_token:
                 raise InvalidTypeError(f"{name} must be contiguous within a token, got strides {t.stride()}")
             return t.as_strided((t.shape[0], width), (t.stride(0) if t.shape[0] > 1 else width, 1))
         if t.dim() == 2:
@@ -109,6 +140,7 @@ class MHAKVCache:
         raise InvalidTypeError(f"{name} must be [n, heads, head_dim] or [n, heads * head_dim], got {tuple(t.shape)}")
 
     def _check_layer(self, layer_id: int) -> int:
-        if not isinstance(layer_id, int) or not 0 <= layer_id < self.num_layers:
+        """``layer_id`` if it names a layer of the pool, else raise InvalidInputError."""
+        if not isinstance(layer_id, int) or isinstance(layer_id, bool) or not 0 <= layer_id < self.num_layers:
             raise InvalidInputError(f"layer_id {layer_id!r} outside 0..{self.num_layers - 1}")
         return layer_id

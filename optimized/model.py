@@ -29,8 +29,9 @@ class HashModel:
         vocab_size: int = 1000,
         eos_token_id: int = 0,
         eos_per_mille: int = 50,
+        store_mode: str = "checked",
     ) -> None:
-        self.pool = MHAKVCache(1, num_layers, 2, num_pages, page_size, torch.float32, device)
+        self.pool = MHAKVCache(1, num_layers, 2, num_pages, page_size, torch.float32, device, store_mode)
         self.num_layers = num_layers
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id

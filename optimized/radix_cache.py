@@ -89,15 +89,16 @@ class RadixTreeNode:
 class RadixCacheHandle:
     """A matched path. Twin of ``reference.radix_cache.RadixCacheHandle``."""
 
-    __slots__ = ("cached_len", "node", "root")
+    __slots__ = ("cache", "cached_len", "namespace", "node")
 
-    def __init__(self, cached_len: int, node: RadixTreeNode, root: RadixTreeNode) -> None:
+    def __init__(self, cached_len: int, node: RadixTreeNode, namespace: Namespace, cache: RadixPrefixCache) -> None:
         self.cached_len = cached_len
         self.node = node
-        self.root = root
+        self.namespace = namespace
+        self.cache = cache
 
     def get_matched_indices(self) -> torch.Tensor:
-        """Slots of the path in sequence order (int32 on the cache's device); stale once evicted."""
+        """Slots of the path in sequence order: a new int32 tensor on the cache's device; stale once evicted."""
         node = self.node
         if node.detached:
             raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction")
@@ -105,12 +106,11 @@ class RadixCacheHandle:
         while node.parent is not None:
             values.append(node.value)
             node = node.parent
-        if not values:
-            return self.root.value
         if len(values) == 1:
-            return values[0]
+            # a copy: the caller may write into what it gets, never into the tree
+            return values[0].clone()
         values.reverse()
-        return torch.cat(values)
+        return torch.cat(values) if values else node.value.new_empty(0)
 
     def __repr__(self) -> str:
         return f"RadixCacheHandle(cached_len={self.cached_len})"
@@ -122,6 +122,7 @@ class RadixPrefixCache:
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu") -> None:
         self.page_size = check_page_size(page_size)
         self.device = device_of(device)
+        # one root per namespace that holds pages: made by the first insert, dropped when it empties
         self.roots: dict[Namespace, RadixTreeNode] = {}
         self.clock = 0
         self.evictable_size = 0
@@ -136,6 +137,8 @@ class RadixPrefixCache:
         self.fresh: deque[int] = deque()
         self.heap: list[int] = []
         self.leaf_at: dict[int, RadixTreeNode] = {}
+        # set when an eviction took a namespace's last page (its root goes at the end of evict)
+        self._emptied_root = False
         self._empty_key = torch.empty(0, dtype=torch.int64)
         self._offsets = torch.arange(self.page_size, dtype=torch.int32, device=self.device)
         self._keys = PageKeyReader(self.page_size)
@@ -148,11 +151,11 @@ class RadixPrefixCache:
         ids, _ = as_tokens(input_ids)
         namespace = check_namespace(namespace)
         # WALK
-        root = self._get_root(namespace)
+        root = self._find_root(namespace)
         path, partial, prefix_len = self._find(root, ids, align_down(ids.numel(), self.page_size))
         # UPDATE
         node = self._stamp_path(root, path, partial, self._take_tick())
-        return RadixCacheHandle(prefix_len, node, root)
+        return RadixCacheHandle(prefix_len, node, namespace, self)
 
     def insert_prefix(
         self,
@@ -164,7 +167,7 @@ class RadixPrefixCache:
         # CHECK
         ids, ids_owned, slots, slots_owned, namespace = as_insert_args(input_ids, indices, namespace, self.device)
         insert_len = align_down(ids.numel(), self.page_size)
-        root = self._get_root(namespace)
+        root = self._find_root(namespace)
         path, partial, prefix_len = self._find(root, ids, insert_len)
         new_starts = self._check_new_pages(slots, prefix_len, insert_len)
         # WALK
@@ -172,6 +175,7 @@ class RadixPrefixCache:
         node = self._stamp_path(root, path, partial, t)
         # UPDATE
         if prefix_len < insert_len:
+            self.roots.setdefault(namespace, root)
             key = ids[prefix_len:insert_len]
             value = slots[prefix_len:insert_len]
             new_node = RadixTreeNode(
@@ -183,7 +187,7 @@ class RadixPrefixCache:
             self.cached_starts.update(new_starts)
             self._push(new_node)
             node = new_node
-        return InsertResult(prefix_len, RadixCacheHandle(insert_len, node, root))
+        return InsertResult(prefix_len, RadixCacheHandle(insert_len, node, namespace, self))
 
     def lock(self, handle: RadixCacheHandle) -> None:
         """+1 ref on every node from the handle's node up to the root. O(depth)."""
@@ -246,6 +250,12 @@ class RadixPrefixCache:
             parent = self._detach(node)
             if parent.parent is not None and parent.ref_count == 0 and not parent.children:
                 self._push(parent)
+            elif parent.parent is None and not parent.children:
+                self._emptied_root = True
+        if self._emptied_root:
+            # a namespace whose last page went keeps no root
+            self.roots = {namespace: root for namespace, root in self.roots.items() if root.children}
+            self._emptied_root = False
         if not evicted:
             return self._offsets[:0]
         slots = evicted[0] if len(evicted) == 1 else torch.cat(evicted)
@@ -262,8 +272,7 @@ class RadixPrefixCache:
         for node in list(self._iter_nodes()):
             values.append(node.value)
             node.detached = True
-        for root in self.roots.values():
-            root.children.clear()
+        self.roots.clear()
         # ACCOUNT
         self.evictable_size = 0
         self.cached_starts.clear()
@@ -282,6 +291,9 @@ class RadixPrefixCache:
 
     def check_integrity(self) -> None:
         """The tree's structure, its counters and heap, then the spec's invariants on its abstract state."""
+        empty = [namespace for namespace, root in self.roots.items() if not root.children]
+        if empty:
+            raise IntegrityError(f"roots_hold_pages: namespaces {empty[:4]} keep a root without pages")
         evictable = protected = nodes = 0
         starts: list[int] = []
         live_entries = {
@@ -366,10 +378,9 @@ class RadixPrefixCache:
             nodes.append(node)
             node = node.parent
         nodes.reverse()
-        namespace = next(ns for ns, root in self.roots.items() if root is checked.root)
         tokens = tuple(t for n in nodes for t in n.key.tolist())
         generations = tuple(n.generation for n in nodes for _ in range(n.length // self.page_size))
-        return pc.Handle(namespace, tokens, generations)
+        return pc.Handle(checked.namespace, tokens, generations)
 
     # ------------------------------------------------------------ internals
 
@@ -378,11 +389,11 @@ class RadixPrefixCache:
         self.clock += 1
         return t
 
-    def _get_root(self, namespace: Namespace) -> RadixTreeNode:
+    def _find_root(self, namespace: Namespace) -> RadixTreeNode:
+        """The root of ``namespace``, or an empty root kept nowhere (an insert of its first page keeps it)."""
         root = self.roots.get(namespace)
         if root is None:
             root = RadixTreeNode(self._empty_key, self._offsets[:0], [], -1, -1)
-            self.roots[namespace] = root
         return root
 
     def _find(
@@ -528,7 +539,7 @@ class RadixPrefixCache:
     def _check_type(self, handle: object) -> RadixCacheHandle:
         if not isinstance(handle, RadixCacheHandle):
             raise InvalidTypeError(f"expected an optimized RadixCacheHandle, got {type(handle).__name__}")
-        if not any(root is handle.root for root in self.roots.values()):
+        if handle.cache is not self:
             raise InvalidTypeError("the handle belongs to another cache")
         return handle
 

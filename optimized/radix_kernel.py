@@ -62,18 +62,18 @@ def compare_raw(dtype: torch.dtype, a_ptr: int, b_ptr: int, n: int) -> int:
     return result
 
 
-def first_negative(t: torch.Tensor) -> int:
-    """Index of the first negative value of a 1-D int32/int64 tensor, or its length if none."""
+def first_outside(t: torch.Tensor, max_value: int) -> int:
+    """Index of the first value of a 1-D int32/int64 tensor outside ``[0, max_value]``, or its length if none."""
     if t.device.type != "cpu" or not t.is_contiguous():
-        negative = torch.nonzero(t < 0)
-        return int(negative[0, 0]) if negative.numel() else t.numel()
+        outside = torch.nonzero((t < 0) | (t > max_value))
+        return int(outside[0, 0]) if outside.numel() else t.numel()
     ffi, lib = _load()
     if t.dtype == torch.int32:
-        result = int(lib.radix_first_negative_i32(ffi.cast("int32_t *", t.data_ptr()), t.numel()))
+        result = int(lib.radix_first_outside_i32(ffi.cast("int32_t *", t.data_ptr()), t.numel(), max_value))
     else:
-        result = int(lib.radix_first_negative_i64(ffi.cast("int64_t *", t.data_ptr()), t.numel()))
+        result = int(lib.radix_first_outside_i64(ffi.cast("int64_t *", t.data_ptr()), t.numel(), max_value))
     if result < 0:
-        raise InvalidTypeError("radix_first_negative rejected its arguments")
+        raise InvalidTypeError("radix_first_outside rejected its arguments")
     return result
 
 

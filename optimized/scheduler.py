@@ -72,7 +72,7 @@ class Scheduler:
         namespace: Namespace = None,
     ) -> int:
         # CHECK
-        tokens, clipped = check_request(self.config, self.status, uid, input_ids, max_tokens)
+        tokens, clipped = check_request(self.config, self.status, uid, input_ids, max_tokens, namespace)
         # UPDATE
         self.prefill_manager.add_one_req(PendingReq(uid, tokens, SamplingParams(clipped, ignore_eos), namespace))
         self.status[uid] = "waiting"

@@ -20,7 +20,15 @@ from spec.errors import (
     MisalignedPageError,
 )
 from spec.helpers import align_down, is_page_run
-from spec.types import InsertResult, Namespace, SizeInfo, check_int_sequence, check_namespace, check_page_size
+from spec.types import (
+    InsertResult,
+    Namespace,
+    SizeInfo,
+    check_namespace,
+    check_page_size,
+    check_slot_indices,
+    check_token_ids,
+)
 
 from .base import BaseCacheHandle, BasePrefixCache
 
@@ -47,7 +55,7 @@ class NaivePrefixCache(BasePrefixCache):
     def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> NaiveCacheHandle:
         """Always an empty match."""
         # CHECK
-        check_int_sequence(input_ids, "input_ids")
+        check_token_ids(input_ids)
         namespace = check_namespace(namespace)
         # UPDATE
         self.clock += 1
@@ -58,8 +66,8 @@ class NaivePrefixCache(BasePrefixCache):
     ) -> InsertResult:
         """Keeps nothing: reports 0 cached tokens and an empty handle."""
         # CHECK
-        tokens = check_int_sequence(input_ids, "input_ids")
-        slots = check_int_sequence(indices, "indices")
+        tokens = check_token_ids(input_ids)
+        slots = check_slot_indices(indices)
         namespace = check_namespace(namespace)
         if len(tokens) != len(slots):
             raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")

@@ -26,7 +26,15 @@ from spec.errors import (
 )
 from spec.helpers import align_down, compute_match_len, div_ceil, is_page_run
 from spec.invariants import check_invariants
-from spec.types import InsertResult, Namespace, SizeInfo, check_int_sequence, check_namespace, check_page_size
+from spec.types import (
+    InsertResult,
+    Namespace,
+    SizeInfo,
+    check_namespace,
+    check_page_size,
+    check_slot_indices,
+    check_token_ids,
+)
 
 from .base import BaseCacheHandle, BasePrefixCache
 
@@ -102,11 +110,15 @@ class RadixTreeNode:
 
 
 class RadixCacheHandle(BaseCacheHandle):
-    """A matched path: the node where the match ended and the matched length."""
+    """A matched path: the node where the match ended and the matched length (plus its namespace and cache)."""
 
-    def __init__(self, cached_len: int, node: RadixTreeNode) -> None:
+    def __init__(self, cached_len: int, node: RadixTreeNode, namespace: Namespace, cache: RadixPrefixCache) -> None:
         self.cached_len = cached_len
         self.node = node
+        # the path's namespace (the spec's handle names it)
+        self.namespace = namespace
+        # the cache that made it: a handle of another cache is rejected
+        self.cache = cache
 
     def get_matched_indices(self) -> list[int]:
         """Walk from the handle's node up to the root, then reverse: each node stores only its own run."""
@@ -129,6 +141,7 @@ class RadixPrefixCache(BasePrefixCache):
 
     def __init__(self, page_size: int = 1) -> None:
         self.page_size = check_page_size(page_size)
+        # one root per namespace that holds pages: made by the first insert, dropped when it empties
         self.roots: dict[Namespace, RadixTreeNode] = {}
         self.clock = 0
         self.evictable_size = 0
@@ -141,32 +154,34 @@ class RadixPrefixCache(BasePrefixCache):
     def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
         """Longest cached page-aligned prefix; stamps its nodes, splitting the last one if needed."""
         # CHECK
-        tokens = check_int_sequence(input_ids, "input_ids")
+        tokens = check_token_ids(input_ids)
         namespace = check_namespace(namespace)
         # WALK
         tokens = tokens[: align_down(len(tokens), self.page_size)]
-        node, prefix_len = self._tree_walk(self._get_root(namespace), tokens, self._take_tick())
-        return RadixCacheHandle(prefix_len, node)
+        node, prefix_len = self._tree_walk(self._find_root(namespace), tokens, self._take_tick())
+        return RadixCacheHandle(prefix_len, node, namespace, self)
 
     def insert_prefix(
         self, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
     ) -> InsertResult:
         """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
         # CHECK
-        tokens = check_int_sequence(input_ids, "input_ids")
-        slots = check_int_sequence(indices, "indices")
+        tokens = check_token_ids(input_ids)
+        slots = check_slot_indices(indices)
         namespace = check_namespace(namespace)
         if len(tokens) != len(slots):
             raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
         insert_len = align_down(len(tokens), self.page_size)
         tokens, slots = tokens[:insert_len], slots[:insert_len]
-        root = self._get_root(namespace)
+        root = self._find_root(namespace)
         self._check_new_pages(slots, self._find_prefix_len(root, tokens))
         # WALK
         t = self._take_tick()
         node, prefix_len = self._tree_walk(root, tokens, t)
         # UPDATE
         if prefix_len < insert_len:
+            # the namespace's first page gives it a root
+            self.roots.setdefault(namespace, root)
             new_node = RadixTreeNode(self.page_size, t, t)
             new_node.set_key_value(list(tokens[prefix_len:]), list(slots[prefix_len:]))
             new_node.set_parent(node)
@@ -174,7 +189,7 @@ class RadixPrefixCache(BasePrefixCache):
             self.evictable_size += new_node.length
             self.cached_starts.update(slots[prefix_len :: self.page_size])
             node = new_node
-        return InsertResult(prefix_len, RadixCacheHandle(insert_len, node))
+        return InsertResult(prefix_len, RadixCacheHandle(insert_len, node, namespace, self))
 
     def lock(self, handle: BaseCacheHandle) -> None:
         """+1 ref on every node from the handle's node up to the root."""
@@ -239,6 +254,8 @@ class RadixPrefixCache(BasePrefixCache):
             parent = self._detach(node)
             if self._is_evictable_leaf(parent):
                 heapq.heappush(leaves, (parent.timestamp, id(parent), parent))
+        # a namespace whose last page went keeps no root
+        self.roots = {namespace: root for namespace, root in self.roots.items() if root.children}
         return sorted(evicted)
 
     def reset(self) -> list[int]:
@@ -251,8 +268,7 @@ class RadixPrefixCache(BasePrefixCache):
         for node in list(self._iter_nodes()):
             slots.extend(node.value)
             node.detached = True
-        for root in self.roots.values():
-            root.children.clear()
+        self.roots.clear()
         # ACCOUNT
         self.evictable_size = 0
         self.cached_starts.clear()
@@ -267,6 +283,9 @@ class RadixPrefixCache(BasePrefixCache):
 
     def check_integrity(self) -> None:
         """Check the tree's structure, its counters, then the spec's invariants on its abstract state."""
+        empty = [namespace for namespace, root in self.roots.items() if not root.children]
+        if empty:
+            raise IntegrityError(f"roots_hold_pages: namespaces {empty[:4]} keep a root without pages")
         evictable = protected = 0
         starts: list[int] = []
         for node in self._iter_nodes():
@@ -324,13 +343,12 @@ class RadixPrefixCache(BasePrefixCache):
 
     def abstract_handle(self, handle: BaseCacheHandle) -> pc.Handle:
         """The spec handle of the same path (works on stale handles too)."""
-        node = self._check_type(handle).node
-        nodes = list(_path_to_root(node))
+        checked = self._check_type(handle)
+        nodes = list(_path_to_root(checked.node))
         nodes.reverse()
-        namespace = next(ns for ns, root in self.roots.items() if root is _root_of(node))
         tokens = tuple(t for node in nodes for t in node.key)
         generations = tuple(node.generation for node in nodes for _ in range(node.length // self.page_size))
-        return pc.Handle(namespace, tokens, generations)
+        return pc.Handle(checked.namespace, tokens, generations)
 
     # ------------------------------------------------------------ internals
 
@@ -340,11 +358,9 @@ class RadixPrefixCache(BasePrefixCache):
         self.clock += 1
         return t
 
-    def _get_root(self, namespace: Namespace) -> RadixTreeNode:
-        """The root of ``namespace``, created on first use."""
-        if namespace not in self.roots:
-            self.roots[namespace] = RadixTreeNode(self.page_size, -1, -1)
-        return self.roots[namespace]
+    def _find_root(self, namespace: Namespace) -> RadixTreeNode:
+        """The root of ``namespace``, or an empty root kept nowhere when it holds no pages (changes nothing)."""
+        return self.roots.get(namespace) or RadixTreeNode(self.page_size, -1, -1)
 
     def _tree_walk(self, root: RadixTreeNode, input_ids: Sequence[int], t: int) -> tuple[RadixTreeNode, int]:
         """Follow ``input_ids`` (whole pages) down from ``root``; stamp every node passed with ``t``."""
@@ -399,7 +415,7 @@ class RadixPrefixCache(BasePrefixCache):
         """``handle`` if it is a handle of this cache, else raise InvalidTypeError."""
         if not isinstance(handle, RadixCacheHandle):
             raise InvalidTypeError(f"expected a RadixCacheHandle, got {type(handle).__name__}")
-        if not any(root is _root_of(handle.node) for root in self.roots.values()):
+        if handle.cache is not self:
             raise InvalidTypeError("the handle belongs to another cache")
         return handle
 
@@ -446,10 +462,3 @@ def _path_to_root(node: RadixTreeNode) -> Iterator[RadixTreeNode]:
     while node.parent is not None:
         yield node
         node = node.parent
-
-
-def _root_of(node: RadixTreeNode) -> RadixTreeNode:
-    """The root above ``node`` (following parents even from a detached node)."""
-    while node.parent is not None:
-        node = node.parent
-    return node

@@ -72,7 +72,7 @@ class Scheduler:
     ) -> int:
         """Queue a request; returns its max_tokens, clipped to what fits in a row of max_seq_len."""
         # CHECK
-        tokens, clipped = check_request(self.config, self.status, uid, input_ids, max_tokens)
+        tokens, clipped = check_request(self.config, self.status, uid, input_ids, max_tokens, namespace)
         # UPDATE
         params = SamplingParams(max_tokens=clipped, ignore_eos=ignore_eos)
         self.prefill_manager.add_one_req(PendingReq(uid, tokens, params, namespace))

@@ -43,6 +43,10 @@ class UnavailableError(CacheError):
     """An optional part (CUDA kernel, C extension) is not available on this machine."""
 
 
+class KernelError(CacheError, RuntimeError):
+    """A C or CUDA kernel failed for a reason other than its input (out of memory, a CUDA error); names the status."""
+
+
 class InvalidInputError(CacheError, ValueError):
     """Bad argument value; the call was rejected before any change."""
 
@@ -60,7 +64,11 @@ class DuplicateSlotError(InvalidInputError):
 
 
 class SlotOutOfRangeError(InvalidInputError):
-    """A slot index lies outside the KV pool."""
+    """A slot index lies outside the KV pool, or outside the slot domain ``0 <= slot < 2**31``."""
+
+
+class OverlappingBuffersError(InvalidInputError):
+    """A buffer a call writes overlaps another it writes or reads (``k_cache is v_cache``, ``k`` inside a cache)."""
 
 
 class InvalidSizeError(InvalidInputError):
@@ -86,9 +94,11 @@ __all__ = [
     "InvalidSizeError",
     "InvalidTypeError",
     "KVCorruptionError",
+    "KernelError",
     "LengthMismatchError",
     "MisalignedPageError",
     "OutOfPagesError",
+    "OverlappingBuffersError",
     "SlotOutOfRangeError",
     "StaleHandleError",
     "UnavailableError",

@@ -31,9 +31,10 @@ from .types import (
     InsertResult,
     Namespace,
     SizeInfo,
-    check_int_sequence,
     check_namespace,
     check_page_size,
+    check_slot_indices,
+    check_token_ids,
 )
 
 # (namespace, token prefix ending at a page boundary)
@@ -201,7 +202,7 @@ def stamp(state: PrefixCacheState, keys: Sequence[PageKey], t: int) -> None:
 def match_prefix(state: PrefixCacheState, input_ids: Sequence[int], namespace: Namespace = None) -> Handle:
     """Longest cached page-aligned prefix of ``input_ids``; stamps its pages."""
     # CHECK
-    tokens = check_int_sequence(input_ids, "input_ids")
+    tokens = check_token_ids(input_ids)
     namespace = check_namespace(namespace)
     # WALK
     keys = []
@@ -227,8 +228,8 @@ def insert_prefix(
     the caller frees its own duplicates among them (``CacheManager.cache_req``).
     """
     # CHECK
-    tokens = check_int_sequence(input_ids, "input_ids")
-    slots = check_int_sequence(indices, "indices")
+    tokens = check_token_ids(input_ids)
+    slots = check_slot_indices(indices)
     namespace = check_namespace(namespace)
     if len(tokens) != len(slots):
         raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")

@@ -6,11 +6,12 @@ from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeAlias
 
-from .errors import InvalidInputError, InvalidRequestError, InvalidSizeError, InvalidTypeError
+from .errors import InvalidInputError, InvalidRequestError, InvalidSizeError, InvalidTypeError, SlotOutOfRangeError
 from .helpers import compute_pages_to_finish
 
 # A namespace isolates cache lines (LoRA id, tenant salt). ``None`` is the
-# default namespace; any other namespace is a tuple, never a joined string.
+# default namespace; any other namespace is a tuple, never a joined string
+# (its domain: ``check_namespace``).
 Namespace: TypeAlias = "tuple[Hashable, ...] | None"
 
 
@@ -235,18 +236,25 @@ class SchedulerStats:
 
 
 def check_request(
-    config: SchedulerConfig, known: Container[int], uid: object, input_ids: object, max_tokens: object
+    config: SchedulerConfig,
+    known: Container[int],
+    uid: object,
+    input_ids: object,
+    max_tokens: object,
+    namespace: object = None,
 ) -> tuple[list[int], int]:
     """A new request's prompt and max_tokens clipped to the room left in a row; raise if it cannot run.
 
     Rejected: a non-int or known uid, an empty prompt, a prompt that fills
-    max_seq_len, max_tokens < 1, a request needing more pages than the pool has.
+    max_seq_len, max_tokens < 1, a request needing more pages than the pool has,
+    a namespace outside the domain.
     """
     if not isinstance(uid, int) or isinstance(uid, bool):
         raise InvalidTypeError(f"uid must be an int, got {type(uid).__name__}")
     if uid in known:
         raise InvalidRequestError(f"request {uid} already exists")
-    tokens = list(check_int_sequence(input_ids, "input_ids"))
+    tokens = list(check_token_ids(input_ids, "input_ids"))
+    check_namespace(namespace)
     if not tokens:
         raise InvalidRequestError(f"request {uid} has an empty prompt")
     if len(tokens) >= config.max_seq_len:
@@ -278,29 +286,59 @@ def check_page_size(page_size: object) -> int:
     return page_size
 
 
+# Slots index the KV pool through int32 page tables, as every engine's kernels do.
+SLOT_LIMIT = 2**31
+# Token ids are kept as int64.
+TOKEN_LIMIT = 2**63
+# What a namespace tuple may hold, besides nested tuples: exactly these types (not bool, not a
+# subclass such as IntEnum, not float), so that two namespaces are equal only when they are the same value.
+NAMESPACE_ITEM_TYPES = (str, bytes, int)
+
+
 def check_namespace(namespace: object) -> Namespace:
-    """``namespace`` if it is None or a hashable tuple, else raise."""
+    """``namespace`` if it lies in the namespace domain, else raise InvalidTypeError.
+
+    The domain: ``None``, or a tuple whose items are ``str``, ``bytes`` or ``int``
+    (exactly those types) or tuples of the same, nested to any depth. Python calls
+    ``("lora", 1)``, ``("lora", True)`` and ``("lora", 1.0)`` equal; only the first is
+    in the domain, so two cache lines never alias by a coincidence of ``==``.
+    """
     if namespace is None:
         return None
-    if not isinstance(namespace, tuple):
-        raise InvalidTypeError(
-            f"namespace must be None or a tuple (e.g. (lora_id, tenant)), got {type(namespace).__name__}"
-        )
-    try:
-        hash(namespace)
-    except TypeError as exc:
-        raise InvalidTypeError(f"namespace must be hashable: {exc}") from None
+    if type(namespace) is not tuple:
+        raise InvalidTypeError(f"namespace must be None or a tuple (e.g. ('lora', 7)), got {type(namespace).__name__}")
+    # an explicit stack: nesting depth is the caller's choice, not the interpreter's recursion limit
+    stack: list[tuple[str, object]] = [("namespace", namespace)]
+    while stack:
+        where, value = stack.pop()
+        if type(value) is tuple:
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif type(value) not in NAMESPACE_ITEM_TYPES:
+            raise InvalidTypeError(
+                f"{where} is a {type(value).__name__}: namespace items must be str, bytes, int"
+                " (not bool, float or a subclass) or tuples of those"
+            )
     return namespace
 
 
-def check_int_sequence(values: object, what: str) -> tuple[int, ...]:
-    """``values`` as a tuple of non-negative ints, or raise (names ``what``)."""
+def check_token_ids(values: object, what: str = "input_ids") -> tuple[int, ...]:
+    """``values`` as a tuple of token ids, each ``0 <= token < TOKEN_LIMIT``, or raise (names ``what``)."""
+    return _check_ints(values, what, TOKEN_LIMIT, InvalidInputError)
+
+
+def check_slot_indices(values: object, what: str = "indices") -> tuple[int, ...]:
+    """``values`` as a tuple of slots, each ``0 <= slot < SLOT_LIMIT``, or raise SlotOutOfRangeError."""
+    return _check_ints(values, what, SLOT_LIMIT, SlotOutOfRangeError)
+
+
+def _check_ints(values: object, what: str, limit: int, out_of_range: type[InvalidInputError]) -> tuple[int, ...]:
+    """``values`` as a tuple of ints in ``[0, limit)``; InvalidTypeError for a non-int, ``out_of_range`` else."""
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
         raise InvalidTypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
     out = tuple(values)
     for i, v in enumerate(out):
         if not isinstance(v, int) or isinstance(v, bool):
             raise InvalidTypeError(f"{what}[{i}] must be an int, got {type(v).__name__}")
-        if v < 0:
-            raise InvalidInputError(f"{what}[{i}] = {v} is negative")
+        if not 0 <= v < limit:
+            raise out_of_range(f"{what}[{i}] = {v} is outside [0, 2**{limit.bit_length() - 1})")
     return out

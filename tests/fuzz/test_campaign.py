@@ -31,7 +31,7 @@ def test_the_campaign_catches_a_lock_that_skips_the_handles_own_node(monkeypatch
     def lock_from_parent(self: RadixPrefixCache, handle: object) -> None:  # mini-sglang issue #52
         checked = self._check_handle(handle)
         if checked.node.parent is not None and checked.node.parent.parent is not None:
-            original(self, type(checked)(checked.cached_len, checked.node.parent))
+            original(self, type(checked)(checked.cached_len, checked.node.parent, checked.namespace, self))
 
     monkeypatch.setattr(RadixPrefixCache, "lock", lock_from_parent)
     status, text = run("--machine", "cache", "--examples", "200", "--no-shrink", "--quiet")

@@ -1,4 +1,4 @@
-"""Store bandwidth on one device: store_cache vs torch indexing vs the device's copy bandwidth; JSON out.
+"""Store bandwidth on one device: store_cache (checked), store_cache_fast, torch indexing, copy bandwidth; JSON out.
 
     python tests/gpu/bench_store_gpu.py --device cuda --out $OUT/store_bench.json
     python tests/gpu/bench_store_gpu.py --device cpu --rows 1 256 --out /tmp/store.json   # dry run
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from optimized.kv_store import has_cuda_kernel, store_cache
+from optimized.store import has_cuda_kernel, store_cache, store_cache_fast
 
 HEADS, HEAD_DIM, DTYPE = 8, 128, torch.bfloat16
 
@@ -68,7 +68,9 @@ def measure(rows: int, device: torch.device, ceiling: float) -> dict[str, object
         k_cache[index64] = k
         v_cache[index64] = v
 
+    errors = torch.zeros(1, dtype=torch.int32, device=device)
     ours = timed(lambda: store_cache(k_cache, v_cache, indices, k, v), device, 50)
+    fast = timed(lambda: store_cache_fast(k_cache, v_cache, indices, k, v, errors), device, 50)
     theirs = timed(torch_indexing, device, 50)
     k_cache.zero_()
     store_cache(k_cache, v_cache, indices, k, v)
@@ -79,11 +81,15 @@ def measure(rows: int, device: torch.device, ceiling: float) -> dict[str, object
         "bytes": nbytes,
         "store_cache_s": ours,
         "store_cache_GBps": nbytes / ours / 1e9,
+        "store_cache_fast_s": fast,
+        "store_cache_fast_GBps": nbytes / fast / 1e9,
+        "fast_speedup_vs_torch": theirs / fast,
+        "fast_fraction_of_copy_bw": nbytes / fast / ceiling,
         "torch_indexing_s": theirs,
         "torch_indexing_GBps": nbytes / theirs / 1e9,
         "speedup_vs_torch": theirs / ours,
         "fraction_of_copy_bw": nbytes / ours / ceiling,
-        "correct": bool(torch.equal(k_cache, expected)),
+        "correct": bool(torch.equal(k_cache, expected)) and int(errors.item()) == 0,
     }
     print(json.dumps(result), flush=True)
     return result

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the KV store, as one script for a lent device (15 minutes of device time in all):
-# build csrc/store.cu, run the CUDA tests, run the store benchmark (rows 1..65536, head_dim 128,
-# 8 KV heads, bf16), and leave logs and a JSON of results under $OUT.
+# build csrc/store.cu, run the CUDA tests, run the kv fuzz machine on CUDA for 60 s, run the store
+# benchmark (checked and fast modes; rows 1..65536, head_dim 128, 8 KV heads, bf16), and leave logs
+# and a JSON of results under $OUT. Needs torch, cffi, hypothesis and pytest.
 #
 #   run with timeout_s <= 300:  bash tests/gpu/run_gpu_checks.sh
 set -uo pipefail
@@ -25,6 +26,8 @@ else
   echo "pytest missing: CUDA tests not run" | tee "$OUT/cuda_tests.log"
   status=1
 fi
+python3 -m fuzz --machine kv --device cuda --minutes 1 --quiet 2>&1 | tee "$OUT/kv_machine_cuda.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 python3 tests/gpu/bench_store_gpu.py --device cuda --out "$OUT/store_bench.json" 2>&1 | tee "$OUT/bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status
