@@ -65,6 +65,13 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.page_size = 1
         self.next_uid = 0
 
+    # the implementations reject bad input (a target whose profile says errors == "none" does not)
+    validates = True
+
+    def ns(self, namespace: Namespace) -> Namespace:
+        """The namespace requests use."""
+        return namespace
+
     @property
     def spec(self) -> SpecManager:
         """The oracle."""
@@ -114,7 +121,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         )
         if len(prompt) + max_new_tokens > MAX_PAGES_PER_REQ * self.page_size:
             return prompt
-        self.try_admit(prompt, namespace, max_new_tokens)
+        self.try_admit(prompt, self.ns(namespace), max_new_tokens)
         return prompt
 
     def try_admit(self, prompt: tuple[int, ...], namespace: Namespace, max_new_tokens: int) -> None:
@@ -178,14 +185,14 @@ class CacheManagerMachine(RuleBasedStateMachine):
         for impl_index, impl in enumerate(self.impls):
             for live, device_len in zip(batch, targets, strict=True):
                 impl.set_lengths(live.reqs[impl_index], live.cached_len, device_len)
-        cached_before = len(self.spec.state.cache.entries)
+        cached_before = self.cached_page_count()
         out = apply_all(
             "allocate_paged",
             self.impls,
             lambda impl, i: impl.allocate_paged([live.reqs[i] for live in batch]),
             snapshot=self.snapshot,
         )
-        STATS.evicted_pages += cached_before - len(self.spec.state.cache.entries)
+        STATS.evicted_pages += max(0, cached_before - self.cached_page_count())
         if not out.ok:
             for impl_index, impl in enumerate(self.impls):
                 for live in batch:
@@ -248,6 +255,9 @@ class CacheManagerMachine(RuleBasedStateMachine):
         )
         assert out.ok, f"releasing live request {live.uid} was rejected with {out.error}"
         self.live.remove(live)
+        if not self.validates:
+            STATS.skipped["cache_req(finished=True) again"] += 1
+            return
         again = apply_all(
             "cache_req(finished=True) again",
             self.impls,
@@ -258,6 +268,9 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
     def check_nested_lazy_region_is_rejected(self) -> None:
         """Opening a lazy free region inside another is rejected, changing nothing."""
+        if not self.validates:
+            STATS.skipped["nested lazy_free_region"] += 1
+            return
 
         def nest(impl: ManagerAdapter, i: int) -> None:
             with impl.lazy_free_region():
@@ -267,7 +280,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ bad input
 
-    @precondition(lambda self: bool(self.live))
+    @precondition(lambda self: bool(self.live) and self.validates)
     @rule(pick=st.integers(0, ROWS - 1), how=st.sampled_from(["same row twice", "past max_seq_len", "backwards"]))
     def allocate_bad_batch(self, pick: int, how: str) -> None:
         """allocate_paged with an impossible batch: rejected, nothing changed."""
@@ -292,6 +305,10 @@ class CacheManagerMachine(RuleBasedStateMachine):
         assert not out.ok, f"allocate_paged accepted a batch with {how}"
 
     # ------------------------------------------------------------ checks
+
+    def cached_page_count(self) -> int:
+        """Pages the prefix cache holds now (to count evictions)."""
+        return len(self.spec.state.cache.entries)
 
     def snapshot(self, impl: ManagerAdapter) -> tuple[Any, ...]:
         """What a rejected call must leave unchanged: abstract state and the live requests' fields."""

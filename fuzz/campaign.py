@@ -21,8 +21,9 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from .adapters import iter_impl_names
-from .machines import MACHINES, FailureClock, machine_for
+from .machines import MACHINES, FailureClock, machine_for, target_machines
 from .stats import STATS
+from .targets import TargetError, list_targets, resolve
 
 
 @dataclass
@@ -55,13 +56,46 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--device", default="cpu", help="torch device of the kv machine's pool (cpu, cuda)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="fuzz this target instead of our implementations: a built-in name (sglang, vllm, minisgl:PATH,"
+        " reference, optimized), module:attribute, or an entry point of group radixspec.targets",
+    )
+    parser.add_argument(
+        "--lru",
+        choices=["strict", "sync"],
+        default=None,
+        help="with --target: strict (it evicts what the spec would) or sync (the spec follows its allowed"
+        " choice); default: the target profile's",
+    )
+    parser.add_argument("--list-targets", action="store_true", help="list the targets and what each needs; exit")
+    args = parser.parse_args(argv)
+    if args.list_targets:
+        print("\n".join(list_targets()))
+        raise SystemExit(0)
+    args.target_info = None
+    if args.target is not None:
+        try:
+            args.target_info = resolve(args.target)
+        except TargetError as exc:
+            parser.error(str(exc))
+        supported = target_machines(args.target_info)
+        if args.machine != "all" and args.machine not in supported:
+            parser.error(f"target {args.target!r} has no {args.machine} machine (it has: {', '.join(supported)})")
+    elif args.lru is not None:
+        parser.error("--lru applies to --target only")
+    return args
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run the campaign described by ``args``; print progress and a summary; return the exit status."""
     impls = tuple(iter_impl_names(args.impl))
-    names = list(MACHINES) if args.machine == "all" else [args.machine]
+    target = args.target_info
+    if target is not None:
+        names = target_machines(target) if args.machine == "all" else [args.machine]
+    else:
+        names = list(MACHINES) if args.machine == "all" else [args.machine]
     base = settings.get_profile("campaign")
     batch_settings = settings(
         base,
@@ -77,9 +111,13 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     live = list(names)
     start = time.monotonic()
     progress = Progress(out, quiet=args.quiet)
+    what = (
+        f"target {target.name} (profile: {target.profile.name}; LRU mode: {args.lru or target.profile.default_lru})"
+        if target is not None
+        else f"implementations {', '.join(impls)} (the spec is the oracle of cache and manager)"
+    )
     print(
-        f"radixspec fuzz: machines {', '.join(names)}; implementations {', '.join(impls)}"
-        f" (the spec is the oracle of cache and manager); seed {args.seed};"
+        f"radixspec fuzz: machines {', '.join(names)}; {what}; seed {args.seed};"
         f" budget {f'{budget_s:.0f} s' if budget_s else f'{args.examples} examples per machine'}",
         file=out,
     )
@@ -93,7 +131,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         size = batch_settings.max_examples
         if args.examples:
             size = min(size, args.examples - examples_run[name])
-        machine = machine_for(name, impls, args.device)
+        machine = machine_for(name, impls, args.device, target, args.lru)
         machine._hypothesis_internal_use_seed = batch_seed  # type: ignore[attr-defined]
         FailureClock.first = None
         exc, lines = run_batch(machine, settings(batch_settings, max_examples=size))
@@ -195,6 +233,10 @@ def print_summary(out: TextIO, elapsed: float, batches: int, failures: list[Fail
     p("rejected calls (same error class from every implementation, state unchanged):")
     for error, count in sorted(STATS.rejected.items()):
         p(f"  {error:<44} {count:>9}")
+    if STATS.skipped:
+        p("invalid calls not sent (the target does not validate; the spec rejects them):")
+        for label, count in sorted(STATS.skipped.items()):
+            p(f"  {label:<44} {count:>9}")
     if not failures:
         p("failures: none")
         return

@@ -11,6 +11,9 @@ from .cache_manager_machine import CacheManagerMachine
 from .kv_machine import KVStoreMachine
 from .prefix_cache_machine import PrefixCacheMachine
 from .scheduler_machine import SchedulerMachine
+from .target_machine import TargetCacheMachine
+from .target_manager_machine import TargetManagerMachine
+from .targets.api import TargetInfo
 
 MACHINES: dict[str, type[RuleBasedStateMachine]] = {
     "cache": PrefixCacheMachine,
@@ -26,12 +29,26 @@ class FailureClock:
     first: float | None = None
 
 
-def machine_for(name: str, impls: tuple[str, ...], device: str = "cpu") -> type[RuleBasedStateMachine]:
+def target_machines(target: TargetInfo) -> list[str]:
+    """The machines that can drive ``target``: cache and/or manager."""
+    return [name for name, factory in (("cache", target.cache_factory), ("manager", target.manager_factory)) if factory]
+
+
+def machine_for(
+    name: str,
+    impls: tuple[str, ...],
+    device: str = "cpu",
+    target: TargetInfo | None = None,
+    lru: str | None = None,
+) -> type[RuleBasedStateMachine]:
     """The machine ``name`` driving the spec beside ``impls`` (the kv machine: the pool on ``device``).
 
-    Notes the time of its first failure.
+    With ``target``, the target machines drive that target instead (LRU mode ``lru``, default: the
+    profile's). Notes the time of its first failure.
     """
-    base = MACHINES[name]
+    base: type[RuleBasedStateMachine] = MACHINES[name]
+    if target is not None:
+        base = TargetCacheMachine if name == "cache" else TargetManagerMachine
 
     def teardown(self: RuleBasedStateMachine) -> None:
         # teardown runs in a finally: an exception in flight means this example failed
@@ -40,7 +57,10 @@ def machine_for(name: str, impls: tuple[str, ...], device: str = "cpu") -> type[
             FailureClock.first = FailureClock.first or time.monotonic()
         base.teardown(self)
 
-    attributes = {"IMPLS": impls, "teardown": teardown, "__module__": base.__module__}
-    if base is KVStoreMachine:
+    attributes: dict[str, object] = {"IMPLS": impls, "teardown": teardown, "__module__": base.__module__}
+    if target is not None:
+        attributes = {"TARGET": target, "LRU": lru or target.profile.default_lru, "teardown": teardown}
+        attributes["__module__"] = base.__module__
+    elif base is KVStoreMachine:
         attributes = {"DEVICE": device, "teardown": teardown, "__module__": base.__module__}
     return type(base.__name__, (base,), attributes)

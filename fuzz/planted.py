@@ -9,13 +9,14 @@ it shrunk. A bug that survives the budget is reported as MISSED.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,8 @@ class PlantedBug:
     new: str
     machine: str
     impl: str = "reference"
+    # a bug planted in a peer's released cache (path relative to the installed package), not in our tree
+    peer: str | None = None
 
 
 BUGS: tuple[PlantedBug, ...] = (
@@ -195,6 +198,30 @@ BUGS += (
 )
 
 
+# historical bug classes of SGLang, re-planted in a copy of its released radix cache (RADIXSPEC_SGLANG_RADIX_CACHE)
+PEER_BUGS: tuple[PlantedBug, ...] = (
+    PlantedBug(
+        "evictable size counted twice for shared pages (SGLang #35270)",
+        "srt/mem_cache/radix_cache.py",
+        "            if node.lock_ref == 1:\n",
+        "            if node.lock_ref >= 1:\n",
+        "cache",
+        "sglang",
+        peer="sglang",
+    ),
+    PlantedBug(
+        "a page freed twice when an eviction exposes its parent (SGLang #38981 class)",
+        "srt/mem_cache/radix_cache.py",
+        "                heapq.heappush(eviction_heap, (new_priority, x.parent))\n",
+        "                heapq.heappush(eviction_heap, (new_priority, x.parent))\n"
+        "                self.token_to_kv_pool_allocator.free_segment(x.value[-self.page_size :], start_pos=0)\n",
+        "cache",
+        "sglang",
+        peer="sglang",
+    ),
+)
+
+
 def plant(bug: PlantedBug, tree: Path) -> None:
     """Apply ``bug`` to the copy at ``tree``; the edit must match exactly once."""
     target = tree / bug.path
@@ -208,6 +235,8 @@ def plant(bug: PlantedBug, tree: Path) -> None:
 
 def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[str, float | None, float | None]:
     """Fuzz a copy of the tree with ``bug`` planted; return (verdict, found after s, reported after s)."""
+    if bug.peer is not None:
+        return run_one_peer(bug, minutes, seed, shrink)
     with tempfile.TemporaryDirectory(prefix="radixspec-planted-") as tmp:
         tree = Path(tmp) / "tree"
         shutil.copytree(
@@ -223,7 +252,30 @@ def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[s
         cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
         if not shrink:
             cmd.append("--no-shrink")
-        proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
+            proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
+    return verdict(proc)
+
+
+def run_one_peer(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[str, float | None, float | None]:
+    """Fuzz the target ``bug.peer`` with ``bug`` planted in a copy of its module."""
+    from fuzz.targets.shims import package_root
+
+    assert bug.peer == "sglang", "only SGLang's radix cache can be loaded from a patched copy"
+    with tempfile.TemporaryDirectory(prefix="radixspec-planted-") as tmp:
+        copy = Path(tmp) / "radix_cache.py"
+        shutil.copy(package_root(bug.peer) / bug.path, copy)
+        plant(replace(bug, path=copy.name), Path(tmp))
+        cmd = [sys.executable, "-m", "fuzz", "--target", bug.peer, "--machine", bug.machine]
+        cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
+        if not shrink:
+            cmd.append("--no-shrink")
+        env = {**os.environ, "RADIXSPEC_SGLANG_RADIX_CACHE": str(copy)}
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    return verdict(proc)
+
+
+def verdict(proc: subprocess.CompletedProcess[str]) -> tuple[str, float | None, float | None]:
+    """What a campaign on a planted bug did: caught (with its times), missed, or failed to run."""
     found = re.search(
         r"first failing example after ([\d.]+) s, (?:not )?shrunk and reported after ([\d.]+) s", proc.stdout
     )
@@ -241,27 +293,51 @@ def seconds(value: float | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuzz.planted", description=__doc__)
-    parser.add_argument("--minutes", type=float, default=1.0, help="campaign budget per bug")
+    parser.add_argument("--minutes", type=positive_float, default=1.0, help="campaign budget per bug")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shrink", action="store_true", help="also shrink each failure (slow: minutes per bug)")
-    parser.add_argument("--impl", default=None, help="only bugs planted in this implementation")
+    parser.add_argument(
+        "--impl",
+        default=None,
+        choices=sorted({bug.impl for bug in BUGS}),
+        help="only bugs planted in this implementation",
+    )
     parser.add_argument("--only", default=None, help="only bugs whose name contains this text")
-    parser.add_argument("--machine", default=None, help="only bugs caught by this machine (cache, manager, scheduler)")
+    parser.add_argument(
+        "--machine", default=None, choices=sorted({bug.machine for bug in BUGS}), help="only bugs this machine catches"
+    )
+    parser.add_argument(
+        "--peer",
+        default=None,
+        choices=sorted({bug.peer for bug in PEER_BUGS if bug.peer}),
+        help="plant historical bugs in a copy of this peer's released cache instead of ours",
+    )
     args = parser.parse_args(argv)
+    pool = [bug for bug in PEER_BUGS if bug.peer == args.peer] if args.peer else list(BUGS)
     chosen = [
         bug
-        for bug in BUGS
+        for bug in pool
         if (args.impl is None or bug.impl == args.impl)
         and (args.only is None or args.only in bug.name)
         and (args.machine is None or bug.machine == args.machine)
     ]
+    if not chosen:
+        parser.error("no planted bug matches these options")
     missed = 0
-    print(f"{'planted bug':<66} {'impl':<10} {'verdict':<8} {'found':>8} {'reported':>9}")
+    print(f"{'planted bug':<76} {'impl':<10} {'verdict':<8} {'found':>8} {'reported':>9}")
     for bug in chosen:
-        verdict, found_s, reported_s = run_one(bug, args.minutes, args.seed, args.shrink)
-        missed += verdict != "caught"
-        print(f"{bug.name:<66} {bug.impl:<10} {verdict:<8} {seconds(found_s):>8} {seconds(reported_s):>9}", flush=True)
+        outcome, found_s, reported_s = run_one(bug, args.minutes, args.seed, args.shrink)
+        missed += outcome != "caught"
+        print(f"{bug.name:<76} {bug.impl:<10} {outcome:<8} {seconds(found_s):>8} {seconds(reported_s):>9}", flush=True)
     return 1 if missed else 0
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 if __name__ == "__main__":

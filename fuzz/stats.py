@@ -19,6 +19,8 @@ class CampaignStats:
     largest_tree_pages: int = 0
     # rows of the largest KV store batch driven
     largest_store_rows: int = 0
+    # invalid calls not sent to a target that does not validate (its profile's errors == "none"), by kind
+    skipped: Counter[str] = field(default_factory=Counter)
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""

@@ -1,0 +1,179 @@
+"""Targets: the prefix caches (and cache managers) a campaign can check against the spec.
+
+``--target NAME`` names one of three kinds:
+
+* a built-in: ``reference``, ``optimized`` (ours), ``sglang``, ``vllm``
+  (released wheels, ``python -m fuzz.targets install sglang vllm``),
+  ``minisgl:PATH`` (a mini-sglang source checkout);
+* ``module:attribute``: an importable ``TargetInfo``, or a callable
+  ``factory(page_size, num_pages) -> PrefixCacheTarget``;
+* a name registered under the entry-point group ``radixspec.targets``
+  (its object as for ``module:attribute``).
+
+``resolve`` turns the name into a ``TargetInfo`` and checks that what it
+needs imports; every failure is a ``TargetError`` with a message for the
+command line, never a fuzz failure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+from .api import (
+    EXACT,
+    OPTIONAL_CACHE_METHODS,
+    CacheManagerTarget,
+    PageKey,
+    PrefixCacheTarget,
+    Profile,
+    TargetInfo,
+)
+
+ENTRY_POINT_GROUP = "radixspec.targets"
+
+
+class TargetError(Exception):
+    """A target cannot be used: unknown name, missing package, bad factory. The message says what to do."""
+
+
+def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
+    """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
+    from . import minisgl, ours, sglang, vllm
+
+    def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
+        def make(argument: str | None) -> TargetInfo:
+            if argument is not None:
+                raise TargetError(f"target {info.name!r} takes no argument (got {info.name}:{argument})")
+            return info
+
+        return make
+
+    return {
+        "reference": no_argument(ours.REFERENCE),
+        "optimized": no_argument(ours.OPTIMIZED),
+        "sglang": no_argument(sglang.TARGET),
+        "vllm": no_argument(vllm.TARGET),
+        "minisgl": minisgl.target,
+    }
+
+
+def entry_point_targets() -> dict[str, importlib.metadata.EntryPoint]:
+    """Targets other packages registered under the ``radixspec.targets`` entry-point group."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def resolve(name: str, check: bool = True) -> TargetInfo:
+    """The target ``name`` names; with ``check``, also import what it needs. Raises TargetError."""
+    head, _, argument = name.partition(":")
+    builtins = builtin_targets()
+    if head in builtins:
+        info = builtins[head](argument or None)
+    elif head in entry_point_targets():
+        info = as_target_info(head, _load(entry_point_targets()[head].value, name))
+    elif argument:
+        info = as_target_info(name, _load(name, name))
+    else:
+        known = sorted({*builtins, *entry_point_targets()})
+        raise TargetError(f"unknown target {name!r}; choose from {', '.join(known)}, or give module:attribute")
+    if check:
+        check_requirements(info)
+    return info
+
+
+def _load(path: str, name: str) -> Any:
+    """The object ``module:attribute`` names, or TargetError."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise TargetError(f"target {name!r}: expected module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TargetError(f"target {name!r}: cannot import {module_name!r} ({exc})") from None
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise TargetError(f"target {name!r}: module {module_name!r} has no {attribute!r}") from None
+
+
+def as_target_info(name: str, obj: Any) -> TargetInfo:
+    """A TargetInfo from what a user named: a TargetInfo, or a factory(page_size, num_pages) of a cache target."""
+    if isinstance(obj, TargetInfo):
+        return obj
+    if callable(obj):
+        profile = getattr(obj, "profile", None)
+        return TargetInfo(
+            name=name,
+            description=(getattr(obj, "__doc__", None) or "a user's prefix cache").strip().splitlines()[0],
+            cache_factory=obj,
+            profile=profile if isinstance(profile, Profile) else EXACT,
+        )
+    raise TargetError(
+        f"target {name!r} is a {type(obj).__name__}: expected a TargetInfo or a factory(page_size, num_pages)"
+    )
+
+
+def check_requirements(info: TargetInfo) -> None:
+    """Find every package the target needs, then probe its import; TargetError saying what to do otherwise."""
+    missing = [f"{package} ({how})" for package, how in info.requires if importlib.util.find_spec(package) is None]
+    if missing:
+        raise TargetError(f"target {info.name!r} needs {', '.join(missing)}")
+    if info.probe is not None:
+        try:
+            info.probe()
+        except Exception as exc:  # any failure to import a peer is a setup problem, reported as such
+            raise TargetError(f"target {info.name!r} is installed but does not import here: {exc!r}") from None
+
+
+def list_targets() -> list[str]:
+    """Lines of ``python -m fuzz --list-targets``: every target, what it checks, what it needs, whether it is ready."""
+    lines = []
+    entries: list[tuple[str, TargetInfo | None, str]] = []
+    for name, make in builtin_targets().items():
+        try:
+            entries.append((name, make(None), ""))
+        except TargetError as exc:  # minisgl without a path
+            entries.append((name, None, str(exc)))
+    for name, ep in entry_point_targets().items():
+        try:
+            entries.append((name, as_target_info(name, ep.load()), ""))
+        except Exception as exc:  # a broken third-party entry point is listed, not fatal
+            entries.append((name, None, f"entry point {ep.value} does not load: {exc}"))
+    for name, info, problem in entries:
+        if info is None:
+            lines.append(f"{name:<10} {problem}")
+            continue
+        try:
+            check_requirements(info)
+            ready = "ready"
+        except TargetError as exc:
+            ready = f"NOT READY: {exc}"
+        kinds = "+".join(k for k, f in (("cache", info.cache_factory), ("manager", info.manager_factory)) if f)
+        lines.append(f"{name:<10} {info.description}")
+        lines.append(
+            f"{'':<10} machines: {kinds}; profile: {info.profile.name}; default LRU: {info.profile.default_lru}"
+        )
+        if info.how:
+            lines.append(f"{'':<10} {info.how}")
+        lines.append(f"{'':<10} {ready}")
+    return lines
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "EXACT",
+    "OPTIONAL_CACHE_METHODS",
+    "CacheManagerTarget",
+    "PageKey",
+    "PrefixCacheTarget",
+    "Profile",
+    "TargetError",
+    "TargetInfo",
+    "as_target_info",
+    "check_requirements",
+    "list_targets",
+    "resolve",
+]

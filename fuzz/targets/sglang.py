@@ -1,0 +1,215 @@
+"""Target ``sglang``: ``sglang.srt.mem_cache.radix_cache.RadixCache`` from the released sglang 0.5.23 wheel.
+
+Installed without its dependency tree (``python -m fuzz.targets install
+sglang``); built with ``RadixCache.create_simulated`` and a mock allocator
+that records what the cache frees. Only modules the cache never calls (with
+events and metrics off) are stubbed, see ``import_radix_cache``.
+
+Harness choices, each stated in the profile's notes: SGLang's wall clock
+(``time.monotonic``) is replaced by a logical clock that ticks once per call,
+so LRU order is deterministic and replayable; a namespace becomes the key's
+``extra_key`` (its ``repr``, injective on the spec's domain).
+
+``RADIXSPEC_SGLANG_RADIX_CACHE=/path/radix_cache.py`` loads a patched copy of
+the module instead (``python -m fuzz.planted --peer sglang`` plants known
+SGLang bugs that way).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+from array import array
+from pathlib import Path
+from typing import Any
+
+from spec.types import Namespace
+
+from .api import PageKey, Profile, TargetInfo
+from .shims import LogicalClock, Recorded, bare, load_file_as, never, package_root, stub, stub_any
+
+VERSION = "0.5.23"
+CLOCK = LogicalClock()
+
+PROFILE = Profile(
+    name=f"sglang {VERSION} RadixCache",
+    eviction_unit="node",
+    eviction_trigger="evict",
+    clock="order",
+    errors="none",
+    namespaces=True,
+    reset="drops",
+    handles_survive_reset=False,
+    slots="caller",
+    default_lru="sync",
+    notes=(
+        "evicts whole leaf nodes until at least the asked tokens (the spec: exactly ceil(size / P) pages)",
+        "LRU by last_access_time; the harness replaces time.monotonic with a logical clock ticking once per call",
+        "a split also refreshes the unmatched suffix's timestamp (SGLang PR #24892 closed): strict mode reports it",
+        "no input validation: invalid calls are not sent",
+        "reset drops the tree without freeing its slots (the engine resets its allocator)",
+        "a handle from before reset() belongs to the old tree: locking or unlocking it fails, even when empty",
+    ),
+)
+
+
+def import_radix_cache() -> types.ModuleType:
+    """``sglang.srt.mem_cache.radix_cache`` with bare packages and stubs; its clock made logical."""
+    loaded = sys.modules.get("sglang.srt.mem_cache.radix_cache")
+    if loaded is not None and getattr(loaded, "__radixspec_clock__", False):
+        return loaded
+    root = package_root("sglang")
+    # package __init__ files that import transformers, orjson, triton, the allocators
+    for name in ("sglang", "sglang.srt", "sglang.srt.utils", "sglang.srt.mem_cache", "sglang.srt.mem_cache.allocator"):
+        bare(name, root.joinpath(*name.split(".")[1:]))
+    # imported, never called with events and metrics off
+    stub("sglang.srt.utils.common", ceil_align=lambda x, align: -(-x // align) * align)
+    stub("sglang.srt.disaggregation")
+    stub(
+        "sglang.srt.disaggregation.kv_events",
+        BlockStored=Recorded,
+        BlockRemoved=Recorded,
+        AllBlocksCleared=Recorded,
+        StorageMedium=types.SimpleNamespace(GPU="GPU", CPU="CPU", CPU_TIER2="CPU_TIER2"),
+        kv_event_namespace_seed=never,
+        namespaced_block_hash=never,
+    )
+    for name in ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.kvcache"):
+        stub(name)
+    stub_any("sglang.kernels.ops.kvcache.mla_buffer")  # triton kernels re-exported by mem_cache/utils
+    stub_any("sglang.srt.mem_cache.memory_pool")  # ReqToTokenPool: an annotation only
+    stub("sglang.srt.observability")
+    stub_any("sglang.srt.observability.metrics_collector")
+    stub_any("sglang.srt.runtime_context")
+    allocator_base = importlib.import_module("sglang.srt.mem_cache.allocator.base")
+    allocator: Any = sys.modules["sglang.srt.mem_cache.allocator"]
+    allocator.BaseTokenToKVPoolAllocator = allocator_base.BaseTokenToKVPoolAllocator
+    override = os.environ.get("RADIXSPEC_SGLANG_RADIX_CACHE")
+    module: Any = (
+        load_file_as("sglang.srt.mem_cache.radix_cache", Path(override))
+        if override
+        else importlib.import_module("sglang.srt.mem_cache.radix_cache")
+    )
+    # the wall clock, replaced by the logical one (perf_counter stays: metrics only)
+    module.time = types.SimpleNamespace(monotonic=CLOCK.read, perf_counter=__import__("time").perf_counter)
+    module.__radixspec_clock__ = True
+    return module  # type: ignore[no-any-return]
+
+
+class RecordingAllocator:
+    """The mock allocator ``create_simulated`` takes: records every free, in order."""
+
+    device = "cpu"
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.freed: list[list[int]] = []
+
+    def free_segment(self, indices: Any, *, start_pos: int = 0) -> None:
+        self.freed.append([int(i) for i in indices.tolist()])
+
+    def free(self, indices: Any) -> None:
+        self.freed.append([int(i) for i in indices.tolist()])
+
+
+class SGLangRadixCache:
+    """SGLang's RadixCache behind the target protocol."""
+
+    profile = PROFILE
+
+    def __init__(self, page_size: int, num_pages: int) -> None:
+        self.rc = import_radix_cache()
+        from sglang.srt.mem_cache import base_prefix_cache as base
+
+        self.base = base
+        self.page_size = page_size
+        self.allocator = RecordingAllocator(page_size)
+        self.cache = self.rc.RadixCache.create_simulated(page_size=page_size, mock_allocator=self.allocator)
+        self.namespaces: dict[str | None, Namespace] = {None: None}
+
+    def key(self, tokens: list[int], namespace: Namespace) -> Any:
+        extra_key = None if namespace is None else repr(namespace)
+        self.namespaces[extra_key] = namespace
+        return self.rc.RadixKey(array("q", tokens), extra_key)
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+        CLOCK.tick()
+        result = self.cache.match_prefix(self.base.MatchPrefixParams(key=self.key(tokens, namespace)))
+        return (result.last_device_node, result.device_prefix_len)
+
+    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
+        import torch
+
+        CLOCK.tick()
+        assert indices is not None
+        params = self.base.InsertParams(key=self.key(tokens, namespace), value=torch.tensor(indices, dtype=torch.int64))
+        result = self.cache.insert(params)
+        return result.prefix_len, (result.last_device_node, len(tokens) - len(tokens) % self.page_size)
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle[1])
+
+    def matched_slots(self, handle: Any) -> list[int]:
+        return [int(s) for s in self.cache.path_device_indices(handle[0]).tolist()]
+
+    def lock(self, handle: Any) -> None:
+        self.cache.inc_lock_ref(handle[0])
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.dec_lock_ref(handle[0])
+
+    def evict(self, size: int) -> None:
+        self.cache.evict(self.base.EvictParams(num_tokens=size))
+
+    def reset(self) -> None:
+        self.cache.reset()
+
+    def size_info(self) -> tuple[int, int]:
+        return int(self.cache.evictable_size()), int(self.cache.protected_size())
+
+    def take_evicted(self) -> list[list[int]]:
+        freed, self.allocator.freed = self.allocator.freed, []
+        return freed
+
+    def nodes(self) -> list[tuple[Any, tuple[int, ...], Namespace]]:
+        """Every node below the root, with the tokens of its whole path and its namespace."""
+        out = []
+        stack = [(child, ()) for child in self.cache.root_node.children.values()]
+        while stack:
+            node, prefix = stack.pop()
+            path = prefix + tuple(node.key.token_ids)
+            out.append((node, path, self.namespaces.get(node.key.extra_key, ("?", node.key.extra_key))))
+            stack.extend((child, path) for child in node.children.values())
+        return out
+
+    def cached_pages(self) -> dict[PageKey, int]:
+        p = self.page_size
+        pages = {}
+        for node, path, namespace in self.nodes():
+            values = node.value.tolist()
+            start = len(path) - len(values)
+            for offset in range(0, len(values), p):
+                pages[(namespace, path[: start + offset + p])] = int(values[offset])
+        return pages
+
+    def page_stamps(self) -> dict[PageKey, Any]:
+        p = self.page_size
+        stamps = {}
+        for node, path, namespace in self.nodes():
+            start = len(path) - len(node.key.token_ids)
+            for end in range(start + p, len(path) + 1, p):
+                stamps[(namespace, path[:end])] = node.last_access_time
+        return stamps
+
+
+TARGET = TargetInfo(
+    name="sglang",
+    description=f"SGLang {VERSION} RadixCache (released wheel, simulated mode, mock allocator)",
+    requires=(("sglang", f"python -m fuzz.targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
+    cache_factory=SGLangRadixCache,
+    profile=PROFILE,
+    how="no manager machine: SGLang's scheduler-side accounting needs its allocators and request objects",
+    probe=import_radix_cache,
+)

@@ -1,0 +1,196 @@
+"""The findings of the peer campaigns as plain-Python reproducers: each pins what the peer does, with its verdict.
+
+No fuzzer here: each test drives the peer's own API with its own clock, the
+way its engine does, and asserts the behaviour the campaign found. A test
+failing here means the peer changed: re-run its campaign and update
+docs/findings.md. Each peer's tests are skipped when it is not available:
+sglang and vllm as installed wheels (``python -m fuzz.targets install sglang
+vllm``), mini-sglang as a checkout named by ``RADIXSPEC_MINISGL`` (commit
+20fcd7f; see fuzz/targets/minisgl.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from array import array
+from typing import Any
+
+import pytest
+import torch
+
+MINISGL = os.environ.get("RADIXSPEC_MINISGL")
+needs_minisgl = pytest.mark.skipif(not MINISGL, reason="RADIXSPEC_MINISGL names no mini-sglang checkout")
+needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+def ids(*tokens: int) -> torch.Tensor:
+    return torch.tensor(tokens, dtype=torch.int32)
+
+
+@pytest.fixture
+def minisgl(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """mini-sglang's modules with their own wall clock (the campaign's logical clock undone for the test)."""
+    from fuzz.targets.minisgl import checkout_root, import_minisgl
+
+    assert MINISGL is not None
+    modules = import_minisgl(checkout_root(MINISGL))
+    monkeypatch.setattr(modules.radix_cache, "time", time)
+    return modules
+
+
+def minisgl_cache(modules: Any, page_size: int) -> Any:
+    from fuzz.targets.minisgl import set_page_size
+
+    set_page_size(modules.core, page_size)
+    return modules.radix_cache.RadixPrefixCache(torch.device("cpu"))
+
+
+# ---------------------------------------------------------------- mini-sglang 20fcd7f
+
+
+@needs_minisgl
+def test_minisgl_a_match_that_splits_a_node_leaves_the_matched_prefix_with_its_old_timestamp(minisgl: Any) -> None:
+    """BUG (fixed upstream by mini-sglang PR #124): LRU then evicts the prefix that was just used.
+
+    Campaign: ``--target minisgl:PATH --machine cache`` (strict LRU) reports
+    "strict LRU: the spec evicts page [3, 0, 0, 0] ...; the target evicted ...".
+    """
+    cache = minisgl_cache(minisgl, page_size=1)
+    cache.insert_prefix(ids(3, 0, 0, 0), ids(0, 1, 2, 3))  # A
+    cache.insert_prefix(ids(7), ids(4))  # B, used after A
+    assert cache.match_prefix(ids(3, 0, 0)).cuda_handle.cached_len == 3  # uses A's first 3 tokens: splits A
+    evicted = cache.evict(2).tolist()
+    # the spec evicts A's unused last page and B: slots [3, 4]; mini-sglang keeps B and evicts what was just matched
+    assert evicted == [3, 0, 1, 2]
+
+
+@needs_minisgl
+def test_minisgl_cache_req_unfinished_frees_pages_its_row_still_points_at(minisgl: Any) -> None:
+    """BUG (open upstream, mini-sglang PR #142): a repeated prompt makes a live request read freed pages.
+
+    Two requests with the same prompt prefill side by side; the second to call
+    ``cache_req(finished=False)`` finds the prompt cached and frees its own
+    pages ``[old_handle.cached_len, cached_len)``, but its page-table row still
+    maps those positions to them. The next allocation hands them to another
+    request. Campaign: ``--machine manager`` reports "rows_match_handles".
+    """
+    from fuzz.targets.minisgl import set_page_size
+
+    set_page_size(minisgl.core, 1)
+    page_table = torch.zeros((2, 16), dtype=torch.int32)
+    manager = minisgl.cache.CacheManager(16, 1, page_table, "radix")
+    prompt = ids(5, 6, 7, 8, 9)
+    reqs = []
+    for row in (0, 1):
+        pending = type("Pending", (), {"input_ids": prompt, "input_len": len(prompt)})()
+        handle = manager.match_req(pending).cuda_handle
+        manager.lock(handle)
+        req = minisgl.core.Req(prompt, row, handle.cached_len, 1, row, minisgl.core.SamplingParams(), handle)
+        manager.allocate_paged([req])  # pages for the whole prompt
+        req.complete_one()  # the prefill ran: the prompt's KV is stored
+        reqs.append(req)
+    manager.cache_req(reqs[0], finished=False)
+    manager.cache_req(reqs[1], finished=False)
+    second_row = page_table[1, :5].tolist()
+    assert reqs[1].cache_handle.get_matched_indices().tolist() == page_table[0, :5].tolist()
+    # its row still holds its own pages, which are back on the free list
+    assert set(second_row) <= set(manager.free_slots.tolist())
+
+
+@needs_minisgl
+def test_minisgl_matched_indices_of_an_empty_match_raise(minisgl: Any) -> None:
+    """LATENT BUG: ``get_matched_indices`` on an empty match is ``torch.cat([])``; its callers check first.
+
+    The adapter returns ``[]`` itself so that campaigns reach deeper states.
+    """
+    cache = minisgl_cache(minisgl, page_size=1)
+    handle = cache.match_prefix(ids(1, 2)).cuda_handle
+    assert handle.cached_len == 0
+    with pytest.raises(ValueError, match="non-empty list"):
+        handle.get_matched_indices()
+
+
+# ---------------------------------------------------------------- SGLang 0.5.23
+
+
+@pytest.fixture
+def sglang(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """SGLang's radix cache module with its own wall clock."""
+    from fuzz.targets.sglang import import_radix_cache
+
+    module = import_radix_cache()
+    monkeypatch.setattr(module, "time", time)
+    return module
+
+
+def sglang_cache(module: Any, page_size: int) -> tuple[Any, Any]:
+    from fuzz.targets.sglang import RecordingAllocator
+
+    allocator = RecordingAllocator(page_size)
+    return module.RadixCache.create_simulated(page_size=page_size, mock_allocator=allocator), allocator
+
+
+def key(module: Any, *tokens: int) -> Any:
+    return module.RadixKey(array("q", tokens))
+
+
+@needs_sglang
+def test_sglang_a_split_refreshes_the_unmatched_suffix_too(sglang: Any) -> None:
+    """INTENDED DIFFERENCE (SGLang PR #24892 to change it was closed): in its profile; strict LRU reports it.
+
+    The suffix no request used gets the match's timestamp, so a page used
+    after it is evicted first.
+    """
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+
+    cache, allocator = sglang_cache(sglang, page_size=1)
+    cache.insert(InsertParams(key=key(sglang, 1, 2, 3, 4), value=torch.tensor([0, 1, 2, 3])))  # X
+    cache.insert(InsertParams(key=key(sglang, 9), value=torch.tensor([4])))  # Y, used after X
+    cache.match_prefix(MatchPrefixParams(key=key(sglang, 1, 2)))  # uses X's first half: splits X
+    cache.evict(EvictParams(num_tokens=2))
+    # the spec evicts X's unused pages [2, 3] and keeps Y; SGLang evicts Y first
+    assert allocator.freed[0] == [4]
+
+
+@needs_sglang
+def test_sglang_a_handle_from_before_reset_cannot_be_unlocked_even_when_empty(sglang: Any) -> None:
+    """INTENDED DIFFERENCE: handles belong to one tree; reset() builds a new root (profile: handles_survive_reset)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+
+    cache, _ = sglang_cache(sglang, page_size=1)
+    node = cache.match_prefix(MatchPrefixParams(key=key(sglang, 5))).last_device_node  # empty match: the root
+    cache.reset()
+    with pytest.raises(AssertionError, match="another tree"):
+        cache.dec_lock_ref(node)
+
+
+@needs_sglang
+def test_sglang_evicts_whole_leaf_nodes_until_at_least_the_asked_tokens(sglang: Any) -> None:
+    """INTENDED DIFFERENCE (profile: eviction_unit = node): asked for one token, it frees a four-token node."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+
+    cache, allocator = sglang_cache(sglang, page_size=1)
+    cache.insert(InsertParams(key=key(sglang, 1, 2, 3, 4), value=torch.tensor([0, 1, 2, 3])))
+    assert cache.evict(EvictParams(num_tokens=1)).num_tokens_evicted == 4
+    assert allocator.freed == [[0, 1, 2, 3]]
+
+
+# ---------------------------------------------------------------- vLLM 0.33.0
+
+
+@needs_vllm
+def test_vllm_a_lookup_does_not_refresh_recency_a_request_that_uses_it_does() -> None:
+    """INTENDED DIFFERENCE (profile: a match changes no recency): the spec stamps on match; vLLM on touch + free."""
+    from fuzz.targets.vllm import VLLMPrefixCache
+
+    cache = VLLMPrefixCache(page_size=2, num_pages=2)
+    cache.insert_prefix([1, 1], None, None)  # page 0
+    cache.insert_prefix([2, 2], None, None)  # page 2
+    cache.match_prefix([1, 1], None)  # a lookup only
+    cache.insert_prefix([3, 3], None, None)  # needs a page: evicts the head of the free queue
+    assert cache.take_evicted() == [[0, 1]]  # [1, 1], looked up but not used
+    cache.lock(cache.match_prefix([2, 2], None))  # used now
+    assert cache.cached_pages() == {(None, (2, 2)): 2, (None, (3, 3)): 0}

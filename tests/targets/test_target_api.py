@@ -1,0 +1,100 @@
+"""The target API: naming targets, errors for the command line, and campaigns against a user's cache."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from fuzz import campaign
+from fuzz.targets import TargetError, list_targets, resolve
+
+from .toy import ToyCache
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    status = campaign.run(campaign.parse_args(list(argv)), out)
+    return status, out.getvalue()
+
+
+def test_a_users_factory_is_named_as_module_and_attribute() -> None:
+    info = resolve("tests.targets.toy:ToyCache")
+    assert info.cache_factory is ToyCache and info.profile.name.startswith("exact")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("no-such-target", "unknown target"),
+        ("tests.targets.toy:Nothing", "has no 'Nothing'"),
+        ("no.such.module:thing", "cannot import"),
+        ("os:sep", "expected a TargetInfo or a factory"),
+        ("minisgl", "needs the path of a mini-sglang checkout"),
+        ("minisgl:/nowhere", "no mini-sglang checkout"),
+        ("reference:extra", "takes no argument"),
+    ],
+)
+def test_a_bad_target_name_is_a_clear_error(name: str, message: str) -> None:
+    with pytest.raises(TargetError, match=message):
+        resolve(name)
+
+
+def test_a_bad_target_on_the_command_line_exits_2_without_fuzzing(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        campaign.parse_args(["--target", "no-such-target"])
+    assert exit_info.value.code == 2
+    assert "unknown target" in capsys.readouterr().err
+
+
+def test_a_target_is_found_through_the_entry_point_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dist = tmp_path / "toy_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[radixspec.targets]\ntoy = tests.targets.toy:ToyCache\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert resolve("toy").cache_factory is ToyCache
+    assert any(line.startswith("toy ") for line in list_targets())
+
+
+def test_the_listing_names_every_built_in_target_and_what_it_needs() -> None:
+    text = "\n".join(list_targets())
+    for name in ("reference", "optimized", "sglang", "vllm", "minisgl"):
+        assert f"\n{name}" in f"\n{text}"
+    assert "git clone https://github.com/sgl-project/mini-sglang" in text
+
+
+def test_a_correct_users_cache_passes_a_campaign() -> None:
+    status, text = run("--target", "tests.targets.toy:ToyCache", "--examples", "30", "--steps", "30", "--quiet")
+    assert status == 0, text
+    assert "target tests.targets.toy:ToyCache" in text and "failures: none" in text
+
+
+def test_a_users_cache_that_evicts_a_locked_page_is_caught() -> None:
+    status, text = run(
+        "--target",
+        "tests.targets.toy:ForgetfulToyCache",
+        "--examples",
+        "300",
+        "--steps",
+        "40",
+        "--no-shrink",
+        "--quiet",
+    )
+    assert status == 1, text
+    assert "evicted locked page" in text or "size_info" in text
+
+
+@pytest.mark.parametrize("target", ["reference", "optimized"])
+@pytest.mark.parametrize("lru", ["strict", "sync"])
+def test_our_own_caches_pass_as_targets_in_both_lru_modes(target: str, lru: str) -> None:
+    status, text = run("--target", target, "--lru", lru, "--examples", "20", "--steps", "30", "--quiet")
+    assert status == 0, text
+
+
+def test_lru_applies_to_targets_only() -> None:
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--lru", "sync"])
+    assert sys.modules["fuzz.campaign"] is campaign

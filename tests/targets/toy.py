@@ -1,0 +1,76 @@
+"""A user's prefix cache in a few lines, for the target API tests: the spec's own functions behind the protocol.
+
+``ToyCache`` is correct; ``ForgetfulToyCache`` evicts locked pages too (the
+bug a target campaign must catch). ``python -m fuzz --target
+tests.targets.toy:ForgetfulToyCache`` shows the report a user would get.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fuzz.targets.api import EXACT, PageKey, Profile
+from spec import prefix_cache as pc
+from spec.types import Namespace
+
+
+class ToyCache:
+    """A page dict with the spec's semantics; everything through the spec's functions."""
+
+    profile: Profile = EXACT
+
+    def __init__(self, page_size: int, num_pages: int) -> None:
+        self.page_size = page_size
+        self.state = pc.new_state(page_size)
+        self.evicted: list[list[int]] = []
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+        return pc.match_prefix(self.state, tokens, namespace)
+
+    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
+        cached_len, handle = pc.insert_prefix(self.state, tokens, indices or [], namespace)
+        return cached_len, handle
+
+    def cached_len(self, handle: Any) -> int:
+        return int(handle.cached_len)
+
+    def matched_slots(self, handle: Any) -> list[int]:
+        return pc.get_matched_indices(self.state, handle)
+
+    def lock(self, handle: Any) -> None:
+        pc.lock(self.state, handle)
+
+    def unlock(self, handle: Any) -> None:
+        pc.unlock(self.state, handle)
+
+    def evict(self, size: int) -> None:
+        slots = pc.evict(self.state, size)
+        if slots:
+            self.evicted.append(slots)
+
+    def reset(self) -> list[int]:
+        return pc.reset(self.state)
+
+    def size_info(self) -> tuple[int, int]:
+        info = pc.size_info(self.state)
+        return info.evictable_size, info.protected_size
+
+    def take_evicted(self) -> list[list[int]]:
+        evicted, self.evicted = self.evicted, []
+        return evicted
+
+    def cached_pages(self) -> dict[PageKey, int]:
+        return {key: entry.slot_start for key, entry in self.state.entries.items()}
+
+
+class ForgetfulToyCache(ToyCache):
+    """The toy with a bug: lock() forgets the deepest page of the path, so evict() may take a locked page."""
+
+    def lock(self, handle: Any) -> None:
+        keys = pc.get_handle_keys(self.state, handle)
+        super().lock(handle)
+        if keys:
+            entry = self.state.entries[keys[-1]]
+            self.state.entries[keys[-1]] = pc.Entry(
+                entry.slot_start, entry.last_access, entry.ref_count - 1, entry.generation
+            )
