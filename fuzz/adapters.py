@@ -6,7 +6,7 @@ present as the oracle. ``IMPLEMENTATIONS`` names what ``--impl`` selects.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -36,6 +36,7 @@ class CacheAdapter(Protocol):
     def size_info(self) -> tuple[int, int]: ...
     def check_integrity(self) -> None: ...
     def abstract_state(self) -> pc.PrefixCacheState: ...
+    def fingerprint(self) -> tuple[Any, ...]: ...
 
 
 class SpecCache:
@@ -79,6 +80,9 @@ class SpecCache:
     def abstract_state(self) -> pc.PrefixCacheState:
         return pc.PrefixCacheState(self.state.page_size, dict(self.state.entries), self.state.clock)
 
+    def fingerprint(self) -> tuple[Any, ...]:
+        return (self.size_info(), self.state.clock)
+
 
 class DelegatingCache:
     """Calls that read the same on every tree implementation (``self.cache``)."""
@@ -103,9 +107,20 @@ class DelegatingCache:
     def abstract_state(self) -> pc.PrefixCacheState:
         return self.cache.abstract_state()  # type: ignore[no-any-return]
 
+    def fingerprint(self) -> tuple[Any, ...]:
+        """Cheap parts of the state (sizes, clock): what big trees compare around a rejected call."""
+        return (self.size_info(), self.cache.clock)
+
 
 class ReferenceCache(DelegatingCache):
     """A reference cache (already lists and ints)."""
+
+    def path_nodes(self, handle: Any) -> int:
+        """Radix nodes from the handle's node up to the root."""
+        depth, node = 0, handle.node
+        while node.parent is not None:
+            depth, node = depth + 1, node.parent
+        return depth
 
     name = "reference"
 
@@ -348,13 +363,3 @@ MANAGER_IMPLEMENTATIONS: dict[str, Callable[[int, int, int, int], ManagerAdapter
     "reference": ReferenceManager,
     "optimized": OptimizedManager,
 }
-
-
-def iter_impl_names(selection: str) -> Iterator[str]:
-    """Implementation names for ``--impl`` (``all`` = every registered one)."""
-    if selection == "all":
-        yield from CACHE_IMPLEMENTATIONS
-    elif selection in CACHE_IMPLEMENTATIONS:
-        yield selection
-    else:
-        raise ValueError(f"unknown implementation {selection!r}; choose from {sorted(CACHE_IMPLEMENTATIONS)} or 'all'")

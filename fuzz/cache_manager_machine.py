@@ -24,7 +24,7 @@ from spec.types import Namespace
 
 from .adapters import MANAGER_IMPLEMENTATIONS, ManagerAdapter, SpecManager
 from .differential import apply_all, describe_difference
-from .sequences import PAGE_SIZES, build_sequence, namespaces, page_choices, tail_choices
+from .sequences import build_sequence, namespaces, page_choices, page_sizes, tail_choices
 from .stats import STATS
 
 ROWS = 6
@@ -79,7 +79,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
     @initialize(
         target=prompts,
-        page_size=st.sampled_from(PAGE_SIZES),
+        page_size=page_sizes,
         num_pages=st.integers(2, 24),
         first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )

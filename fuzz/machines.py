@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
+from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
 from .cache_manager_machine import CacheManagerMachine
@@ -23,10 +25,39 @@ MACHINES: dict[str, type[RuleBasedStateMachine]] = {
 }
 
 
-class FailureClock:
-    """When the first example of a campaign failed (before shrinking), by time.monotonic()."""
+class Stop:
+    """When the examples of this process must stop: the batch's deadline, or a stop flag the campaign raised.
 
+    Checked as each example starts: past it, the example is rejected (not
+    failed), so generation ends and a shrink in progress keeps the smallest
+    failing example it has, all within one example's time of the deadline.
+    """
+
+    deadline: float = float("inf")
+    # set() when the campaign asks this machine to stop (another batch of it failed)
+    flag: Callable[[], bool] = staticmethod(lambda: False)
+
+    @classmethod
+    def now(cls) -> bool:
+        return time.time() > cls.deadline or cls.flag()
+
+
+class FailureClock:
+    """When the first example of a batch failed (before shrinking), and whom to tell."""
+
+    # time.monotonic() and time.time() of the first failing example, or None
     first: float | None = None
+    first_wall: float | None = None
+    # called with the failure's message the moment it happens (the campaign prints it at once)
+    notify: Callable[[str], None] | None = None
+
+    @classmethod
+    def failed(cls, failure: BaseException) -> None:
+        """Note a failing example; the first one is announced."""
+        if cls.first is None:
+            cls.first, cls.first_wall = time.monotonic(), time.time()
+            if cls.notify is not None:
+                cls.notify(f"{type(failure).__name__}: {failure}")
 
 
 def target_machines(target: TargetInfo) -> list[str]:
@@ -50,17 +81,27 @@ def machine_for(
     if target is not None:
         base = TargetCacheMachine if name == "cache" else TargetManagerMachine
 
+    def __init__(self: RuleBasedStateMachine) -> None:
+        # before a failure only: once one is found, Hypothesis replays it and shrinks (bounded on its own)
+        if FailureClock.first is None and Stop.now():
+            reject()
+        base.__init__(self)
+
     def teardown(self: RuleBasedStateMachine) -> None:
         # teardown runs in a finally: an exception in flight means this example failed
         failure = sys.exc_info()[1]
         if isinstance(failure, Exception) and not type(failure).__module__.startswith("hypothesis"):
-            FailureClock.first = FailureClock.first or time.monotonic()
-        base.teardown(self)
+            FailureClock.failed(failure)
+        try:
+            base.teardown(self)
+        except Exception as exc:  # the teardown's own checks (drain, leaks) failed
+            FailureClock.failed(exc)
+            raise
 
-    attributes: dict[str, object] = {"IMPLS": impls, "teardown": teardown, "__module__": base.__module__}
+    attributes: dict[str, object] = {"IMPLS": impls}
     if target is not None:
-        attributes = {"TARGET": target, "LRU": lru or target.profile.default_lru, "teardown": teardown}
-        attributes["__module__"] = base.__module__
+        attributes = {"TARGET": target, "LRU": lru or target.profile.default_lru}
     elif base is KVStoreMachine:
-        attributes = {"DEVICE": device, "teardown": teardown, "__module__": base.__module__}
+        attributes = {"DEVICE": device}
+    attributes.update({"__init__": __init__, "teardown": teardown, "__module__": base.__module__})
     return type(base.__name__, (base,), attributes)

@@ -31,10 +31,11 @@ settings.register_profile(
     suppress_health_check=SLOW_OK,
 )
 # per batch of a campaign (python -m fuzz runs batch after batch with new seeds)
+CAMPAIGN_EXAMPLES, CAMPAIGN_STEPS = 40, 80
 settings.register_profile(
     "campaign",
-    max_examples=40,
-    stateful_step_count=80,
+    max_examples=CAMPAIGN_EXAMPLES,
+    stateful_step_count=CAMPAIGN_STEPS,
     deadline=None,
     database=None,
     print_blob=True,

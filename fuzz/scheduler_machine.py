@@ -26,10 +26,19 @@ from spec.errors import CacheError
 from spec.types import Namespace, SchedulerConfig
 
 from .differential import describe_difference
-from .sequences import bad_namespaces, build_sequence, namespaces
+from .sequences import bad_namespaces, build_sequence, namespaces, page_sizes
 from .stats import STATS
 
 EOS = 0
+# when an abort arrives
+ABORT_TIMINGS = (
+    "waiting",
+    "chunked",
+    "running",
+    "in the in-flight batch",
+    "finished by the in-flight batch",
+    "already ended",
+)
 EOS_PER_MILLE = 150
 MAX_STEPS_TO_DRAIN = 3000
 
@@ -68,7 +77,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.config = SchedulerConfig()
 
     @initialize(
-        page_size=st.sampled_from([1, 2, 4, 16]),
+        page_size=page_sizes,
         num_pages=st.integers(4, 24),
         rows=st.integers(1, 5),
         budget_pages=st.integers(1, 6),
@@ -169,15 +178,58 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert before == after, f"{bad}: a rejected request changed the scheduler"
 
     @precondition(lambda self: bool(self.requests))
-    @rule(pick=st.integers(0, 1 << 16))
-    def abort(self, pick: int) -> None:
-        """Abort a request: mostly a live one, sometimes one already finished or aborted."""
-        status = self.schedulers[0].status
-        live = [uid for uid in sorted(self.requests) if status[uid] in ("waiting", "running")]
-        uids = live if live and pick % 4 else sorted(self.requests)
-        uid = uids[pick % len(uids)]
-        STATS.record_rule(f"scheduler.abort[{self.schedulers[0].status[uid]}]")
+    @rule(which=st.integers(0, len(ABORT_TIMINGS) - 1), pick=st.integers(0, 1 << 16))
+    def abort(self, which: int, pick: int) -> None:
+        """Abort a request at one of the moments of its life that exist now (mini-sglang #111 hid in these)."""
+        moments = [(timing, uids) for timing in ABORT_TIMINGS if (uids := self.abort_candidates(timing))]
+        if not moments:
+            return
+        timing, candidates = moments[which % len(moments)]
+        uid = candidates[pick % len(candidates)]
+        STATS.record_rule(f"scheduler.abort[{timing}]")
         self.on_all(lambda s: s.abort(uid))
+
+    @precondition(lambda self: bool(self.requests))
+    @rule(which=st.integers(0, len(ABORT_TIMINGS) - 1), pick=st.integers(0, 1 << 16))
+    def step_then_abort(self, which: int, pick: int) -> None:
+        """A step, then at once an abort of a request in the batch it left in flight (overlap) or any other.
+
+        The in-flight moments exist only right after a step; this rule makes them common.
+        """
+        STATS.record_rule("scheduler.step_then_abort")
+        self.step_all()
+        in_flight = [timing for timing in ABORT_TIMINGS[3:5] if self.abort_candidates(timing)]
+        if in_flight:
+            timing = in_flight[which % len(in_flight)]
+            uids = self.abort_candidates(timing)
+            uid = uids[pick % len(uids)]
+            STATS.record_rule(f"scheduler.abort[{timing}]")
+            self.on_all(lambda s: s.abort(uid))
+        else:
+            self.abort(which, pick)
+
+    def abort_candidates(self, timing: str) -> list[int]:
+        """Requests at ``timing`` of their life, as the first scheduler sees them."""
+        first = self.schedulers[0]
+        status = first.status
+        in_flight = [req for req in first.last_data[0].reqs] if first.last_data is not None else []
+        if timing == "waiting":
+            return [uid for uid in sorted(self.requests) if status[uid] == "waiting"]
+        if timing == "running":
+            return [uid for uid in sorted(self.requests) if status[uid] == "running"]
+        if timing == "in the in-flight batch":
+            return [req.uid for req in in_flight if status[req.uid] == "running"]
+        if timing == "finished by the in-flight batch":
+            # its last token comes with the batch in flight: the batch frees it, the abort must not again
+            return [
+                req.uid
+                for req in in_flight
+                if status[req.uid] == "running" and first.sampled[req.uid] + 1 >= req.sampling_params.max_tokens
+            ]
+        if timing == "chunked":
+            return [r.uid for r in first.prefill_manager.pending_list if r.chunked_req is not None]
+        # finished, aborted, or already freed: nothing may happen
+        return [uid for uid in sorted(self.requests) if status[uid] in ("finished", "aborted")]
 
     @rule()
     def step(self) -> None:

@@ -13,7 +13,8 @@ from enum import IntEnum
 
 from hypothesis import strategies as st
 
-PAGE_SIZES = (1, 2, 4, 16)
+# page sizes: the common ones often, then any size an engine may pick (not only powers of two)
+page_sizes = st.one_of(st.sampled_from([1, 2, 4, 16]), st.integers(1, 128))
 NUM_PATTERNS = 8
 
 # draws: which pattern each page follows, and tail tokens (at most P-1 of them are kept)
@@ -26,9 +27,17 @@ class Flavor(IntEnum):
 
     ONE = 1
 
+    def __repr__(self) -> str:
+        return f"Flavor.{self.name}"  # pastes back as itself into a regression test
+
 
 class Tag(str):
     """A str subclass: equal to its text, yet not in the namespace domain."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Tag({str(self)!r})"
 
 
 # Valid namespaces that lines share often, among them values Python calls equal to invalid ones
@@ -76,6 +85,11 @@ def page_pattern(choice: int, page_size: int) -> list[int]:
         [1] * (p - 1) + [0],
     )
     return patterns[choice]
+
+
+def distinct_page(index: int, page_size: int) -> list[int]:
+    """A page of tokens no pattern uses, different for every ``index`` (branches that never share)."""
+    return [10 + index] * page_size
 
 
 def build_sequence(page_size: int, pages: Sequence[int], tail: Sequence[int], base: Sequence[int] = ()) -> list[int]:

@@ -55,7 +55,8 @@ BAD_SLOTS = ("misaligned", "cached", "twice", "short", "past_limit")
 
 def describe(key: PageKey) -> str:
     """A page for a message: its namespace and the tokens of its path (the last ones when long)."""
-    namespace, tokens = key
+    namespace, prefix = key
+    tokens = prefix.tokens
     shown = list(tokens) if len(tokens) <= 8 else ["...", *tokens[-6:]]
     where = "" if namespace is None else f" in namespace {namespace!r}"
     return f"page {shown} ({len(tokens)} tokens{where})"

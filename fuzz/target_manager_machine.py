@@ -27,7 +27,7 @@ from spec.helpers import compute_page_starts, div_ceil
 from spec.types import Namespace
 
 from .cache_manager_machine import MAX_PAGES_PER_REQ, ROWS, CacheManagerMachine, LiveReq
-from .sequences import PAGE_SIZES, build_sequence, page_choices, tail_choices
+from .sequences import build_sequence, page_choices, page_sizes, tail_choices
 from .stats import STATS
 from .targets.api import CacheManagerTarget, TargetInfo
 
@@ -55,7 +55,7 @@ class TargetManagerMachine(CacheManagerMachine):
 
     @initialize(
         target=CacheManagerMachine.prompts,
-        page_size=st.sampled_from(PAGE_SIZES),
+        page_size=page_sizes,
         num_pages=st.integers(2, 24),
         first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )

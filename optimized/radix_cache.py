@@ -357,16 +357,14 @@ class RadixPrefixCache:
         p = self.page_size
         entries: dict[pc.PageKey, pc.Entry] = {}
         for namespace, root in self.roots.items():
-            stack: list[tuple[RadixTreeNode, tuple[int, ...]]] = [(child, ()) for child in root.children.values()]
+            stack: list[tuple[RadixTreeNode, pc.Prefix | None]] = [(child, None) for child in root.children.values()]
             while stack:
                 node, prefix = stack.pop()
-                key = tuple(node.key.tolist())
-                starts = node.value[::p].tolist()
-                for page, start in enumerate(starts):
-                    entries[(namespace, prefix + key[: (page + 1) * p])] = pc.Entry(
-                        start, node.timestamp, node.ref_count, node.generation
-                    )
-                stack.extend((child, prefix + key) for child in node.children.values())
+                key = node.key.tolist()
+                for page, start in enumerate(node.value[::p].tolist()):
+                    prefix = pc.Prefix.extend(prefix, tuple(key[page * p : (page + 1) * p]))
+                    entries[(namespace, prefix)] = pc.Entry(start, node.timestamp, node.ref_count, node.generation)
+                stack.extend((child, prefix) for child in node.children.values())
         return pc.PrefixCacheState(page_size=p, entries=entries, clock=self.clock)
 
     def abstract_handle(self, handle: RadixCacheHandle) -> pc.Handle:

@@ -68,11 +68,11 @@ class RadixTreeNode:
         self.parent = parent
         parent.children[self.child_key(self.key)] = self
 
-    def child_key(self, tokens: Sequence[int]) -> Hashable:
-        """Key of the child that starts with ``tokens``: first token, or first page as a tuple."""
+    def child_key(self, tokens: Sequence[int], start: int = 0) -> Hashable:
+        """Key of the child that starts with ``tokens[start:]``: first token, or first page as a tuple."""
         if self.page_size == 1:
-            return tokens[0]
-        return tuple(tokens[: self.page_size])
+            return tokens[start]
+        return tuple(tokens[start : start + self.page_size])
 
     @property
     def length(self) -> int:
@@ -87,9 +87,9 @@ class RadixTreeNode:
         """True when no child extends this node."""
         return not self.children
 
-    def get_match_len(self, input_ids: Sequence[int]) -> int:
-        """Common prefix length of this node's key and ``input_ids``."""
-        return compute_match_len(self.key, input_ids)
+    def get_match_len(self, input_ids: Sequence[int], start: int = 0) -> int:
+        """Common prefix length of this node's key and ``input_ids[start:]`` (no copy of the input)."""
+        return compute_match_len(self.key, input_ids, start)
 
     def split_at(self, pos: int) -> RadixTreeNode:
         """Split off ``key[:pos]`` into a new parent node; this node keeps the suffix.
@@ -331,14 +331,15 @@ class RadixPrefixCache(BasePrefixCache):
         p = self.page_size
         entries: dict[pc.PageKey, pc.Entry] = {}
         for namespace, root in self.roots.items():
-            stack: list[tuple[RadixTreeNode, tuple[int, ...]]] = [(child, ()) for child in root.children.values()]
+            stack: list[tuple[RadixTreeNode, pc.Prefix | None]] = [(child, None) for child in root.children.values()]
             while stack:
                 node, prefix = stack.pop()
                 for i in range(0, node.length, p):
-                    key = (namespace, prefix + tuple(node.key[: i + p]))
-                    entries[key] = pc.Entry(node.value[i], node.timestamp, node.ref_count, node.generation)
-                path = prefix + tuple(node.key)
-                stack.extend((child, path) for child in node.children.values())
+                    prefix = pc.Prefix.extend(prefix, tuple(node.key[i : i + p]))
+                    entries[(namespace, prefix)] = pc.Entry(
+                        node.value[i], node.timestamp, node.ref_count, node.generation
+                    )
+                stack.extend((child, prefix) for child in node.children.values())
         return pc.PrefixCacheState(page_size=p, entries=entries, clock=self.clock)
 
     def abstract_handle(self, handle: BaseCacheHandle) -> pc.Handle:
@@ -367,12 +368,12 @@ class RadixPrefixCache(BasePrefixCache):
         prefix_len = 0
         node = root
         while prefix_len < len(input_ids):
-            child = node.children.get(node.child_key(input_ids[prefix_len:]))
+            child = node.children.get(node.child_key(input_ids, prefix_len))
             if child is None:
                 return node, prefix_len
             node = child
             # the child key matched, so at least one page matches
-            match_len = align_down(node.get_match_len(input_ids[prefix_len:]), self.page_size)
+            match_len = align_down(node.get_match_len(input_ids, prefix_len), self.page_size)
             prefix_len += match_len
             if match_len != node.length:
                 node = node.split_at(match_len)
@@ -386,10 +387,10 @@ class RadixPrefixCache(BasePrefixCache):
         prefix_len = 0
         node = root
         while prefix_len < len(input_ids):
-            child = node.children.get(node.child_key(input_ids[prefix_len:]))
+            child = node.children.get(node.child_key(input_ids, prefix_len))
             if child is None:
                 break
-            match_len = align_down(child.get_match_len(input_ids[prefix_len:]), self.page_size)
+            match_len = align_down(child.get_match_len(input_ids, prefix_len), self.page_size)
             prefix_len += match_len
             if match_len != child.length:
                 break

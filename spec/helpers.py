@@ -45,16 +45,20 @@ def align_up(n: int, page_size: int) -> int:
     return div_ceil(n, page_size) * page_size
 
 
-def compute_match_len(key: Sequence[int], input_ids: Sequence[int]) -> int:
-    """Length of the common prefix of ``key`` and ``input_ids`` (what ``fast_compare_key`` returns).
+def compute_match_len(key: Sequence[int], input_ids: Sequence[int], start: int = 0) -> int:
+    """Length of the common prefix of ``key`` and ``input_ids[start:]`` (what ``fast_compare_key`` returns).
 
-    post: 0 <= __return__ <= min(len(key), len(input_ids))
-    post: all(key[i] == input_ids[i] for i in range(__return__))
-    post: __return__ == min(len(key), len(input_ids)) or key[__return__] != input_ids[__return__]
+    pre: 0 <= start <= len(input_ids)
+    post: 0 <= __return__ <= min(len(key), len(input_ids) - start)
+    post: all(key[i] == input_ids[start + i] for i in range(__return__))
+    post: __return__ == min(len(key), len(input_ids) - start) or key[__return__] != input_ids[start + __return__]
     """
-    n = min(len(key), len(input_ids))
+    n = min(len(key), len(input_ids) - start)
+    # a whole match, the common case on a long shared prefix, at C speed
+    if list(key[:n]) == list(input_ids[start : start + n]):
+        return n
     i = 0
-    while i < n and key[i] == input_ids[i]:
+    while i < n and key[i] == input_ids[start + i]:
         i += 1
     return i
 
@@ -91,8 +95,8 @@ def is_page_run(slots: Sequence[int], page_size: int) -> bool:
         # starts on a page boundary of the pool
         and slots[0] >= 0
         and slots[0] % page_size == 0
-        # and is consecutive
-        and all(slots[i] == slots[0] + i for i in range(page_size))
+        # and is consecutive (compared as one list: C speed for big pages)
+        and list(slots) == list(range(slots[0], slots[0] + page_size))
     )
 
 

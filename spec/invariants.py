@@ -28,9 +28,9 @@ from .types import SizeInfo
 
 def keys_are_whole_pages(state: PrefixCacheState) -> str | None:
     """Every cached key ends on a page boundary."""
-    for _, tokens in state.entries:
-        if len(tokens) == 0 or len(tokens) % state.page_size:
-            return f"key of {len(tokens)} tokens is not a positive multiple of P={state.page_size}"
+    for _, prefix in state.entries:
+        if len(prefix.page) != state.page_size or len(prefix) % state.page_size:
+            return f"key of {len(prefix)} tokens ends in a page of {len(prefix.page)}, P={state.page_size}"
     return None
 
 

@@ -12,8 +12,11 @@ advances the clock, and stamps every page on its path with ``t``.
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
 
 from .errors import (
     CacheBusyError,
@@ -37,12 +40,99 @@ from .types import (
     check_token_ids,
 )
 
+
+class Prefix:
+    """A token prefix that ends at a page boundary, built page by page from its parent.
+
+    Its hash is computed once, and equal prefixes are usually one object (an
+    intern table), so hashing and comparing cost O(1) however long the prefix
+    is, and a page's parent is one attribute away. Its meaning is its tokens
+    (``tokens``); the links are how the spec avoids copying them.
+    """
+
+    __slots__ = ("_hash", "length", "page", "parent")
+    # (parent, page) -> the prefix; emptied when it grows past INTERN_LIMIT (equality never depends on it)
+    _interned: ClassVar[dict[tuple[Prefix | None, tuple[int, ...]], Prefix]] = {}
+    INTERN_LIMIT: ClassVar[int] = 2_000_000
+
+    parent: Prefix | None
+    page: tuple[int, ...]
+    length: int
+    _hash: int
+
+    @classmethod
+    def extend(cls, parent: Prefix | None, page: tuple[int, ...]) -> Prefix:
+        """``parent`` followed by the tokens of ``page``."""
+        found = cls._interned.get((parent, page))
+        if found is None:
+            if len(cls._interned) >= cls.INTERN_LIMIT:
+                cls._interned.clear()
+            found = object.__new__(cls)
+            found.parent, found.page = parent, page
+            found.length = len(page) + (parent.length if parent is not None else 0)
+            found._hash = hash((parent, page))
+            cls._interned[(parent, page)] = found
+        return found
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        # one object in the common case; else the same tokens, page by page
+        if self is other:
+            return True
+        if not isinstance(other, Prefix):
+            return NotImplemented
+        a: Prefix | None = self
+        b: Prefix | None = other
+        while a is not b:
+            if a is None or b is None or (a._hash, a.length, a.page) != (b._hash, b.length, b.page):
+                return False
+            a, b = a.parent, b.parent
+        return True
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Every token of the prefix, in order (O(length): for messages and conversions)."""
+        pages: list[tuple[int, ...]] = []
+        node: Prefix | None = self
+        while node is not None:
+            pages.append(node.page)
+            node = node.parent
+        return tuple(token for page in reversed(pages) for token in page)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        tokens = self.tokens
+        return f"Prefix({list(tokens) if len(tokens) <= 12 else [*tokens[:4], '...', *tokens[-4:]]})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Prefix.extend, (self.parent, self.page))
+
+
 # (namespace, token prefix ending at a page boundary)
-PageKey = tuple[Namespace, tuple[int, ...]]
+PageKey = tuple[Namespace, Prefix]
 
 
-@dataclass(frozen=True)
-class Entry:
+def compute_page_prefixes(tokens: Sequence[int], page_size: int) -> list[Prefix]:
+    """The prefixes ending at each whole page of ``tokens``, shortest first."""
+    prefixes: list[Prefix] = []
+    parent: Prefix | None = None
+    for end in range(page_size, align_down(len(tokens), page_size) + 1, page_size):
+        parent = Prefix.extend(parent, tuple(tokens[end - page_size : end]))
+        prefixes.append(parent)
+    return prefixes
+
+
+def page_key(namespace: Namespace, tokens: Sequence[int], page_size: int) -> PageKey:
+    """The key of the page that ends ``tokens`` (whole pages)."""
+    assert tokens and len(tokens) % page_size == 0, "a page key covers whole pages"
+    return (namespace, compute_page_prefixes(tokens, page_size)[-1])
+
+
+class Entry(NamedTuple):
     """One cached page."""
 
     # first of the page's P slots in the KV pool
@@ -93,16 +183,18 @@ def new_state(page_size: int) -> PrefixCacheState:
 
 def get_page_keys(state: PrefixCacheState, namespace: Namespace, tokens: Sequence[int]) -> list[PageKey]:
     """Keys of the whole pages of ``tokens``, shortest first."""
-    p = state.page_size
-    return [(namespace, tuple(tokens[:end])) for end in range(p, align_down(len(tokens), p) + 1, p)]
+    return [(namespace, prefix) for prefix in compute_page_prefixes(tokens, state.page_size)]
 
 
 def get_parent_key(state: PrefixCacheState, key: PageKey) -> PageKey | None:
     """Key of the page before ``key`` on its path, or None for a first page."""
-    namespace, tokens = key
-    if len(tokens) == state.page_size:
-        return None
-    return (namespace, tokens[: len(tokens) - state.page_size])
+    namespace, prefix = key
+    return None if prefix.parent is None else (namespace, prefix.parent)
+
+
+def get_keys_with_children(state: PrefixCacheState) -> set[PageKey]:
+    """Cached pages that some cached page extends by one page (one pass over the cache)."""
+    return {parent for key in state.entries if (parent := get_parent_key(state, key)) is not None}
 
 
 def get_child_keys(state: PrefixCacheState, key: PageKey) -> list[PageKey]:
@@ -120,19 +212,20 @@ def count_locks_ending_at(state: PrefixCacheState, key: PageKey) -> int:
     return state.entries[key].ref_count - sum(state.entries[child].ref_count for child in get_child_keys(state, key))
 
 
-def is_evictable(state: PrefixCacheState, key: PageKey) -> bool:
-    """True when the page ``key`` may be evicted now."""
+def is_evictable(state: PrefixCacheState, key: PageKey, with_children: set[PageKey] | None = None) -> bool:
+    """True when the page ``key`` may be evicted now (``with_children``: get_keys_with_children, if at hand)."""
     return (
         # nobody holds a lock on it
         state.entries[key].ref_count == 0
         # and no cached page extends it
-        and not has_cached_child(state, key)
+        and key not in (get_keys_with_children(state) if with_children is None else with_children)
     )
 
 
 def get_evictable_leaves(state: PrefixCacheState) -> list[PageKey]:
     """Every page that evict() may take next."""
-    return [key for key in state.entries if is_evictable(state, key)]
+    with_children = get_keys_with_children(state)
+    return [key for key in state.entries if is_evictable(state, key, with_children)]
 
 
 def get_handle_keys(state: PrefixCacheState, handle: Handle) -> list[PageKey]:
@@ -196,7 +289,7 @@ def take_tick(state: PrefixCacheState) -> int:
 def stamp(state: PrefixCacheState, keys: Sequence[PageKey], t: int) -> None:
     """Set last_access of every page in ``keys`` to ``t``."""
     for key in keys:
-        state.entries[key] = replace(state.entries[key], last_access=t)
+        state.entries[key] = state.entries[key]._replace(last_access=t)
 
 
 def match_prefix(state: PrefixCacheState, input_ids: Sequence[int], namespace: Namespace = None) -> Handle:
@@ -212,7 +305,7 @@ def match_prefix(state: PrefixCacheState, input_ids: Sequence[int], namespace: N
         keys.append(key)
     # UPDATE
     stamp(state, keys, take_tick(state))
-    matched = keys[-1][1] if keys else ()
+    matched = keys[-1][1].tokens if keys else ()
     return Handle(namespace, matched, tuple(state.entries[key].generation for key in keys))
 
 
@@ -266,7 +359,7 @@ def lock(state: PrefixCacheState, handle: Handle) -> None:
     # UPDATE
     for key in get_handle_keys(state, handle):
         entry = state.entries[key]
-        state.entries[key] = replace(entry, ref_count=entry.ref_count + 1)
+        state.entries[key] = entry._replace(ref_count=entry.ref_count + 1)
 
 
 def unlock(state: PrefixCacheState, handle: Handle) -> None:
@@ -283,7 +376,7 @@ def unlock(state: PrefixCacheState, handle: Handle) -> None:
     # UPDATE
     for key in get_handle_keys(state, handle):
         entry = state.entries[key]
-        state.entries[key] = replace(entry, ref_count=entry.ref_count - 1)
+        state.entries[key] = entry._replace(ref_count=entry.ref_count - 1)
 
 
 def evict(state: PrefixCacheState, size: int) -> list[int]:
@@ -299,14 +392,26 @@ def evict(state: PrefixCacheState, size: int) -> list[int]:
     evictable = size_info(state).evictable_size
     if size > evictable:
         raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
-    # UPDATE
+    # UPDATE: one page at a time, the oldest evictable leaf; taking a page may make its parent a leaf.
+    # (The leaves sit in a heap by last_access so that big evictions stay fast; the rule is the one above.)
+    children = Counter(parent for key in state.entries if (parent := get_parent_key(state, key)) is not None)
+    leaves = [
+        (entry.last_access, id(key[1]), key)
+        for key, entry in state.entries.items()
+        if entry.ref_count == 0 and not children[key]
+    ]
+    heapq.heapify(leaves)
     starts = []
     for _ in range(div_ceil(size, state.page_size)):
-        leaves = get_evictable_leaves(state)
-        oldest = min(leaves, key=lambda key: state.entries[key].last_access)
+        last_access, _, oldest = heapq.heappop(leaves)
         # each operation stamps one root path, so two leaves never share a stamp
-        assert sum(state.entries[key].last_access == state.entries[oldest].last_access for key in leaves) == 1
+        assert not leaves or leaves[0][0] != last_access, f"two evictable leaves share the stamp {last_access}"
         starts.append(state.entries.pop(oldest).slot_start)
+        parent = get_parent_key(state, oldest)
+        if parent is not None:
+            children[parent] -= 1
+            if not children[parent] and state.entries[parent].ref_count == 0:
+                heapq.heappush(leaves, (state.entries[parent].last_access, id(parent[1]), parent))
     return sorted(compute_page_to_token(starts, state.page_size))
 
 

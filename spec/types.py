@@ -336,6 +336,9 @@ def _check_ints(values: object, what: str, limit: int, out_of_range: type[Invali
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
         raise InvalidTypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
     out = tuple(values)
+    # the common case at C speed: every value an int (not a bool) inside the range
+    if not out or (set(map(type, out)) == {int} and min(out) >= 0 and max(out) < limit):
+        return out
     for i, v in enumerate(out):
         if not isinstance(v, int) or isinstance(v, bool):
             raise InvalidTypeError(f"{what}[{i}] must be an int, got {type(v).__name__}")

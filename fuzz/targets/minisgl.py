@@ -31,6 +31,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from spec import prefix_cache as pc
 from spec.types import Namespace
 
 from .api import PageKey, Profile, TargetInfo
@@ -129,15 +130,15 @@ def set_page_size(core: Any, page_size: int) -> None:
 
 def tree_pages(cache: Any, page_size: int) -> Iterator[tuple[PageKey, int, Any]]:
     """(page key, first slot, node timestamp) of every cached page of a mini-sglang radix tree."""
-    stack: list[tuple[Any, tuple[int, ...]]] = [(child, ()) for child in cache.root_node.children.values()]
+    stack: list[tuple[Any, pc.Prefix | None]] = [(child, None) for child in cache.root_node.children.values()]
     while stack:
         node, prefix = stack.pop()
-        path = prefix + tuple(int(t) for t in node._key.tolist())
+        key = [int(t) for t in node._key.tolist()]
         values = node._value.tolist()
-        start = len(path) - len(values)
         for offset in range(0, len(values), page_size):
-            yield (None, path[: start + offset + page_size]), int(values[offset]), node.timestamp
-        stack.extend((child, path) for child in node.children.values())
+            prefix = pc.Prefix.extend(prefix, tuple(key[offset : offset + page_size]))
+            yield (None, prefix), int(values[offset]), node.timestamp
+        stack.extend((child, prefix) for child in node.children.values())
 
 
 class MiniSGLangRadixCache:

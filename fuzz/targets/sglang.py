@@ -25,6 +25,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from spec import prefix_cache as pc
 from spec.types import Namespace
 
 from .api import PageKey, Profile, TargetInfo
@@ -173,35 +174,26 @@ class SGLangRadixCache:
         freed, self.allocator.freed = self.allocator.freed, []
         return freed
 
-    def nodes(self) -> list[tuple[Any, tuple[int, ...], Namespace]]:
-        """Every node below the root, with the tokens of its whole path and its namespace."""
+    def pages(self) -> list[tuple[PageKey, int, Any]]:
+        """(page key, first slot, last_access_time) of every cached page."""
+        p = self.page_size
         out = []
-        stack = [(child, ()) for child in self.cache.root_node.children.values()]
+        stack: list[tuple[Any, pc.Prefix | None]] = [(child, None) for child in self.cache.root_node.children.values()]
         while stack:
             node, prefix = stack.pop()
-            path = prefix + tuple(node.key.token_ids)
-            out.append((node, path, self.namespaces.get(node.key.extra_key, ("?", node.key.extra_key))))
-            stack.extend((child, path) for child in node.children.values())
+            namespace = self.namespaces.get(node.key.extra_key, ("?", node.key.extra_key))
+            tokens, values = list(node.key.token_ids), node.value.tolist()
+            for offset in range(0, len(values), p):
+                prefix = pc.Prefix.extend(prefix, tuple(tokens[offset : offset + p]))
+                out.append(((namespace, prefix), int(values[offset]), node.last_access_time))
+            stack.extend((child, prefix) for child in node.children.values())
         return out
 
     def cached_pages(self) -> dict[PageKey, int]:
-        p = self.page_size
-        pages = {}
-        for node, path, namespace in self.nodes():
-            values = node.value.tolist()
-            start = len(path) - len(values)
-            for offset in range(0, len(values), p):
-                pages[(namespace, path[: start + offset + p])] = int(values[offset])
-        return pages
+        return {key: start for key, start, _ in self.pages()}
 
     def page_stamps(self) -> dict[PageKey, Any]:
-        p = self.page_size
-        stamps = {}
-        for node, path, namespace in self.nodes():
-            start = len(path) - len(node.key.token_ids)
-            for end in range(start + p, len(path) + 1, p):
-                stamps[(namespace, path[:end])] = node.last_access_time
-        return stamps
+        return {key: stamp for key, _, stamp in self.pages()}
 
 
 TARGET = TargetInfo(

@@ -32,6 +32,7 @@ import types
 from collections import Counter, OrderedDict
 from typing import Any
 
+from spec import prefix_cache as pc
 from spec.types import Namespace
 
 from .api import PageKey, Profile, TargetInfo
@@ -211,9 +212,10 @@ class VLLMPrefixCache:
         self.requests += 1
         request = RequestStandIn(tokens, None if namespace is None else repr(namespace), self.requests)
         request.block_hashes = self.hasher(request)
-        for page, block_hash in enumerate(request.block_hashes):
+        prefixes = pc.compute_page_prefixes(tokens, self.page_size)
+        for block_hash, prefix in zip(request.block_hashes, prefixes, strict=True):
             key = self.v.utils.make_block_hash_with_group_id(block_hash, 0)
-            self.key_of_hash[key] = (namespace, tuple(tokens[: (page + 1) * self.page_size]))
+            self.key_of_hash[key] = (namespace, prefix)
         return request
 
     def hits(self, request: RequestStandIn) -> list[Any]:

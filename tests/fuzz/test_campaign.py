@@ -1,31 +1,54 @@
-"""``python -m fuzz``: a short clean campaign, and a planted bug that it must catch."""
+"""``python -m fuzz``: a clean campaign, a planted bug with its regression file, the CLI's honesty, workers, corpus."""
+
+from __future__ import annotations
 
 import io
-import re
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from fuzz import campaign
-from fuzz.planted import BUGS, ROOT
+from fuzz.planted import BUGS, PEER_BUGS, ROOT
 from reference.radix_cache import RadixPrefixCache
 
 
 def run(*argv: str) -> tuple[int, str]:
     out = io.StringIO()
-    status = campaign.run(campaign.parse_args(list(argv)), out)
+    status = campaign.run(campaign.parse_args(["--workers", "0", *argv]), out)
     return status, out.getvalue()
 
 
-def test_a_clean_campaign_passes_and_prints_a_summary() -> None:
-    status, text = run("--machine", "all", "--examples", "8", "--batch", "4", "--steps", "20", "--quiet")
-    assert status == 0
+def test_a_clean_campaign_passes_and_prints_a_summary(tmp_path: Path) -> None:
+    status, text = run(
+        "--machine",
+        "all",
+        "--examples",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "20",
+        "--quiet",
+        "--json",
+        str(tmp_path / "s.json"),
+    )
+    assert status == 0, text
     assert "== summary ==" in text and "failures: none" in text
-    examples = int(re.search(r"examples (\d+)", text.split("== summary ==")[1]).group(1))  # type: ignore[union-attr]
-    assert examples >= 16
-    assert "cache.match_prefix" in text and "manager.admit" in text
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["examples"] >= 32 and summary["failures"] == []
+    for key in ("steps", "steps_per_s", "largest_tree_pages", "longest_key_tokens", "rules", "rejected"):
+        assert key in summary, key
+    assert any(rule.startswith("cache.match_prefix") for rule in summary["rules"])
+    assert any(rule.startswith("manager.admit") for rule in summary["rules"])
 
 
-def test_the_campaign_catches_a_lock_that_skips_the_handles_own_node(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failure_is_reported_with_its_difference_and_a_regression_file_that_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     original = RadixPrefixCache.lock
 
     def lock_from_parent(self: RadixPrefixCache, handle: object) -> None:  # mini-sglang issue #52
@@ -34,12 +57,96 @@ def test_the_campaign_catches_a_lock_that_skips_the_handles_own_node(monkeypatch
             original(self, type(checked)(checked.cached_len, checked.node.parent, checked.namespace, self))
 
     monkeypatch.setattr(RadixPrefixCache, "lock", lock_from_parent)
-    status, text = run("--machine", "cache", "--examples", "200", "--no-shrink", "--quiet")
+    out = tmp_path / "failures"
+    status, text = run(
+        "--machine",
+        "cache",
+        "--examples",
+        "300",
+        "--no-shrink",
+        "--quiet",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "s.json"),
+    )
     assert status == 1
-    assert "failures: 1" in text
-    assert "state = PrefixCacheMachine()" in text and "state.lock(" in text
+    assert "failing example found" in text and "failures: 1" in text
+    # the difference itself is printed, not only its class
+    assert "size_info: spec" in text or "differs from spec" in text or "ref_count" in text
+    (failure,) = json.loads((tmp_path / "s.json").read_text())["failures"]
+    assert failure["machine"] == "cache" and failure["found_after_s"] <= failure["reported_after_s"]
+    test_file = Path(failure["regression_test"])
+    assert test_file.exists() and "build_machine('cache'" in test_file.read_text()
+    # the file fails while the bug is in (run in this process: the monkeypatch is in force)
+    namespace: dict[str, object] = {}
+    exec(compile(test_file.read_text(), str(test_file), "exec"), namespace)
+    test = next(value for name, value in namespace.items() if name.startswith("test_"))
+    with pytest.raises(Exception):  # noqa: B017  (whatever the bug breaks first)
+        test()  # type: ignore[operator]
+    monkeypatch.undo()
+    test()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--minutes", "0"],
+        ["--minutes", "-1"],
+        ["--examples", "0"],
+        ["--steps", "0"],
+        ["--batch", "0"],
+        ["--workers", "-1"],
+        ["--impl", "foo"],
+        ["--machine", "foo"],
+        ["--target", "nope"],
+        ["--lru", "sync"],
+        ["--minutes", "1", "--examples", "3"],
+    ],
+)
+def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        campaign.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_the_planted_demo_rejects_an_unknown_machine() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fuzz.planted", "--machine", "foo"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
 def test_every_planted_bug_still_applies_to_the_tree() -> None:
     for bug in BUGS:
         assert (ROOT / bug.path).read_text().count(bug.old) == 1, bug.name
+    assert all(bug.peer == "sglang" for bug in PEER_BUGS)
+
+
+def test_worker_processes_run_a_campaign_within_its_budget(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "fuzz", "--machine", "cache", "--minutes", "0.25", "--workers", "2", "--quiet"),
+            *("--json", str(tmp_path / "s.json")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert time.monotonic() - started < 15 + 10 + 10  # budget + 10 s, plus interpreter start
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["backend"] == "2 worker processes" and summary["examples"] > 0
+
+
+def test_a_rerun_with_a_corpus_replays_the_saved_failure_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(RadixPrefixCache, "evict", lambda self, size: [])  # evicts nothing: caught at once
+    db = str(tmp_path / "corpus")
+    first_status, _ = run("--machine", "cache", "--examples", "200", "--no-shrink", "--quiet", "--db", db)
+    assert first_status == 1
+    second_status, text = run("--machine", "cache", "--examples", "200", "--no-shrink", "--quiet", "--db", db)
+    assert second_status == 1
+    assert "saved failing examples of cache; they are replayed first" in text

@@ -91,8 +91,8 @@ def test_abstract_state_has_one_entry_per_page() -> None:
     cache.insert_prefix([1, 1, 2, 2], [6, 7, 0, 1])
     state = cache.abstract_state()
     assert state.entries == {
-        (None, (1, 1)): pc.Entry(slot_start=6, last_access=0, ref_count=0, generation=0),
-        (None, (1, 1, 2, 2)): pc.Entry(slot_start=0, last_access=0, ref_count=0, generation=0),
+        pc.page_key(None, (1, 1), 2): pc.Entry(slot_start=6, last_access=0, ref_count=0, generation=0),
+        pc.page_key(None, (1, 1, 2, 2), 2): pc.Entry(slot_start=0, last_access=0, ref_count=0, generation=0),
     }
 
 

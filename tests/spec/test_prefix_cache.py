@@ -41,7 +41,7 @@ def test_match_prefix_never_shares_a_partial_page() -> None:
 def test_match_prefix_stamps_every_page_on_its_path_with_a_new_tick() -> None:
     state = cache_with(1, ([1, 2, 3], [0, 1, 2]))
     pc.match_prefix(state, [1, 2])
-    stamps = {key[1]: entry.last_access for key, entry in state.entries.items()}
+    stamps = {key[1].tokens: entry.last_access for key, entry in state.entries.items()}
     assert stamps == {(1,): 1, (1, 2): 1, (1, 2, 3): 0}
     assert state.clock == 2
 

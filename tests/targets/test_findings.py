@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+from spec import prefix_cache as pc
+
 MINISGL = os.environ.get("RADIXSPEC_MINISGL")
 needs_minisgl = pytest.mark.skipif(not MINISGL, reason="RADIXSPEC_MINISGL names no mini-sglang checkout")
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
@@ -193,4 +195,4 @@ def test_vllm_a_lookup_does_not_refresh_recency_a_request_that_uses_it_does() ->
     cache.insert_prefix([3, 3], None, None)  # needs a page: evicts the head of the free queue
     assert cache.take_evicted() == [[0, 1]]  # [1, 1], looked up but not used
     cache.lock(cache.match_prefix([2, 2], None))  # used now
-    assert cache.cached_pages() == {(None, (2, 2)): 2, (None, (3, 3)): 0}
+    assert cache.cached_pages() == {pc.page_key(None, (2, 2), 2): 2, pc.page_key(None, (3, 3), 2): 0}

@@ -1,0 +1,176 @@
+"""One batch of a campaign: a state machine run for some examples with its own seed, anywhere.
+
+A batch is described by a picklable ``BatchSpec`` and run by ``run_batch``
+in this process, in a worker process, or as a Ray task; it returns its
+counters and its failures (``BatchResult``). A failure is announced through
+``notify`` the moment its first failing example ends (before shrinking),
+and shrinking stops at the batch's deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hypothesis import Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, Unsatisfiable
+from hypothesis.internal.conjecture import engine as hypothesis_engine
+from hypothesis.reporting import with_reporter
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
+
+from . import profiles  # noqa: F401  (registers the settings profiles in worker processes too)
+from .stats import STATS, CampaignStats
+
+# a failure's first example has ended: (machine, batch seed, error text, time.time())
+Notify = Callable[[str, int, str, float], None]
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """Everything a batch needs, picklable: machine and what it drives, seed, sizes, deadline, corpus."""
+
+    machine: str
+    impls: tuple[str, ...]
+    # the --target name (resolved in the worker), or None for our implementations
+    target: str | None
+    lru: str | None
+    device: str
+    seed: int
+    examples: int
+    steps: int
+    shrink: bool
+    # time.time() when the campaign started, and by when this batch must have finished (shrinking included)
+    start: float
+    deadline: float
+    # --db: a directory or redis://host:port/n, or None
+    database: str | None = None
+
+
+@dataclass
+class FailureReport:
+    """A failing example of one batch: what broke, when, and the program that reproduces it."""
+
+    machine: str
+    seed: int
+    # "module.Class: message" of the exception, its message in full
+    error: str
+    # Python statements of the (shrunk) failing program, one per element
+    program: list[str]
+    # time.time() of the first failing example, and of the report (after shrinking)
+    found_at: float
+    reported_at: float
+    shrunk: bool
+    # the @reproduce_failure line Hypothesis printed
+    reproduce: str = ""
+
+
+@dataclass
+class BatchResult:
+    """What a batch did."""
+
+    spec: BatchSpec
+    stats: CampaignStats
+    failures: list[FailureReport] = field(default_factory=list)
+    # failing examples from the corpus that this batch replayed first
+    replayed: int = 0
+
+
+def database_for(location: str | None) -> ExampleDatabase | None:
+    """Hypothesis's example database for --db: a directory, or Redis (redis://host:port/db)."""
+    if location is None:
+        return None
+    if location.startswith("redis://"):
+        from hypothesis.extra.redis import RedisExampleDatabase
+        from redis import Redis
+
+        return RedisExampleDatabase(Redis.from_url(location))
+    return DirectoryBasedExampleDatabase(location)
+
+
+def database_key(spec: BatchSpec) -> bytes:
+    """Where this machine's failing examples live in the corpus: one key per machine and what it drives."""
+    driven = f"target={spec.target}:{spec.lru}" if spec.target else f"impls={','.join(spec.impls)}"
+    return f"radixspec:{spec.machine}:{driven}".encode()
+
+
+def machine_class(spec: BatchSpec) -> type[RuleBasedStateMachine]:
+    """The state machine class the spec names (a target is resolved here, in the worker)."""
+    from .machines import machine_for
+    from .targets import resolve
+
+    target = resolve(spec.target, check=False) if spec.target else None
+    return machine_for(spec.machine, spec.impls, spec.device, target, spec.lru)
+
+
+def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
+    """Run one batch; its counters come back in the result (the process's STATS is reset first)."""
+    from .machines import FailureClock, Stop
+
+    STATS.reset()
+    Stop.deadline = spec.deadline
+    machine = machine_class(spec)
+    machine._hypothesis_internal_use_seed = spec.seed  # type: ignore[attr-defined]
+    base = settings.get_profile("campaign")
+    database = database_for(spec.database)
+    batch_settings = settings(
+        base,
+        max_examples=spec.examples,
+        stateful_step_count=spec.steps,
+        database=database,
+        phases=[phase for phase in base.phases if spec.shrink or phase != Phase.shrink],
+    )
+    test = get_state_machine_test(machine, settings=batch_settings)
+    key = database_key(spec)
+    test._hypothesis_internal_database_key = key  # type: ignore[attr-defined]
+    replayed = len(list(database.fetch(key))) if database is not None else 0
+    FailureClock.first = FailureClock.first_wall = None
+    FailureClock.notify = (lambda message: notify(spec.machine, spec.seed, message, time.time())) if notify else None
+    # shrinking ends by the deadline (Hypothesis reads this constant when it starts to shrink)
+    remaining = spec.deadline - time.time()
+    hypothesis_engine.MAX_SHRINKING_SECONDS = 300 if remaining == float("inf") else max(1, int(remaining))  # type: ignore[misc]
+    reported: list[str] = []
+    failures: list[FailureReport] = []
+    try:
+        with with_reporter(lambda value: reported.append(str(value))):
+            test()
+    except Unsatisfiable:
+        pass  # the deadline came before any example ran: nothing to report
+    except (FlakyStrategyDefinition, FlakyFailure) as exc:
+        if FailureClock.first is not None or not Stop.now():
+            failures = [failure_report(spec, exc, FailureClock.first_wall or time.time(), time.time())]
+        # else: the deadline rejected a replay before any failure: the batch was only cut short
+    except Exception as exc:
+        now = time.time()
+        found = FailureClock.first_wall or now
+        failures = [
+            failure_report(spec, sub, found, now)
+            for sub in (exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc])
+        ]
+    stats = CampaignStats()
+    stats.merge(STATS)
+    return BatchResult(spec, stats, failures, replayed)
+
+
+def failure_report(spec: BatchSpec, exc: BaseException, found_at: float, reported_at: float) -> FailureReport:
+    """A failure as the campaign reports it, from the exception and the notes Hypothesis attached."""
+    notes = [str(note) for note in getattr(exc, "__notes__", [])]
+    program = []
+    reproduce = ""
+    for note in notes:
+        text = note.strip()
+        if "@reproduce_failure(" in text:
+            reproduce = text[text.index("@reproduce_failure(") :].split(" as a decorator")[0]
+        elif text.startswith(("state", "(")) or " = state." in text:
+            program.append(text)
+    return FailureReport(
+        machine=spec.machine,
+        seed=spec.seed,
+        error=f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}",
+        program=program,
+        found_at=found_at,
+        reported_at=reported_at,
+        shrunk=spec.shrink,
+        reproduce=reproduce,
+    )

@@ -1,0 +1,94 @@
+"""Failures as runnable regression tests: ``python -m fuzz`` writes one pytest file per failure.
+
+A generated file rebuilds the machine exactly as the campaign ran it
+(``build_machine``) and replays the shrunk program Hypothesis printed, step by
+step, with no randomness: ``python -m pytest FILE`` fails the same way until
+the bug is fixed. Keep it as a regression test, or move its steps into one of
+tests/ by hand.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+import time
+from pathlib import Path
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from .machines import machine_for
+from .targets import resolve
+
+HEADER = '''"""{title}
+
+Written by python -m fuzz on {date}: machine {machine}, {driven}, batch seed {seed}.
+{error}
+
+Replays the {kind} failing program; run it with python -m pytest {name}
+"""
+
+import torch  # noqa: F401  (drawn values may name torch dtypes)
+
+from fuzz.regression import build_machine
+from fuzz.sequences import Flavor, Tag  # noqa: F401  (drawn namespaces outside the domain)
+
+
+def test_{function}() -> None:
+'''
+
+
+def build_machine(
+    machine: str,
+    impls: tuple[str, ...] = ("reference", "optimized"),
+    target: str | None = None,
+    lru: str | None = None,
+    device: str = "cpu",
+) -> type[RuleBasedStateMachine]:
+    """The machine class a campaign ran (for a regression file: call it, then replay the steps)."""
+    return machine_for(machine, impls, device, resolve(target) if target else None, lru)
+
+
+def regression_source(
+    program: list[str],
+    machine: str,
+    impls: tuple[str, ...],
+    target: str | None,
+    lru: str | None,
+    device: str,
+    seed: int,
+    error: str,
+    shrunk: bool,
+    name: str,
+) -> str:
+    """The text of a pytest file replaying ``program`` (Hypothesis's printed steps)."""
+    args = f"{machine!r}, impls={impls!r}, target={target!r}, lru={lru!r}, device={device!r}"
+    steps = []
+    for statement in program:
+        if re.fullmatch(r"state = \w+\(\)", statement.strip()):
+            steps.append(f"state = build_machine({args})()")
+        else:
+            steps.append(statement)
+    first_line = error.splitlines()[0] if error else "a failure"
+    driven = f"target {target} (LRU {lru or 'default'})" if target else f"implementations {', '.join(impls)}"
+    header = HEADER.format(
+        title=f"Regression test from a fuzz campaign: {first_line[:90]}",
+        date=time.strftime("%Y-%m-%d %H:%M"),
+        machine=machine,
+        driven=driven,
+        seed=seed,
+        error=textwrap.indent(textwrap.shorten(error, 600), "    "),
+        kind="shrunk" if shrunk else "unshrunk",
+        name=name,
+        function=re.sub(r"\W", "_", Path(name).stem.removeprefix("test_")),
+    )
+    body = textwrap.indent("\n".join(steps), "    ")
+    return f"{header}{body}\n"
+
+
+def write_regression_test(directory: Path, name: str, source: str) -> Path:
+    """Write the file (checked to compile) and return its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    compile(source, name, "exec")
+    path = directory / name
+    path.write_text(source)
+    return path
