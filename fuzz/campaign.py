@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -85,6 +86,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=positive_int, default=CAMPAIGN_EXAMPLES, help="examples per batch")
     parser.add_argument("--steps", type=positive_int, default=CAMPAIGN_STEPS, help="steps per example")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="after a failure, keep running that machine and report every distinct failure (to survey a target)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--device", default="cpu", help="torch device of the kv machine's pool (cpu, cuda)")
     parser.add_argument(
@@ -149,6 +155,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def signature(error: str) -> str:
+    """What makes two failures the same one: the error's first line with its numbers blanked."""
+    first = error.splitlines()[0] if error else ""
+    return re.sub(r"\d+", "#", first.split(": ", 1)[-1])[:200]
+
+
 def batch_seed(seed: int, machine: str, index: int) -> int:
     """A batch's seed: stable for (campaign seed, machine, batch number), whatever runs it."""
     digest = hashlib.sha256(f"{seed}:{machine}:{index}".encode()).digest()
@@ -163,10 +175,15 @@ class MachineState:
     batches: int = 0
     examples: int = 0
     stopped: bool = False
-    failure: FailureReport | None = None
-    regression_test: Path | None = None
+    # distinct failures (one, unless --keep-going), each with its regression file (None if not written)
+    failures: list[tuple[FailureReport, Path | None]] = field(default_factory=list)
+    # failing batches whose failure repeated one already recorded
     extra_failures: int = 0
     replayed: int = 0
+
+    @property
+    def failure(self) -> FailureReport | None:
+        return self.failures[0][0] if self.failures else None
 
 
 @dataclass
@@ -178,7 +195,8 @@ class Campaign:
     stats: CampaignStats = field(default_factory=CampaignStats)
     machines: dict[str, MachineState] = field(default_factory=dict)
     start: float = 0.0
-    notified: set[str] = field(default_factory=set)
+    # machines (and, with --keep-going, (machine, failure signature) pairs) whose failure was announced
+    notified: set[object] = field(default_factory=set)
     backend_name: str = ""
 
     def print(self, *parts: object) -> None:
@@ -241,11 +259,13 @@ class Campaign:
 
     def on_notify(self, machine: str, seed: int, message: str, at: float) -> None:
         """A failure's first example ended: print it now, before shrinking."""
-        if machine in self.notified:
+        key = (machine, signature(message))
+        if machine in self.notified and (not self.args.keep_going or key in self.notified):
             return
         self.notified.add(machine)
+        self.notified.add(key)
         state = self.machines[machine]
-        state.stopped = True
+        state.stopped = not self.args.keep_going
         shrink = "" if self.args.no_shrink else f" (shrinking, at most until {self.remaining_s():.0f} s from now)"
         self.print(f"\n[{at - self.start:6.1f} s] {machine}: failing example found (batch seed {seed}){shrink}:")
         for line in message.splitlines()[:20]:
@@ -263,12 +283,12 @@ class Campaign:
             state.replayed = result.replayed
             self.print(f"{state.name}: replayed {result.replayed} saved failing examples from {self.args.db} first")
         for failure in result.failures:
-            if state.failure is not None:
+            seen = {signature(known.error) for known, _ in state.failures}
+            if (state.failures and not self.args.keep_going) or signature(failure.error) in seen:
                 state.extra_failures += 1
                 continue
-            state.stopped = True
-            state.failure = failure
-            if state.name not in self.notified:
+            state.stopped = not self.args.keep_going
+            if (state.name, signature(failure.error)) not in self.notified:
                 self.on_notify(state.name, failure.seed, failure.error, failure.found_at)
             name = f"test_{state.name}_seed_{failure.seed}.py"
             source = regression_source(
@@ -283,13 +303,15 @@ class Campaign:
                 failure.shrunk,
                 name,
             )
+            path: Path | None = None
             try:
-                state.regression_test = write_regression_test(self.args.out, name, source)
+                path = write_regression_test(self.args.out, name, source)
             except SyntaxError as exc:
                 self.print(f"{state.name}: the failing program does not compile as Python ({exc}); see the summary")
+            state.failures.append((failure, path))
             self.print(
                 f"[{failure.reported_at - self.start:6.1f} s] {state.name}: reported;"
-                f" regression test: {state.regression_test or '(not written)'}"
+                f" regression test: {path or '(not written)'}"
             )
 
     # ------------------------------------------------------------ the run
@@ -389,14 +411,12 @@ class Campaign:
             p("invalid calls not sent (the target does not validate; the spec rejects them):")
             for label, count in sorted(s.skipped.items()):
                 p(f"  {label:<52} {count:>9}")
-        failed = [state for state in self.machines.values() if state.failure]
+        failed = [(state, failure, path) for state in self.machines.values() for failure, path in state.failures]
         if not failed:
             p("failures: none")
             return
         p(f"failures: {len(failed)}")
-        for state in failed:
-            failure = state.failure
-            assert failure is not None
+        for state, failure, path in failed:
             p("")
             p(
                 f"--- {state.name}: first failing example after {failure.found_at - self.start:.1f} s,"
@@ -404,7 +424,7 @@ class Campaign:
                 f" (batch seed {failure.seed})"
             )
             p(failure.error)
-            p(f"regression test: {state.regression_test}  (python -m pytest {state.regression_test})")
+            p(f"regression test: {path}  (python -m pytest {path})")
             if state.extra_failures:
                 p(f"({state.extra_failures} more batches of this machine failed too)")
             p("shrunk program:" if failure.shrunk else "failing program (not shrunk):")
@@ -436,15 +456,15 @@ class Campaign:
             "failures": [
                 {
                     "machine": state.name,
-                    "error": state.failure.error,
-                    "found_after_s": round(state.failure.found_at - self.start, 3),
-                    "reported_after_s": round(state.failure.reported_at - self.start, 3),
-                    "seed": state.failure.seed,
-                    "shrunk": state.failure.shrunk,
-                    "regression_test": str(state.regression_test) if state.regression_test else None,
+                    "error": failure.error,
+                    "found_after_s": round(failure.found_at - self.start, 3),
+                    "reported_after_s": round(failure.reported_at - self.start, 3),
+                    "seed": failure.seed,
+                    "shrunk": failure.shrunk,
+                    "regression_test": str(path) if path else None,
                 }
                 for state in self.machines.values()
-                if state.failure is not None
+                for failure, path in state.failures
             ],
         }
         self.args.json.parent.mkdir(parents=True, exist_ok=True)

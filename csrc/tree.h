@@ -1,0 +1,110 @@
+/* The radix tree of the optimized prefix cache, in C (csrc/tree.c); optimized/radix_cache.py drives it.
+ *
+ * Nodes live in one growable array and are named by (id, version): a freed node's version is
+ * bumped, so a handle on it is stale. Each node holds a run of whole pages: a slice of a
+ * segment (the tokens and slots of one insert, reference counted, shared by the halves of a
+ * split). Children are found through one hash table keyed by (parent, first page). Evictable
+ * leaves wait in a FIFO of in-order stamps and a min-heap for the rest, with lazy deletion.
+ *
+ * The lines between the cdef markers are the cffi declarations too (csrc/build_ffi.py). */
+#ifndef RADIXSPEC_TREE_H
+#define RADIXSPEC_TREE_H
+#include <stdint.h>
+
+/* cdef-begin */
+enum radix_tree_status {
+    RADIX_TREE_OK = 0,
+    /* an argument the wrapper should never pass */
+    RADIX_TREE_BAD_ARGS = -1,
+    /* a new page is not an aligned run of slots; *bad names it */
+    RADIX_TREE_MISALIGNED = -2,
+    /* a new page takes a slot that is cached, or given to another new page; *bad names it */
+    RADIX_TREE_DUPLICATE = -3,
+    RADIX_TREE_NO_MEMORY = -4,
+    /* the node of a handle was freed (evicted or reset) */
+    RADIX_TREE_STALE = -5,
+    /* unlock of a path that holds no lock of its own */
+    RADIX_TREE_NOT_LOCKED = -6,
+    /* evict of more pages than are evictable */
+    RADIX_TREE_NOT_EVICTABLE = -7,
+    /* reset while a page is locked */
+    RADIX_TREE_BUSY = -8,
+    /* radix_tree_check found a broken invariant: the message says which */
+    RADIX_TREE_CORRUPT = -9
+};
+
+typedef struct radix_tree radix_tree;
+
+/* One node of radix_tree_export: its parent's index in the export (-1 under a root), its root, its
+ * pages, and the offsets of its tokens and page starts in the export's buffers. */
+typedef struct {
+    int64_t parent;
+    int64_t root;
+    int64_t length;
+    int64_t timestamp;
+    int64_t generation;
+    int64_t ref_count;
+    int64_t token_offset;
+    int64_t page_offset;
+} radix_tree_record;
+
+radix_tree *radix_tree_new(int64_t page_size);
+void radix_tree_free(radix_tree *tree);
+
+/* A root for a namespace; its id (>= 0) or a negative status. */
+int64_t radix_tree_new_root(radix_tree *tree);
+/* Free an empty root (the namespace holds no page any more). */
+int radix_tree_drop_root(radix_tree *tree, int64_t root);
+
+/* Follow tokens[0..n) (whole pages) down from root, stamping every node passed with stamp and
+ * splitting the node the match ends in. *node, *version: the last node (the root when nothing
+ * matched); *matched: matched tokens. */
+int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t stamp,
+                     int64_t *node, int64_t *version, int64_t *matched);
+
+/* Cache tokens[0..n) (whole pages): pages already cached keep their slots, new ones take
+ * slots[...]. Every new page is checked first (an aligned run, not cached, not given twice); on
+ * error nothing changes and *bad is the page's index in tokens. *cached_len: tokens already
+ * cached; *node, *version: the last node of the whole path. */
+int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
+                      int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len, int64_t *bad);
+
+/* +1 / -1 lock on every node from node up to its root. unlock needs a lock of this very path. */
+int radix_tree_lock(radix_tree *tree, int64_t node, int64_t version);
+int radix_tree_unlock(radix_tree *tree, int64_t node, int64_t version);
+/* 1 when a lock of this very path is outstanding, 0 when not, or a negative status. */
+int radix_tree_is_locked(radix_tree *tree, int64_t node, int64_t version);
+
+/* Slots of the path from its root to node, in sequence order, into out (capacity slots). The
+ * number written, or a negative status. */
+int64_t radix_tree_path_slots(radix_tree *tree, int64_t node, int64_t version, int32_t *out, int64_t capacity);
+/* Nodes from node up to its root (the root not counted), or a negative status. */
+int64_t radix_tree_depth(radix_tree *tree, int64_t node, int64_t version);
+
+/* Evict exactly pages pages, the least recently used evictable leaf page first (a node is split
+ * when only its last pages go). Their slots, ascending, into out (pages * page_size). Roots left
+ * without a child are written to emptied (capacity: as many as there are roots); *n_emptied. */
+int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emptied, int64_t emptied_capacity,
+                     int64_t *n_emptied);
+
+/* Empty every root (refused while locked); every slot the tree held, ascending, into out. The
+ * number written, or a negative status. Roots stay; the caller drops them. */
+int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity);
+
+/* Counters: evictable and protected tokens, nodes, cached pages, roots. */
+void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *protected_, int64_t *nodes, int64_t *pages,
+                      int64_t *roots);
+
+/* Check every structural invariant; RADIX_TREE_CORRUPT with a message naming the broken one. */
+int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity);
+
+/* Every node under every root, parents before children: records, tokens, page starts. Call with
+ * null buffers to learn the sizes (*n_nodes, *n_tokens, *n_pages), then with buffers that big. */
+int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_t *tokens, int64_t *pages,
+                      int64_t *n_nodes, int64_t *n_tokens, int64_t *n_pages);
+
+/* Bytes of memory the tree holds (nodes, segments, tables, queues). */
+int64_t radix_tree_memory(const radix_tree *tree);
+/* cdef-end */
+
+#endif
