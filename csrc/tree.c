@@ -231,17 +231,22 @@ static int children_grow(radix_tree *tree) {
     return RADIX_TREE_OK;
 }
 
-static int child_add(radix_tree *tree, int64_t parent, int64_t child) {
-    if ((tree->children_count + 1) * 2 > tree->children_capacity) {
+/* Room for extra more children without growing. */
+static int children_reserve(radix_tree *tree, int64_t extra) {
+    while ((tree->children_count + extra) * 2 > tree->children_capacity) {
         int status = children_grow(tree);
         if (status != RADIX_TREE_OK) {
             return status;
         }
     }
+    return RADIX_TREE_OK;
+}
+
+/* Add a child (room reserved by the caller). */
+static void child_add(radix_tree *tree, int64_t parent, int64_t child) {
     child_cell cell = {page_hash(parent, node_tokens(tree, child), tree->page_size), parent, child};
     child_place(tree->children, tree->children_capacity, cell);
     tree->children_count++;
-    return RADIX_TREE_OK;
 }
 
 /* Remove cell i, shifting back the cells of its probe run (no tombstones). */
@@ -276,30 +281,39 @@ static int starts_contains(const radix_tree *tree, int64_t start) {
     return tree->starts[start_cell(tree, start)] == start;
 }
 
-static int starts_add(radix_tree *tree, int64_t start) {
-    if ((tree->starts_count + 1) * 2 > tree->starts_capacity) {
-        int64_t capacity = tree->starts_capacity * 2;
-        int64_t *cells = malloc((size_t)capacity * sizeof *cells);
-        if (cells == NULL) {
-            return RADIX_TREE_NO_MEMORY;
-        }
-        int64_t *old = tree->starts;
-        int64_t old_capacity = tree->starts_capacity;
-        for (int64_t i = 0; i < capacity; ++i) {
-            cells[i] = NONE;
-        }
-        tree->starts = cells;
-        tree->starts_capacity = capacity;
-        for (int64_t i = 0; i < old_capacity; ++i) {
-            if (old[i] != NONE) {
-                tree->starts[start_cell(tree, old[i])] = old[i];
-            }
-        }
-        free(old);
+/* Room for extra more page starts without growing. */
+static int starts_reserve(radix_tree *tree, int64_t extra) {
+    int64_t capacity = tree->starts_capacity;
+    while ((tree->starts_count + extra) * 2 > capacity) {
+        capacity *= 2;
     }
+    if (capacity == tree->starts_capacity) {
+        return RADIX_TREE_OK;
+    }
+    int64_t *cells = malloc((size_t)capacity * sizeof *cells);
+    if (cells == NULL) {
+        return RADIX_TREE_NO_MEMORY;
+    }
+    int64_t *old = tree->starts;
+    int64_t old_capacity = tree->starts_capacity;
+    for (int64_t i = 0; i < capacity; ++i) {
+        cells[i] = NONE;
+    }
+    tree->starts = cells;
+    tree->starts_capacity = capacity;
+    for (int64_t i = 0; i < old_capacity; ++i) {
+        if (old[i] != NONE) {
+            tree->starts[start_cell(tree, old[i])] = old[i];
+        }
+    }
+    free(old);
+    return RADIX_TREE_OK;
+}
+
+/* Add a start (room reserved by the caller). */
+static void starts_add(radix_tree *tree, int64_t start) {
     tree->starts[start_cell(tree, start)] = start;
     tree->starts_count++;
-    return RADIX_TREE_OK;
 }
 
 static void starts_remove(radix_tree *tree, int64_t start) {
@@ -326,15 +340,20 @@ static int entry_before(leaf_entry a, leaf_entry b) {
     return a.stamp < b.stamp || (a.stamp == b.stamp && a.node < b.node);
 }
 
+static int heap_grow(radix_tree *tree) {
+    int64_t capacity = tree->heap_capacity * 2;
+    leaf_entry *grown = realloc(tree->heap, (size_t)capacity * sizeof *grown);
+    if (grown == NULL) {
+        return RADIX_TREE_NO_MEMORY;
+    }
+    tree->heap = grown;
+    tree->heap_capacity = capacity;
+    return RADIX_TREE_OK;
+}
+
 static int heap_push(radix_tree *tree, leaf_entry entry) {
-    if (tree->heap_length == tree->heap_capacity) {
-        int64_t capacity = tree->heap_capacity * 2;
-        leaf_entry *grown = realloc(tree->heap, (size_t)capacity * sizeof *grown);
-        if (grown == NULL) {
-            return RADIX_TREE_NO_MEMORY;
-        }
-        tree->heap = grown;
-        tree->heap_capacity = capacity;
+    if (tree->heap_length == tree->heap_capacity && heap_grow(tree) != RADIX_TREE_OK) {
+        return RADIX_TREE_NO_MEMORY;
     }
     int64_t i = tree->heap_length++;
     while (i > 0 && entry_before(entry, tree->heap[(i - 1) / 2])) {
@@ -369,20 +388,25 @@ static leaf_entry heap_pop(radix_tree *tree) {
     return top;
 }
 
+static int fifo_grow(radix_tree *tree) {
+    int64_t capacity = tree->fifo_capacity * 2;
+    leaf_entry *grown = malloc((size_t)capacity * sizeof *grown);
+    if (grown == NULL) {
+        return RADIX_TREE_NO_MEMORY;
+    }
+    for (int64_t k = 0; k < tree->fifo_length; ++k) {
+        grown[k] = tree->fifo[(tree->fifo_head + k) % tree->fifo_capacity];
+    }
+    free(tree->fifo);
+    tree->fifo = grown;
+    tree->fifo_capacity = capacity;
+    tree->fifo_head = 0;
+    return RADIX_TREE_OK;
+}
+
 static int fifo_push(radix_tree *tree, leaf_entry entry) {
-    if (tree->fifo_length == tree->fifo_capacity) {
-        int64_t capacity = tree->fifo_capacity * 2;
-        leaf_entry *grown = malloc((size_t)capacity * sizeof *grown);
-        if (grown == NULL) {
-            return RADIX_TREE_NO_MEMORY;
-        }
-        for (int64_t k = 0; k < tree->fifo_length; ++k) {
-            grown[k] = tree->fifo[(tree->fifo_head + k) % tree->fifo_capacity];
-        }
-        free(tree->fifo);
-        tree->fifo = grown;
-        tree->fifo_capacity = capacity;
-        tree->fifo_head = 0;
+    if (tree->fifo_length == tree->fifo_capacity && fifo_grow(tree) != RADIX_TREE_OK) {
+        return RADIX_TREE_NO_MEMORY;
     }
     tree->fifo[(tree->fifo_head + tree->fifo_length++) % tree->fifo_capacity] = entry;
     tree->fifo_last = entry.stamp;
@@ -419,18 +443,20 @@ static int compare_entries(const void *a, const void *b) {
 static int queue_rebuild(radix_tree *tree) {
     int64_t count = 0;
     for (int64_t id = 0; id < tree->nodes_high; ++id) {
-        if (N(id).alive) {
-            N(id).queue_stamp = NONE;
-            count += is_evictable_leaf(tree, id);
-        }
+        count += N(id).alive && is_evictable_leaf(tree, id);
     }
+    /* the FIFO takes them all: it is at least as long as the live entries it held */
     leaf_entry *entries = malloc((size_t)(count > 0 ? count : 1) * sizeof *entries);
     if (entries == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
     int64_t k = 0;
     for (int64_t id = 0; id < tree->nodes_high; ++id) {
-        if (N(id).alive && is_evictable_leaf(tree, id)) {
+        if (!N(id).alive) {
+            continue;
+        }
+        N(id).queue_stamp = NONE;
+        if (is_evictable_leaf(tree, id)) {
             entries[k++] = (leaf_entry){N(id).timestamp, id, N(id).version};
             N(id).queue_stamp = N(id).timestamp;
         }
@@ -469,6 +495,34 @@ static int64_t queue_pop(radix_tree *tree) {
     return NONE;
 }
 
+/* Room for nodes more nodes, as many children entries and pages more page starts, and one more queue
+ * entry: after it, an insert or a split cannot fail half way. */
+static int reserve(radix_tree *tree, int64_t nodes, int64_t pages) {
+    if (tree->nodes_high + nodes > tree->nodes_capacity) {
+        int64_t capacity = tree->nodes_capacity;
+        while (tree->nodes_high + nodes > capacity) {
+            capacity *= 2;
+        }
+        node_t *grown = realloc(tree->nodes, (size_t)capacity * sizeof *grown);
+        if (grown == NULL) {
+            return RADIX_TREE_NO_MEMORY;
+        }
+        tree->nodes = grown;
+        tree->nodes_capacity = capacity;
+    }
+    int status = children_reserve(tree, nodes);
+    if (status == RADIX_TREE_OK) {
+        status = starts_reserve(tree, pages);
+    }
+    if (status == RADIX_TREE_OK && tree->fifo_length == tree->fifo_capacity) {
+        status = fifo_grow(tree);
+    }
+    if (status == RADIX_TREE_OK && tree->heap_length == tree->heap_capacity) {
+        status = heap_grow(tree);
+    }
+    return status;
+}
+
 /* ---------------------------------------------------------------- tree structure */
 
 static void sibling_link(radix_tree *tree, int64_t parent, int64_t child) {
@@ -499,7 +553,7 @@ static void sibling_unlink(radix_tree *tree, int64_t child) {
 /* Split off the node's first pos tokens into a new parent; the node keeps the suffix (and its
  * identity). Returns the new node, or NONE when out of memory (nothing changed then). */
 static int64_t split_at(radix_tree *tree, int64_t id, int64_t pos) {
-    if (tree->children_count + 1 > tree->children_capacity / 2 && children_grow(tree) != RADIX_TREE_OK) {
+    if (reserve(tree, 1, 0) != RADIX_TREE_OK) {
         return NONE;
     }
     int64_t prefix = node_alloc(tree);
@@ -585,7 +639,7 @@ static int64_t find(const radix_tree *tree, int64_t root, const int64_t *tokens,
 
 /* Walk and stamp; split the node the match ends in. */
 static int walk(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t stamp, int64_t *last,
-                int64_t *matched) {
+                int64_t *matched, int queue_last) {
     int64_t pos = 0, node = root;
     while (pos < n) {
         int64_t child = child_of(tree, node, tokens + pos);
@@ -607,8 +661,8 @@ static int walk(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n
     }
     *last = node;
     *matched = pos;
-    /* a leaf stamped again joins the queues at its new stamp */
-    return is_evictable_leaf(tree, node) ? queue_push(tree, node) : RADIX_TREE_OK;
+    /* a leaf stamped again joins the queues at its new stamp (unless an insert is about to extend it) */
+    return queue_last && is_evictable_leaf(tree, node) ? queue_push(tree, node) : RADIX_TREE_OK;
 }
 
 /* ---------------------------------------------------------------- the API */
@@ -689,13 +743,43 @@ static int valid_root(const radix_tree *tree, int64_t root) {
     return root >= 0 && root < tree->nodes_high && N(root).alive && N(root).is_root;
 }
 
-int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t stamp,
-                     int64_t *node, int64_t *version, int64_t *matched) {
-    if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || (n > 0 && tokens == NULL) ||
-        node == NULL || version == NULL || matched == NULL) {
+/* Index of the first negative value of a[0..n), or n. Blocks are OR-ed first (vectorized), searched
+ * only when one holds a negative value. */
+#define FIRST_NEGATIVE(NAME, TYPE)                                       \
+    static int64_t NAME(const TYPE *a, int64_t n) {                      \
+        for (int64_t base = 0; base < n; base += 256) {                  \
+            int64_t end = base + 256 < n ? base + 256 : n;               \
+            TYPE any = 0;                                                \
+            for (int64_t i = base; i < end; ++i) {                       \
+                any |= a[i];                                             \
+            }                                                            \
+            if (any < 0) {                                               \
+                for (int64_t i = base;; ++i) {                           \
+                    if (a[i] < 0) {                                      \
+                        return i;                                        \
+                    }                                                    \
+                }                                                        \
+            }                                                            \
+        }                                                                \
+        return n;                                                        \
+    }
+FIRST_NEGATIVE(first_negative_i64, int64_t)
+FIRST_NEGATIVE(first_negative_i32, int32_t)
+
+int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t checked,
+                     int64_t stamp, int64_t *node, int64_t *version, int64_t *matched, int64_t *bad) {
+    if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < 0 ||
+        ((n > 0 || checked > 0) && tokens == NULL) || node == NULL || version == NULL || matched == NULL ||
+        bad == NULL) {
         return RADIX_TREE_BAD_ARGS;
     }
-    int status = walk(tree, root, tokens, n, stamp, node, matched);
+    /* CHECK */
+    if ((*bad = first_negative_i64(tokens, checked)) < checked) {
+        return RADIX_TREE_BAD_TOKEN;
+    }
+    *bad = NONE;
+    /* WALK + UPDATE */
+    int status = walk(tree, root, tokens, n, stamp, node, matched, 1);
     *version = N(*node).version;
     return status;
 }
@@ -752,52 +836,60 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
 }
 
 int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
-                      int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len, int64_t *bad) {
-    if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size ||
-        (n > 0 && (tokens == NULL || slots == NULL)) || node == NULL || version == NULL || cached_len == NULL ||
-        bad == NULL) {
+                      int64_t checked, int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len,
+                      int64_t *bad) {
+    if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < n ||
+        (checked > 0 && (tokens == NULL || slots == NULL)) || node == NULL || version == NULL ||
+        cached_len == NULL || bad == NULL) {
         return RADIX_TREE_BAD_ARGS;
     }
+    /* CHECK: every token, every slot, then every new page, before anything changes */
+    if ((*bad = first_negative_i64(tokens, checked)) < checked) {
+        return RADIX_TREE_BAD_TOKEN;
+    }
+    if ((*bad = first_negative_i32(slots, checked)) < checked) {
+        return RADIX_TREE_BAD_SLOT;
+    }
     *bad = NONE;
-    /* CHECK: every new page, before anything changes */
     int64_t cached = find(tree, root, tokens, n);
     int status = check_new_pages(tree, slots, cached, n, bad);
     if (status != RADIX_TREE_OK) {
         return status;
     }
-    /* make room first, so that nothing below can fail half way */
-    segment *seg = cached < n ? segment_new(tree, tokens + cached, slots + cached, n - cached) : NULL;
-    if (cached < n && seg == NULL) {
-        return RADIX_TREE_NO_MEMORY;
+    /* make room first, so that nothing below can fail half way: a split, a leaf, its pages */
+    segment *seg = NULL;
+    if (cached < n) {
+        status = reserve(tree, 2, (n - cached) / tree->page_size);
+        seg = status == RADIX_TREE_OK ? segment_new(tree, tokens + cached, slots + cached, n - cached) : NULL;
+        if (seg == NULL) {
+            return RADIX_TREE_NO_MEMORY;
+        }
+    } else if ((status = reserve(tree, 1, 0)) != RADIX_TREE_OK) {
+        return status;
     }
     /* WALK */
     int64_t last, matched;
-    status = walk(tree, root, tokens, n, stamp, &last, &matched);
-    if (status == RADIX_TREE_OK && matched < n) {
-        /* UPDATE: the new pages, one node under the last one matched */
+    status = walk(tree, root, tokens, n, stamp, &last, &matched, cached == n);
+    if (matched < n && status == RADIX_TREE_OK) {
+        /* UPDATE: the new pages, one leaf under the last node matched */
         int64_t leaf = node_alloc(tree);
-        if (leaf == NONE) {
-            free(seg);
-            return RADIX_TREE_NO_MEMORY;
-        }
         N(leaf).seg = seg;
         seg->refs = 1;
         N(leaf).length = n - matched;
         N(leaf).timestamp = N(leaf).generation = stamp;
         sibling_link(tree, last, leaf);
-        status = child_add(tree, last, leaf);
-        for (int64_t k = 0; k < N(leaf).length && status == RADIX_TREE_OK; k += tree->page_size) {
-            status = starts_add(tree, seg->slots[k]);
+        child_add(tree, last, leaf);
+        for (int64_t k = 0; k < N(leaf).length; k += tree->page_size) {
+            starts_add(tree, seg->slots[k]);
         }
         /* ACCOUNT */
         tree->evictable += N(leaf).length;
         tree->page_count += N(leaf).length / tree->page_size;
         tree->node_count++;
-        if (status == RADIX_TREE_OK) {
-            status = queue_push(tree, leaf);
-        }
+        status = queue_push(tree, leaf);
         last = leaf;
     } else if (seg != NULL) {
+        tree->segment_bytes -= (int64_t)sizeof *seg + seg->length * 12;
         free(seg);
     }
     *node = last;
@@ -879,6 +971,32 @@ int64_t radix_tree_path_slots(radix_tree *tree, int64_t node, int64_t version, i
     return total;
 }
 
+int64_t radix_tree_path_tokens(radix_tree *tree, int64_t node, int64_t version, int64_t *tokens,
+                               int64_t *generations, int64_t capacity) {
+    if (tree == NULL) {
+        return RADIX_TREE_BAD_ARGS;
+    }
+    if (!node_is_live(tree, node, version)) {
+        return RADIX_TREE_STALE;
+    }
+    int64_t total = 0;
+    for (int64_t id = node; !N(id).is_root; id = N(id).parent) {
+        total += N(id).length;
+    }
+    if (total > capacity || (total > 0 && (tokens == NULL || generations == NULL))) {
+        return RADIX_TREE_BAD_ARGS;
+    }
+    int64_t end = total;
+    for (int64_t id = node; !N(id).is_root; id = N(id).parent) {
+        end -= N(id).length;
+        memcpy(tokens + end, node_tokens(tree, id), (size_t)N(id).length * sizeof(int64_t));
+        for (int64_t k = 0; k < N(id).length; k += tree->page_size) {
+            generations[(end + k) / tree->page_size] = N(id).generation;
+        }
+    }
+    return total;
+}
+
 int64_t radix_tree_depth(radix_tree *tree, int64_t node, int64_t version) {
     if (tree == NULL) {
         return RADIX_TREE_BAD_ARGS;
@@ -913,10 +1031,8 @@ int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emp
         return RADIX_TREE_OK;
     }
     /* room for the one split an eviction may make (its last node), so that the loop cannot fail half way */
-    while ((tree->children_count + 2) * 2 > tree->children_capacity) {
-        if (children_grow(tree) != RADIX_TREE_OK) {
-            return RADIX_TREE_NO_MEMORY;
-        }
+    if (reserve(tree, 1, 0) != RADIX_TREE_OK) {
+        return RADIX_TREE_NO_MEMORY;
     }
     int64_t *starts = malloc((size_t)pages * sizeof *starts);
     if (starts == NULL) {
@@ -938,10 +1054,12 @@ int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emp
                 break;
             }
         }
-        for (int64_t k = 0; k < N(leaf).length; k += p) {
-            starts[taken++] = node_slots(tree, leaf)[k];
+        const int32_t *slots = node_slots(tree, leaf);
+        int64_t length = N(leaf).length;
+        for (int64_t k = 0; k < length; k += p) {
+            starts[taken++] = slots[k];
         }
-        int64_t parent = detach(tree, leaf);
+        int64_t parent = detach(tree, leaf); /* frees the leaf's segment when no split half shares it */
         if (is_evictable_leaf(tree, parent)) {
             status = queue_push(tree, parent);
         } else if (N(parent).is_root && N(parent).child_count == 0 && *n_emptied < emptied_capacity) {
@@ -1015,6 +1133,11 @@ void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *prote
     *nodes = tree->node_count;
     *pages = tree->page_count;
     *roots = tree->root_count;
+}
+
+void radix_tree_queues(const radix_tree *tree, int64_t *fifo, int64_t *heap) {
+    *fifo = tree->fifo_length;
+    *heap = tree->heap_length;
 }
 
 int64_t radix_tree_memory(const radix_tree *tree) {

@@ -30,7 +30,11 @@ enum radix_tree_status {
     /* reset while a page is locked */
     RADIX_TREE_BUSY = -8,
     /* radix_tree_check found a broken invariant: the message says which */
-    RADIX_TREE_CORRUPT = -9
+    RADIX_TREE_CORRUPT = -9,
+    /* a token id is negative; *bad is its index */
+    RADIX_TREE_BAD_TOKEN = -10,
+    /* a slot is negative; *bad is its index */
+    RADIX_TREE_BAD_SLOT = -11
 };
 
 typedef struct radix_tree radix_tree;
@@ -58,16 +62,19 @@ int radix_tree_drop_root(radix_tree *tree, int64_t root);
 
 /* Follow tokens[0..n) (whole pages) down from root, stamping every node passed with stamp and
  * splitting the node the match ends in. *node, *version: the last node (the root when nothing
- * matched); *matched: matched tokens. */
-int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t stamp,
-                     int64_t *node, int64_t *version, int64_t *matched);
+ * matched); *matched: matched tokens. tokens[0..checked) are checked first (not negative, else
+ * RADIX_TREE_BAD_TOKEN and *bad, with nothing changed): the caller's whole input, whole pages or not. */
+int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t checked,
+                     int64_t stamp, int64_t *node, int64_t *version, int64_t *matched, int64_t *bad);
 
 /* Cache tokens[0..n) (whole pages): pages already cached keep their slots, new ones take
- * slots[...]. Every new page is checked first (an aligned run, not cached, not given twice); on
- * error nothing changes and *bad is the page's index in tokens. *cached_len: tokens already
- * cached; *node, *version: the last node of the whole path. */
+ * slots[...]. Checked first, in the reference's order, with nothing changed on error: every token
+ * and slot of [0..checked) (not negative: RADIX_TREE_BAD_TOKEN, RADIX_TREE_BAD_SLOT, *bad their
+ * index), then every new page (an aligned run, not cached, not given twice; *bad the page's index
+ * in tokens). *cached_len: tokens already cached; *node, *version: the last node of the whole path. */
 int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
-                      int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len, int64_t *bad);
+                      int64_t checked, int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len,
+                      int64_t *bad);
 
 /* +1 / -1 lock on every node from node up to its root. unlock needs a lock of this very path. */
 int radix_tree_lock(radix_tree *tree, int64_t node, int64_t version);
@@ -78,6 +85,9 @@ int radix_tree_is_locked(radix_tree *tree, int64_t node, int64_t version);
 /* Slots of the path from its root to node, in sequence order, into out (capacity slots). The
  * number written, or a negative status. */
 int64_t radix_tree_path_slots(radix_tree *tree, int64_t node, int64_t version, int32_t *out, int64_t capacity);
+/* Tokens of the same path into tokens (capacity tokens), each page's generation into generations. */
+int64_t radix_tree_path_tokens(radix_tree *tree, int64_t node, int64_t version, int64_t *tokens,
+                               int64_t *generations, int64_t capacity);
 /* Nodes from node up to its root (the root not counted), or a negative status. */
 int64_t radix_tree_depth(radix_tree *tree, int64_t node, int64_t version);
 
@@ -94,6 +104,9 @@ int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity);
 /* Counters: evictable and protected tokens, nodes, cached pages, roots. */
 void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *protected_, int64_t *nodes, int64_t *pages,
                       int64_t *roots);
+
+/* Entries in the leaf queues, stale ones included: the in-order FIFO and the heap. */
+void radix_tree_queues(const radix_tree *tree, int64_t *fifo, int64_t *heap);
 
 /* Check every structural invariant; RADIX_TREE_CORRUPT with a message naming the broken one. */
 int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity);

@@ -307,17 +307,27 @@ class OptimizedCache(DelegatingCache):
         self.cache = optimized.RadixPrefixCache(page_size, device="cpu")
         self.calls = 0
 
-    def tokens(self, values: list[int]) -> torch.Tensor:
+    def tokens(self, values: list[int]) -> torch.Tensor | list[int]:
+        """Every third call a list, else a tensor, int32 and int64 in turn: each input path gets its share."""
         self.calls += 1
-        return torch.tensor(values, dtype=torch.int32 if self.calls % 2 else torch.int64)
+        if self.calls % 3 == 0:
+            return values
+        return torch.tensor(values, dtype=torch.int32 if self.calls % 3 == 1 else torch.int64)
 
     def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
         return self.cache.match_prefix(self.tokens(tokens), namespace)
 
     def insert_prefix(self, tokens: list[int], indices: list[int], namespace: Namespace) -> tuple[int, Any]:
+        ids = self.tokens(tokens)
+        if isinstance(ids, list):
+            return tuple(self.cache.insert_prefix(ids, indices, namespace))  # type: ignore[return-value]
         fits_int32 = all(-(2**31) <= slot < 2**31 for slot in indices)
-        slots = torch.tensor(indices, dtype=torch.int32 if fits_int32 and not self.calls % 2 else torch.int64)
-        return tuple(self.cache.insert_prefix(self.tokens(tokens), slots, namespace))  # type: ignore[return-value]
+        slots = torch.tensor(indices, dtype=torch.int32 if fits_int32 and self.calls % 3 == 2 else torch.int64)
+        return tuple(self.cache.insert_prefix(ids, slots, namespace))  # type: ignore[return-value]
+
+    def path_nodes(self, handle: Any) -> int:
+        """Radix nodes from the handle's node up to the root (counted in C)."""
+        return int(self.cache.path_nodes(handle))
 
     def get_matched_indices(self, handle: Any) -> list[int]:
         return list(handle.get_matched_indices().tolist())

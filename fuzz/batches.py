@@ -156,6 +156,10 @@ def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
 def failure_report(spec: BatchSpec, exc: BaseException, found_at: float, reported_at: float) -> FailureReport:
     """A failure as the campaign reports it, from the exception and the notes Hypothesis attached."""
     notes = [str(note) for note in getattr(exc, "__notes__", [])]
+    if not any(" = state." in note or note.strip().startswith("state") for note in notes):
+        # a flaky failure (an exception group): the program is in the notes of the run that failed
+        for sub in getattr(exc, "exceptions", ()):
+            notes += [str(note) for note in getattr(sub, "__notes__", [])]
     program = []
     reproduce = ""
     for note in notes:

@@ -26,6 +26,7 @@ import json
 import os
 import queue
 import re
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -291,6 +292,13 @@ class Campaign:
             if (state.name, signature(failure.error)) not in self.notified:
                 self.on_notify(state.name, failure.seed, failure.error, failure.found_at)
             name = f"test_{state.name}_seed_{failure.seed}.py"
+            if not failure.program:
+                state.failures.append((failure, None))
+                self.print(
+                    f"{state.name}: the failure did not replay (Hypothesis printed no program, e.g. a flaky"
+                    f" failure); no regression file, seed {failure.seed} and the error are in the summary"
+                )
+                continue
             source = regression_source(
                 failure.program,
                 state.name,
@@ -344,6 +352,11 @@ class Campaign:
                     break
         except BackendError as exc:
             self.print(f"\nerror: {exc}")
+            broken = True
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: stop the workers, then report what ran
+            backend.cancel()
+            self.print("\ninterrupted: the summary covers the batches that finished")
             broken = True
         finally:
             backend.close()
@@ -671,5 +684,10 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m fuzz``."""
+    """Entry point of ``python -m fuzz``; SIGTERM stops the campaign like Ctrl-C (workers included)."""
+    signal.signal(signal.SIGTERM, _interrupt)
     return run(parse_args(argv))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

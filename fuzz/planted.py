@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fuzz import sanitize
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,6 +36,13 @@ class PlantedBug:
     impl: str = "reference"
     # a bug planted in a peer's released cache (path relative to the installed package), not in our tree
     peer: str | None = None
+    # run the copy's C module built with ASan + UBSan (a memory error a plain build may never show)
+    sanitize: bool = False
+
+    @property
+    def in_c(self) -> bool:
+        """Planted in our C sources: the copy's module is rebuilt."""
+        return self.path.endswith((".c", ".h"))
 
 
 BUGS: tuple[PlantedBug, ...] = (
@@ -79,28 +88,65 @@ BUGS: tuple[PlantedBug, ...] = (
         "match_prefix(req.input_ids, req.namespace)",
         "manager",
     ),
-    # the same bugs in the optimized implementation
+    # the same bugs in the optimized implementation: its tree is C (csrc/tree.c)
     PlantedBug(
-        "split_at does not copy ref_count",
-        "optimized/radix_cache.py",
-        "        new_node.ref_count = node.ref_count\n",
+        "split_at does not carry the ref count over (C)",
+        "csrc/tree.c",
+        "    N(prefix).ref_count = N(id).ref_count;\n",
         "",
         "cache",
         "optimized",
     ),
     PlantedBug(
-        "lock skips the handle's own node (mini-sglang #52)",
-        "optimized/radix_cache.py",
-        "        node = self._check_handle(handle).node\n        # UPDATE\n",
-        "        node = self._check_handle(handle).node\n        node = node.parent or node\n        # UPDATE\n",
+        "lock skips the handle's own node (mini-sglang #52) (C)",
+        "csrc/tree.c",
+        "    for (int64_t id = node; !N(id).is_root; id = N(id).parent) {\n"
+        "        if (N(id).ref_count == 0) {",
+        "    for (int64_t id = N(node).parent; !N(id).is_root; id = N(id).parent) {\n"
+        "        if (N(id).ref_count == 0) {",
         "cache",
         "optimized",
     ),
     PlantedBug(
-        "evict takes a locked leaf",
-        "optimized/radix_cache.py",
-        "            if node.ref_count == 0 and not node.children and self._lru_key(node) == ts:",
-        "            if not node.children and self._lru_key(node) == ts:",
+        "evict takes a locked leaf (C)",
+        "csrc/tree.c",
+        "        if (is_evictable_leaf(tree, entry.node) && N(entry.node).timestamp == entry.stamp) {",
+        "        if (N(entry.node).child_count == 0 && N(entry.node).timestamp == entry.stamp) {",
+        "cache",
+        "optimized",
+    ),
+    PlantedBug(
+        "children table resize drops its last cell (off by one) (C)",
+        "csrc/tree.c",
+        "    for (int64_t i = 0; i < tree->children_capacity; ++i) {\n"
+        "        if (tree->children[i].child != NONE) {",
+        "    for (int64_t i = 0; i < tree->children_capacity - 1; ++i) {\n"
+        "        if (tree->children[i].child != NONE) {",
+        "cache",
+        "optimized",
+    ),
+    PlantedBug(
+        "evict reads a leaf's slots after freeing it (use after free) (C, ASan)",
+        "csrc/tree.c",
+        "        for (int64_t k = 0; k < length; k += p) {\n"
+        "            starts[taken++] = slots[k];\n"
+        "        }\n"
+        "        int64_t parent = detach(tree, leaf);",
+        "        int64_t parent = detach(tree, leaf);\n"
+        "        for (int64_t k = 0; k < length; k += p) {\n"
+        "            starts[taken++] = slots[k];\n"
+        "        }",
+        "cache",
+        "optimized",
+        sanitize=True,
+    ),
+    PlantedBug(
+        "unlock forgets the queue entry of a leaf it frees (C)",
+        "csrc/tree.c",
+        "            if (N(id).child_count == 0 && status == RADIX_TREE_OK) {\n"
+        "                status = queue_push(tree, id);\n"
+        "            }\n",
+        "",
         "cache",
         "optimized",
     ),
@@ -110,14 +156,6 @@ BUGS: tuple[PlantedBug, ...] = (
         "        self._free(row[old_handle.cached_len : cached_len])\n",
         "",
         "manager",
-        "optimized",
-    ),
-    PlantedBug(
-        "LRU by insertion time instead of last access",
-        "optimized/radix_cache.py",
-        "        return node.timestamp\n",
-        "        return node.generation\n",
-        "cache",
         "optimized",
     ),
     PlantedBug(
@@ -173,14 +211,6 @@ BUGS: tuple[PlantedBug, ...] = (
         "        return compute_page_to_token(pages, self.page_size)\n",
         "        return [slot + 1 for slot in compute_page_to_token(pages, self.page_size)]\n",
         "scheduler",
-    ),
-    PlantedBug(
-        "unlock forgets the heap entry of a leaf it frees",
-        "optimized/radix_cache.py",
-        "                if not node.children:\n                    self._push(node)\n",
-        "",
-        "cache",
-        "optimized",
     ),
 )
 
@@ -239,20 +269,23 @@ def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[s
         return run_one_peer(bug, minutes, seed, shrink)
     with tempfile.TemporaryDirectory(prefix="radixspec-planted-") as tmp:
         tree = Path(tmp) / "tree"
-        shutil.copytree(
-            ROOT,
-            tree,
-            ignore=shutil.ignore_patterns(
-                ".git", ".tox", ".venv", "__pycache__", ".hypothesis", ".benchmarks", "build"
-            ),
-        )
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(*sanitize.COPY_IGNORE))
         plant(bug, tree)
+        if bug.in_c or bug.sanitize:
+            try:
+                sanitize.build(tree, sanitize=bug.sanitize)
+            except RuntimeError as exc:
+                return f"ERROR: {str(exc).splitlines()[0]}", None, None
+        extra = ["--quiet"] + ([] if shrink else ["--no-shrink"])
+        if bug.sanitize:
+            (run,) = sanitize.run_campaigns(tree, [bug.machine], minutes, seed, extra)
+            if run.report is not None:
+                return "caught", run.seconds, run.seconds
+            return verdict(subprocess.CompletedProcess([], run.returncode, run.stdout, run.stderr))
         impl = "all" if bug.machine == "scheduler" else bug.impl
         cmd = [sys.executable, "-m", "fuzz", "--machine", bug.machine, "--impl", impl]
-        cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
-        if not shrink:
-            cmd.append("--no-shrink")
-            proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
+        cmd += ["--minutes", str(minutes), "--seed", str(seed), *extra]
+        proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
     return verdict(proc)
 
 

@@ -45,7 +45,7 @@ from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
 from spec.invariants import check_invariants
 from spec.types import SLOT_LIMIT, Namespace
 
-from .sequences import bad_namespaces, build_sequence, namespaces, page_choices, tail_choices
+from .sequences import bad_namespaces, build_sequence, namespaces, page_choices, page_sizes, tail_choices
 from .stats import STATS
 from .targets.api import PageKey, TargetInfo
 
@@ -104,8 +104,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
 
     @initialize(
         target=seqs,
-        page_size=st.sampled_from([1, 2, 3, 4, 16]),
-        num_pages=st.integers(2, 48),
+        page_size=page_sizes,
+        # small pools evict often; big ones let trees, keys and namespaces grow
+        num_pages=st.one_of(st.integers(2, 48), st.integers(2, 48), st.integers(49, 2048)),
         first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )
     def setup(self, page_size: int, num_pages: int, first: list[tuple[list[int], list[int]]]) -> Any:
@@ -144,6 +145,19 @@ class TargetCacheMachine(RuleBasedStateMachine):
         STATS.record_rule("target.prefix_of")
         return base[: cut % (len(base) + 1)]
 
+    @rule(target=seqs, base=seqs, pages=st.lists(st.integers(0, 7), min_size=16, max_size=256))
+    def long_seq(self, base: tuple[int, ...], pages: list[int]) -> tuple[int, ...]:
+        """A long key (hundreds of pages) on top of a drawn one: long compares, long paths."""
+        STATS.record_rule("target.long_seq")
+        return tuple(build_sequence(self.page_size, pages, [], base))
+
+    @rule(base=seqs, branches=st.integers(2, 64), namespace=namespaces)
+    def bulk_insert(self, base: tuple[int, ...], branches: int, namespace: Namespace) -> None:
+        """Many branches under one prefix (a shared system prompt): wide nodes, many evictable leaves."""
+        STATS.record_rule("target.bulk_insert")
+        for branch in range(branches):
+            self.insert_prefix(base + tuple(build_sequence(self.page_size, [branch % 8, branch // 8], [])), namespace)
+
     # ------------------------------------------------------------ operations
 
     @rule(target=handles, seq=seqs, namespace=namespaces)
@@ -169,6 +183,7 @@ class TargetCacheMachine(RuleBasedStateMachine):
         tokens = list(seq)
         keys = pc.get_page_keys(self.model, ns, tokens)
         cached = self.cached_pages_of(keys)
+        STATS.record_reach(longest_key_tokens=len(tokens), most_namespaces=len(self.model_namespaces()) + 1)
         if self.profile.slots == "target":
             return self.insert_target_slots(tokens, keys, cached, ns)
         # like an engine: fresh pages for every whole page, the duplicates freed after the insert
@@ -286,6 +301,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
         if amount > evictable:
             self.rejected("evict past the evictable size", lambda: self.target.evict(amount), EvictionError)
             return
+        if size == "all":
+            STATS.record_reach(most_evictable_leaves=len(pc.get_evictable_leaves(self.model)))
+        STATS.record_reach(largest_evict_pages=div_ceil(amount, self.page_size))
         self.checked_evict(amount)
 
     @precondition(lambda self: self.target is not None and self.profile.reset != "none")
@@ -564,6 +582,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
     def outlived_reset(self, handle: TargetHandle) -> bool:
         """True for a handle made before a reset, on a target whose handles do not survive one."""
         return handle.epoch != self.epoch and not self.profile.handles_survive_reset
+
+    def model_namespaces(self) -> set[Namespace]:
+        return {namespace for namespace, _ in self.model.entries}
 
     def model_starts(self) -> list[int]:
         return [entry.slot_start for entry in self.model.entries.values()]
