@@ -1011,6 +1011,11 @@ int64_t radix_tree_depth(radix_tree *tree, int64_t node, int64_t version) {
     return depth;
 }
 
+static int compare_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 static int compare_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -1034,10 +1039,8 @@ int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emp
     if (reserve(tree, 1, 0) != RADIX_TREE_OK) {
         return RADIX_TREE_NO_MEMORY;
     }
-    int64_t *starts = malloc((size_t)pages * sizeof *starts);
-    if (starts == NULL) {
-        return RADIX_TREE_NO_MEMORY;
-    }
+    /* the page starts gather at the front of out (slots fit in int32), sorted, then spread into runs */
+    int32_t *starts = out;
     int64_t taken = 0;
     int status = RADIX_TREE_OK;
     while (taken < pages) {
@@ -1069,14 +1072,16 @@ int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emp
             break;
         }
     }
-    qsort(starts, (size_t)taken, sizeof *starts, compare_i64);
-    for (int64_t i = 0; i < taken; ++i) {
-        for (int64_t k = 0; k < p; ++k) {
-            out[i * p + k] = (int32_t)(starts[i] + k);
+    if (taken > 1) {
+        qsort(starts, (size_t)taken, sizeof *starts, compare_i32);
+    }
+    for (int64_t i = taken - 1; i >= 0; --i) { /* backwards: page i's run starts at or after start i */
+        int32_t start = starts[i];
+        for (int64_t k = p - 1; k >= 0; --k) {
+            out[i * p + k] = start + (int32_t)k;
         }
     }
-    free(starts);
-    return status;
+    return status == RADIX_TREE_OK && *n_emptied > 0 ? RADIX_TREE_ROOTS_EMPTIED : status;
 }
 
 int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity) {

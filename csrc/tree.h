@@ -14,6 +14,8 @@
 /* cdef-begin */
 enum radix_tree_status {
     RADIX_TREE_OK = 0,
+    /* radix_tree_evict did its work, and roots lost their last page (*n_emptied of them, in emptied) */
+    RADIX_TREE_ROOTS_EMPTIED = 1,
     /* an argument the wrapper should never pass */
     RADIX_TREE_BAD_ARGS = -1,
     /* a new page is not an aligned run of slots; *bad names it */
@@ -93,7 +95,8 @@ int64_t radix_tree_depth(radix_tree *tree, int64_t node, int64_t version);
 
 /* Evict exactly pages pages, the least recently used evictable leaf page first (a node is split
  * when only its last pages go). Their slots, ascending, into out (pages * page_size). Roots left
- * without a child are written to emptied (capacity: as many as there are roots); *n_emptied. */
+ * without a child are written to emptied (capacity: as many as there are roots), *n_emptied of
+ * them, and the status is then RADIX_TREE_ROOTS_EMPTIED. */
 int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emptied, int64_t emptied_capacity,
                      int64_t *n_emptied);
 

@@ -100,8 +100,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "lock skips the handle's own node (mini-sglang #52) (C)",
         "csrc/tree.c",
-        "    for (int64_t id = node; !N(id).is_root; id = N(id).parent) {\n"
-        "        if (N(id).ref_count == 0) {",
+        "    for (int64_t id = node; !N(id).is_root; id = N(id).parent) {\n        if (N(id).ref_count == 0) {",
         "    for (int64_t id = N(node).parent; !N(id).is_root; id = N(id).parent) {\n"
         "        if (N(id).ref_count == 0) {",
         "cache",
@@ -118,8 +117,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "children table resize drops its last cell (off by one) (C)",
         "csrc/tree.c",
-        "    for (int64_t i = 0; i < tree->children_capacity; ++i) {\n"
-        "        if (tree->children[i].child != NONE) {",
+        "    for (int64_t i = 0; i < tree->children_capacity; ++i) {\n        if (tree->children[i].child != NONE) {",
         "    for (int64_t i = 0; i < tree->children_capacity - 1; ++i) {\n"
         "        if (tree->children[i].child != NONE) {",
         "cache",
@@ -189,6 +187,21 @@ BUGS: tuple[PlantedBug, ...] = (
         "            self.cache_manager.unlock(handle)\n"
         "            return None\n",
         "",
+        "scheduler",
+    ),
+    # in the core both schedulers share: only the scheduler laws (spec/scheduler.py) can tell
+    PlantedBug(
+        "admission reserves one token too many per request (shared core)",
+        "reference/prefill.py",
+        "        estimated_len = p * compute_pages_to_finish(req.input_len + req.output_len, cached_len, p)\n",
+        "        estimated_len = p * compute_pages_to_finish(req.input_len + req.output_len + 1, cached_len, p)\n",
+        "scheduler",
+    ),
+    PlantedBug(
+        "EOS ignored by the stop rule (shared by every scheduler and baseline)",
+        "spec/types.py",
+        "    return sampled >= params.max_tokens or (not params.ignore_eos and token == eos_token_id)\n",
+        "    return sampled >= params.max_tokens\n",
         "scheduler",
     ),
     PlantedBug(

@@ -22,6 +22,7 @@ import optimized
 import reference
 from optimized.model import HashModel as OptimizedHashModel
 from reference.model import HashModel as ReferenceHashModel
+from spec import scheduler as laws
 from spec.errors import CacheError
 from spec.types import Namespace, SchedulerConfig
 
@@ -40,6 +41,7 @@ ABORT_TIMINGS = (
     "already ended",
 )
 EOS_PER_MILLE = 150
+VOCAB_SIZE = 1000  # the HashModels' default
 MAX_STEPS_TO_DRAIN = 3000
 
 # shared parts of prompts: (pages as pattern choices) per system prompt and few-shot block
@@ -53,6 +55,37 @@ def make_scheduler(impl: str, config: SchedulerConfig) -> Any:
         return reference.Scheduler(config, ReferenceHashModel(eos_token_id=EOS, eos_per_mille=EOS_PER_MILLE))
     model = OptimizedHashModel(config.num_pages, config.page_size, eos_token_id=EOS, eos_per_mille=EOS_PER_MILLE)
     return optimized.Scheduler(config, model)
+
+
+def view_of(scheduler: Any) -> laws.SchedulerView:
+    """What the scheduler laws read of a scheduler (either implementation) before a step."""
+    waiting = []
+    for pending in scheduler.prefill_manager.pending_list:
+        chunk = pending.chunked_req
+        waiting.append(
+            laws.WaitingView(
+                uid=pending.uid,
+                prompt=tuple(pending.input_ids),
+                max_tokens=pending.sampling_params.max_tokens,
+                namespace=pending.namespace,
+                chunked=chunk is not None,
+                cached_len=chunk.cached_len if chunk is not None else 0,
+                alloc_len=chunk.alloc_len if chunk is not None else 0,
+            )
+        )
+    running = [
+        laws.RunningView(req.uid, req.max_device_len, req.alloc_len)
+        for req in scheduler.decode_manager.running_reqs.values()
+    ]
+    manager = scheduler.cache_manager
+    return laws.SchedulerView(
+        waiting=tuple(waiting),
+        running=tuple(running),
+        available=int(manager.available_size),
+        free_rows=scheduler.table_manager.available_size,
+        cache=manager.prefix_cache.abstract_state(),
+        cache_type=scheduler.config.cache_type,
+    )
 
 
 def row_of(scheduler: Any, uid: int) -> list[int]:
@@ -259,7 +292,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         return outcomes[0]
 
     def step_all(self) -> None:
+        views = [view_of(scheduler) for scheduler in self.schedulers]
         reports = [scheduler.step() for scheduler in self.schedulers]
+        # the independent oracle: each scheduler's batch is the one the admission law gives
+        for view, report in zip(views, reports, strict=True):
+            laws.check_step(self.config, view, report)
         for name, report in zip(self.names[1:], reports[1:], strict=True):
             assert report == reports[0], f"step: reference {reports[0]} but {name} {report}"
         if reports[0].phase:
@@ -308,9 +345,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.compare_with_unshared_run()
 
     def compare_with_unshared_run(self) -> None:
-        """Finished outputs equal runs with no sharing and with an unbounded pool; aborted ones are prefixes."""
+        """Outputs obey the generation law; they equal runs with no sharing and with an unbounded pool."""
         if not self.requests:
             return
+        for scheduler in self.schedulers:
+            for uid, (prompt, max_tokens, ignore_eos, namespace) in self.requests.items():
+                expected = laws.expected_output(
+                    prompt, namespace, max_tokens, ignore_eos, EOS, VOCAB_SIZE, EOS_PER_MILLE
+                )
+                laws.check_output(expected, scheduler.outputs[uid], scheduler.status[uid] == "finished", uid)
         for cache_type in ("naive", "radix"):
             baseline = self.unbounded_run(cache_type)
             first = self.schedulers[0]

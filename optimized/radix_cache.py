@@ -54,6 +54,7 @@ from .inputs import as_insert_args, as_slots, as_tokens, device_of
 from .radix_kernel import _load
 
 # statuses of csrc/tree.h (enum radix_tree_status)
+_ROOTS_EMPTIED = 1
 (
     _OK,
     _BAD_ARGS,
@@ -127,7 +128,13 @@ class RadixPrefixCache:
         self.clock = 0
         # out-parameters of the C calls, allocated once
         self._out = self._ffi.new("int64_t[8]")
+        # roots an evict emptied: C reports them here (room for every root), and says so by a status
         self._emptied = self._ffi.new("int64_t[]", 16)
+        self._emptied_room = 16
+        self._n_emptied = self._out + 4
+        # the hot calls, looked up once
+        self._cast = self._ffi.cast
+        self._evict_c = self._lib.radix_tree_evict
         self._on_host = self.device.type == "cpu"
 
     # ------------------------------------------------------------ operations
@@ -225,25 +232,34 @@ class RadixPrefixCache:
         if size < 0:
             raise InvalidSizeError(f"cannot evict a negative size ({size})")
         # UPDATE
-        pages = -(-size // self.page_size)
-        slots = torch.empty(pages * self.page_size, dtype=torch.int32)
-        n_emptied = self._out + 4
-        status = self._lib.radix_tree_evict(
+        p = self.page_size
+        pages = (size + p - 1) // p
+        slots = torch.empty(pages * p, dtype=torch.int32)
+        status = self._evict_c(
             self._tree,
             pages,
-            self._ffi.cast("int32_t *", slots.data_ptr()),
+            self._cast("int32_t *", slots.data_ptr()),
             self._emptied,
-            len(self._emptied),
-            n_emptied,
+            self._emptied_room,
+            self._n_emptied,
         )
+        if status:
+            self._after_evict(status, size)
+        return slots if self._on_host else slots.to(self.device)
+
+    def _after_evict(self, status: int, size: int) -> None:
+        """After a C evict that did not simply succeed: drop the roots it emptied; raise its error, if any."""
         if status == _NOT_EVICTABLE:
             evictable = self.size_info.evictable_size
             raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
-        # a namespace whose last page went keeps no root
-        for k in range(n_emptied[0]):
+        self._drop_emptied_roots()
+        if status != _ROOTS_EMPTIED:
+            self._raise_for(status)
+
+    def _drop_emptied_roots(self) -> None:
+        """A namespace whose last page went keeps no root."""
+        for k in range(self._n_emptied[0]):
             self._drop_root(self._emptied[k])
-        self._raise_for(status)
-        return slots if self._on_host else slots.to(self.device)
 
     def reset(self) -> torch.Tensor:
         """Empty every namespace; returns every slot the cache held, ascending (int32)."""
@@ -440,8 +456,9 @@ class RadixPrefixCache:
         self._raise_for(min(root, 0))
         self.roots[namespace] = root
         self._namespace_of[root] = namespace
-        if len(self.roots) > len(self._emptied):
-            self._emptied = self._ffi.new("int64_t[]", 2 * len(self.roots))
+        if len(self.roots) > self._emptied_room:
+            self._emptied_room = 2 * len(self.roots)
+            self._emptied = self._ffi.new("int64_t[]", self._emptied_room)
         return root
 
     def _drop_root(self, root: int) -> None:

@@ -1,16 +1,41 @@
-"""Admission and chunked prefill (the seed's ``scheduler/prefill.py``): FCFS under a token budget."""
+"""Admission and chunked prefill (the seed's ``scheduler/prefill.py``): FCFS under a token budget.
+
+Shared by both schedulers: rows are written through the table manager
+(lists here, one tensor copy each in ``optimized.table``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from spec.helpers import compute_pages_to_finish
 from spec.types import Batch, ChunkedReq, PendingReq, Req
 
 from .base import BaseCacheHandle
-from .cache_manager import CacheManager
 from .decode import DecodeManager
-from .table import TableManager
+
+
+class CacheManager(Protocol):
+    """What admission needs of a cache manager (``reference.CacheManager`` or ``optimized.CacheManager``)."""
+
+    page_size: int
+
+    @property
+    def available_size(self) -> int: ...
+    def match_req(self, req: PendingReq) -> Any: ...
+    def lock(self, handle: Any) -> None: ...
+    def unlock(self, handle: Any) -> None: ...
+
+
+class TableManager(Protocol):
+    """What admission needs of a table manager (``reference.table`` or ``optimized.table``)."""
+
+    @property
+    def available_size(self) -> int: ...
+    def allocate(self) -> int: ...
+    def write_tokens(self, table_idx: int, start: int, tokens: Any) -> None: ...
+    def write_slots(self, table_idx: int, start: int, slots: Any) -> None: ...
 
 
 @dataclass
@@ -42,8 +67,8 @@ class PrefillAdder:
             return None
         table_idx = self.table_manager.allocate()
         if cached_len > 0:
-            self.table_manager.token_pool[table_idx][:cached_len] = req.input_ids[:cached_len]
-            self.table_manager.page_table[table_idx][:cached_len] = handle.get_matched_indices()
+            self.table_manager.write_tokens(table_idx, 0, req.input_ids[:cached_len])
+            self.table_manager.write_slots(table_idx, 0, handle.get_matched_indices())
         return handle, table_idx
 
     def _add_one_req(
@@ -58,7 +83,7 @@ class PrefillAdder:
         self.reserved_size += p * compute_pages_to_finish(pending_req.input_len + pending_req.output_len, alloc_len, p)
         # only token ids here: pages are allocated when the batch is prepared
         end = cached_len + chunk_size
-        self.table_manager.token_pool[table_idx][cached_len:end] = pending_req.input_ids[cached_len:end]
+        self.table_manager.write_tokens(table_idx, cached_len, pending_req.input_ids[cached_len:end])
         return cls(
             input_ids=pending_req.input_ids[:end],
             table_idx=table_idx,

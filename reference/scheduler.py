@@ -11,6 +11,8 @@ issue #111 was a double free here).
 
 from __future__ import annotations
 
+from typing import Any
+
 from spec.errors import IntegrityError, InvalidRequestError
 from spec.types import (
     Batch,
@@ -36,15 +38,33 @@ ForwardData = tuple[Batch, list[int]]
 
 
 class Scheduler:
-    """Requests in, batches through the model, tokens out. Plain Python (lists and ints)."""
+    """Requests in, batches through the model, tokens out. Plain Python (lists and ints).
+
+    The host-side core (queues, admission, chunking, aborts, overlap bookkeeping) is this class's,
+    and ``optimized.Scheduler`` inherits it: the twins differ only in their tables (lists or
+    tensors), in ``_prepare_batch`` and in the model they run.
+    """
 
     def __init__(self, config: SchedulerConfig, model: Model) -> None:
         config.check()
+        page_table = make_page_table(config.max_running_reqs, config.max_seq_len)
+        self._set_up(
+            config,
+            model,
+            page_table,
+            TableManager(config.max_running_reqs, page_table),
+            CacheManager(config.num_pages, config.page_size, page_table, config.cache_type),
+        )
+
+    def _set_up(
+        self, config: SchedulerConfig, model: Any, page_table: Any, table_manager: Any, cache_manager: Any
+    ) -> None:
+        """The core's state around the given tables and cache manager."""
         self.config = config
         self.model = model
-        self.page_table = make_page_table(config.max_running_reqs, config.max_seq_len)
-        self.table_manager = TableManager(config.max_running_reqs, self.page_table)
-        self.cache_manager = CacheManager(config.num_pages, config.page_size, self.page_table, config.cache_type)
+        self.page_table = page_table
+        self.table_manager = table_manager
+        self.cache_manager = cache_manager
         self.decode_manager = DecodeManager(config.page_size)
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager, self.decode_manager)
         # uids finished while processing the last batch (overlap may show them once more)
@@ -175,9 +195,14 @@ class Scheduler:
     def _forward(self, batch: Batch) -> list[int]:
         """Run the model; the next token goes into the token pool, lengths advance, decode set updates."""
         next_tokens = self.model.forward(batch, self.page_table, self.table_manager.token_pool)
-        for req, token in zip(batch.reqs, next_tokens, strict=True):
-            if req.can_decode:
-                self.table_manager.token_pool[req.table_idx][req.device_len] = token
+        self.table_manager.write_next_tokens(
+            [
+                (req.table_idx, req.device_len, token)
+                for req, token in zip(batch.reqs, next_tokens, strict=True)
+                if req.can_decode
+            ]
+        )
+        for req in batch.reqs:
             req.complete_one()
         self.decode_manager.filter_reqs(batch.reqs)
         return next_tokens

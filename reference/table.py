@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from spec.errors import InvalidRequestError
 
 
@@ -33,3 +35,16 @@ class TableManager:
             raise InvalidRequestError(f"row {table_idx} is not held by a request")
         # UPDATE
         self.free_slots.append(table_idx)
+
+    def write_tokens(self, table_idx: int, start: int, tokens: Sequence[int]) -> None:
+        """Token ids into the token pool row from position ``start``."""
+        self.token_pool[table_idx][start : start + len(tokens)] = tokens
+
+    def write_slots(self, table_idx: int, start: int, slots: Sequence[int]) -> None:
+        """Slots into the page-table row from position ``start``."""
+        self.page_table[table_idx][start : start + len(slots)] = slots
+
+    def write_next_tokens(self, writes: list[tuple[int, int, int]]) -> None:
+        """Sampled tokens into the token pool: (row, position, token) each."""
+        for table_idx, position, token in writes:
+            self.token_pool[table_idx][position] = token

@@ -39,7 +39,12 @@ def compute_namespace_seed(namespace: Namespace) -> int:
 
 def compute_prefix_hashes(namespace: Namespace, tokens: Sequence[int]) -> list[int]:
     """``h[p]`` = hash of (namespace, tokens[: p + 1]) for every position p (a rolling hash)."""
-    h = compute_namespace_seed(namespace)
+    return extend_prefix_hashes(compute_namespace_seed(namespace), tokens)
+
+
+def extend_prefix_hashes(last: int, tokens: Sequence[int]) -> list[int]:
+    """The rolling hash continued from ``last`` (the namespace seed, or the hash of the sequence so far)."""
+    h = last
     out = []
     for token in tokens:
         h = mix64(h ^ mix64(token + 0x632BE59BD9B4E019 & MASK64))

@@ -53,3 +53,18 @@ def test_batch_tensors_are_built_without_a_loop_over_tokens() -> None:
     assert batch.positions.tolist() == [0, 1, 2, 3, 4, 0, 1]
     assert batch.input_ids.tolist() == [3, 4, 5, 6, 7, 8, 9]
     assert batch.out_loc.dtype == torch.int32 and batch.out_loc.numel() == 7
+
+
+def test_the_vectorized_hash_arithmetic_is_the_spec_s_bit_for_bit() -> None:
+    import random
+
+    from optimized.model import as_signed, kv_words_tensor, mix64_tensor
+    from spec.hashing import compute_kv_words, mix64
+
+    rnd = random.Random(5)
+    values = [0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1] + [rnd.getrandbits(64) for _ in range(2000)]
+    signed = torch.tensor([as_signed(v) for v in values], dtype=torch.int64)
+    assert [v & ((1 << 64) - 1) for v in mix64_tensor(signed).tolist()] == [mix64(v) for v in values]
+    for layer in (0, 1, 7):
+        words = kv_words_tensor(signed, layer).view(-1, 4).to(torch.int64).tolist()
+        assert [tuple(w) for w in words] == [compute_kv_words(v, layer) for v in values]
