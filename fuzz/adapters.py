@@ -89,6 +89,10 @@ class DelegatingCache:
 
     cache: Any
 
+    def take_events(self) -> list[Any]:
+        """The KV events the cache emitted since the last call (spec/events.py)."""
+        return list(self.cache.take_events())
+
     def lock(self, handle: Any) -> None:
         self.cache.lock(handle)
 
@@ -126,6 +130,8 @@ class ReferenceCache(DelegatingCache):
 
     def __init__(self, page_size: int, cls: type[reference.BasePrefixCache] = reference.RadixPrefixCache) -> None:
         self.cache = cls(page_size)  # type: ignore[call-arg]
+        if hasattr(self.cache, "enable_events"):
+            self.cache.enable_events()
 
     def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
         return self.cache.match_prefix(tokens, namespace)
@@ -273,6 +279,10 @@ class DelegatingManager:
     def abstract_state(self) -> sm.ManagerState:
         return self.manager.abstract_state()  # type: ignore[no-any-return]
 
+    def take_events(self) -> list[Any]:
+        """The KV events the manager's cache emitted since the last call (spec/events.py)."""
+        return list(self.manager.prefix_cache.take_events())
+
     def admit(self, req: Req, handle: Any) -> None:
         matched = handle.get_matched_indices()
         self.manager.page_table[req.table_idx][: len(matched)] = matched
@@ -287,6 +297,7 @@ class ReferenceManager(ListReqMixin, DelegatingManager):
 
     def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
         self.manager = reference.CacheManager(num_pages, page_size, reference.make_page_table(rows, max_seq_len))
+        self.manager.prefix_cache.enable_events()
 
     def get_matched_indices(self, handle: Any) -> list[int]:
         return list(handle.get_matched_indices())
@@ -304,7 +315,7 @@ class OptimizedCache(DelegatingCache):
     name = "optimized"
 
     def __init__(self, page_size: int) -> None:
-        self.cache = optimized.RadixPrefixCache(page_size, device="cpu")
+        self.cache = optimized.RadixPrefixCache(page_size, device="cpu", enable_events=True)
         self.calls = 0
 
     def tokens(self, values: list[int]) -> torch.Tensor | list[int]:
@@ -346,6 +357,7 @@ class OptimizedManager(ListReqMixin, DelegatingManager):
 
     def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
         self.manager = optimized.CacheManager(num_pages, page_size, optimized.make_page_table(rows, max_seq_len))
+        self.manager.prefix_cache.enable_events()
 
     def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:  # tensors
         tokens = torch.tensor(prompt, dtype=torch.int64)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
 from spec import cache_manager as sm
+from spec import events as ev
 from spec.types import Namespace
 
 from .adapters import MANAGER_IMPLEMENTATIONS, ManagerAdapter, SpecManager
@@ -63,6 +64,8 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.impls: list[ManagerAdapter] = []
         self.live: list[LiveReq] = []
         self.page_size = 1
+        # each implementation's KV events, replayed as a router would (spec/events.py)
+        self.replayers: dict[str, ev.Replayer] = {}
         self.next_uid = 0
 
     # the implementations reject bad input (a target whose profile says errors == "none" does not)
@@ -327,6 +330,12 @@ class CacheManagerMachine(RuleBasedStateMachine):
         for index, impl in enumerate(self.impls[1:], start=1):
             impl.check_integrity([live.reqs[index] for live in self.live])
             actual = impl.abstract_state()
+            # the replay invariant: the cache's KV events so far describe exactly its cached pages
+            replayer = self.replayers.setdefault(impl.name, ev.Replayer(self.page_size))
+            ev.events_match_cache(
+                replayer.apply(impl.take_events()).cached(),
+                {key: e.slot_start for key, e in actual.cache.entries.items()},
+            )
             assert (actual.cache, actual.free_slots, actual.lazy_frees) == (
                 expected.cache,
                 expected.free_slots,

@@ -20,6 +20,7 @@ from hypothesis import target
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
+from spec import events as ev
 from spec import prefix_cache as pc
 from spec.errors import InvalidTypeError
 from spec.helpers import align_down
@@ -93,6 +94,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.reach: Counter[str] = Counter()
         # a big example: the bulk rules run (most examples stay small, where most bugs are caught fast)
         self.big = False
+        # each implementation's KV events, replayed as a router would (spec/events.py)
+        self.replayers: dict[str, ev.Replayer] = {}
 
     @property
     def spec(self) -> SpecCache:
@@ -322,6 +325,9 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert impl.size_info() == self.spec.size_info(), (
                 f"size_info: spec {self.spec.size_info()}, {impl.name} {impl.size_info()}"
             )
+        for impl in self.impls[1:]:
+            replayer = self.replayers.setdefault(impl.name, ev.Replayer(self.page_size))
+            replayer.apply(impl.take_events())
         pages = len(self.spec.state.entries)
         self.unchecked += 1
         if pages > FULL_CHECK_PAGES and self.unchecked < CHECK_EVERY:
@@ -341,6 +347,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             actual = impl.abstract_state()
             assert actual == expected, (
                 f"abstract state of {impl.name} differs from spec:\n{describe_difference(expected, actual)}"
+            )
+            # the replay invariant: the events so far describe exactly the cached pages
+            ev.events_match_cache(
+                self.replayers[impl.name].cached(), {key: e.slot_start for key, e in actual.entries.items()}
             )
             assert impl.size_info() == self.spec.size_info(), (
                 f"size_info: spec {self.spec.size_info()}, {impl.name} {impl.size_info()}"

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from spec import events as ev
 from spec import prefix_cache as pc
 from spec.errors import (
     CacheBusyError,
@@ -114,7 +115,7 @@ class RadixCacheHandle:
 class RadixPrefixCache:
     """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``."""
 
-    def __init__(self, page_size: int = 1, device: torch.device | str = "cpu") -> None:
+    def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
         self.device = device_of(device)
         self._ffi, self._lib = _load()
@@ -135,7 +136,23 @@ class RadixPrefixCache:
         # the hot calls, looked up once
         self._cast = self._ffi.cast
         self._evict_c = self._lib.radix_tree_evict
+        # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
+        # cached page is by its first slot (namespace, page hash, depth): evict reports slots only
+        self.events: list[ev.Event] | None = [] if enable_events else None
+        self._announced: dict[int, tuple[Namespace, int, int]] = {}
         self._on_host = self.device.type == "cpu"
+
+    def enable_events(self) -> None:
+        """Emit KV events from now on (the cache must be empty: a router starts from an empty mirror)."""
+        if self.roots:
+            raise CacheBusyError("enable events on an empty cache: the pages cached before were never announced")
+        if self.events is None:
+            self.events = []
+
+    def take_events(self) -> list[ev.Event]:
+        """The events emitted since the last call, in order (drained)."""
+        taken, self.events = (self.events or []), ([] if self.events is not None else None)
+        return taken
 
     # ------------------------------------------------------------ operations
 
@@ -196,6 +213,8 @@ class RadixPrefixCache:
                 self._drop_root(root)
             self._raise_for(status, tokens=tokens, slots=keep_slots, bad=out[3])
         self.clock += 1
+        if self.events is not None and out[2] < end:
+            self._announce_stored(namespace, tokens, slots, out[2], end)
         return InsertResult(out[2], RadixCacheHandle(end, out[0], out[1], namespace, self))
 
     def lock(self, handle: RadixCacheHandle) -> None:
@@ -245,6 +264,8 @@ class RadixPrefixCache:
         )
         if status:
             self._after_evict(status, size)
+        if self.events is not None:
+            self._announce_removed(slots)
         return slots if self._on_host else slots.to(self.device)
 
     def _after_evict(self, status: int, size: int) -> None:
@@ -273,6 +294,9 @@ class RadixPrefixCache:
         self._raise_for(min(written, 0))
         for root in list(self.roots.values()):
             self._drop_root(root)
+        if self.events is not None:
+            self.events.append(ev.AllCleared())
+            self._announced.clear()
         return slots if self._on_host else slots.to(self.device)
 
     @property
@@ -450,6 +474,26 @@ class RadixPrefixCache:
             )
             self._raise_for(min(written, 0), handle=checked)
         return slots if self._on_host else slots.to(self.device)
+
+    def _announce_stored(self, namespace: Namespace, tokens: Any, slots: Any, cached: int, end: int) -> None:
+        """PageStored events of an insert's new pages (and what each page is, by its first slot)."""
+        p = self.page_size
+        parent_hash = None
+        if cached:
+            # the cached page before the new ones: its slot is the tree's, not the caller's
+            path = self._path_slots(RadixCacheHandle(end, self._out[0], self._out[1], namespace, self))
+            parent_hash = self._announced[int(path[cached - p])][1]
+        starts = self._ffi.unpack(slots, end)[cached:end:p]
+        new_tokens = self._ffi.unpack(tokens, end)[cached:end]
+        stored = ev.stored_pages(namespace, parent_hash, new_tokens, p, starts)
+        self.events += stored  # type: ignore[operator]
+        for depth, page in enumerate(stored, start=cached // p + 1):
+            self._announced[page.slot] = (namespace, page.page_hash, depth)
+
+    def _announce_removed(self, slots: torch.Tensor) -> None:
+        """PageRemoved events of evicted pages, deepest first (a page goes before its parent)."""
+        gone = sorted((self._announced.pop(start) for start in slots[:: self.page_size].tolist()), key=lambda x: -x[2])
+        self.events += [ev.PageRemoved(namespace, page_hash) for namespace, page_hash, _ in gone]  # type: ignore[operator]
 
     def _new_root(self, namespace: Namespace) -> int:
         root = int(self._lib.radix_tree_new_root(self._tree))

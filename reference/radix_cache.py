@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator, Sequence
 
+from spec import events as ev
 from spec import prefix_cache as pc
 from spec.errors import (
     CacheBusyError,
@@ -56,6 +57,10 @@ class RadixTreeNode:
         self.detached = False
         self.key: list[int] = []
         self.value: list[int] = []
+        # a root's namespace (what its events name)
+        self.namespace: Namespace = None
+        # with events on: the hash of each of its pages (spec/events.py), split with the node
+        self.page_hashes: list[int] = []
 
     def set_key_value(self, key: list[int], value: list[int]) -> None:
         """Set the node's tokens and slots (equal lengths)."""
@@ -104,6 +109,8 @@ class RadixTreeNode:
         new_node.set_key_value(self.key[:pos], self.value[:pos])
         new_node.set_parent(parent)
         new_node.ref_count = self.ref_count
+        pages = pos // self.page_size
+        new_node.page_hashes, self.page_hashes = self.page_hashes[:pages], self.page_hashes[pages:]
         self.set_key_value(self.key[pos:], self.value[pos:])
         self.set_parent(new_node)
         return new_node
@@ -139,7 +146,7 @@ class RadixCacheHandle(BaseCacheHandle):
 class RadixPrefixCache(BasePrefixCache):
     """The seed's radix tree, one root per namespace, with exact LRU eviction of pages."""
 
-    def __init__(self, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1, enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
         # one root per namespace that holds pages: made by the first insert, dropped when it empties
         self.roots: dict[Namespace, RadixTreeNode] = {}
@@ -148,6 +155,20 @@ class RadixPrefixCache(BasePrefixCache):
         self.protected_size = 0
         # first slot of every cached page (an insert must not reuse one)
         self.cached_starts: set[int] = set()
+        # KV events (spec/events.py) not yet taken, or None when the cache emits none
+        self.events: list[ev.Event] | None = [] if enable_events else None
+
+    def enable_events(self) -> None:
+        """Emit KV events from now on (the cache must be empty: a router starts from an empty mirror)."""
+        if self.roots:
+            raise CacheBusyError("enable events on an empty cache: the pages cached before were never announced")
+        if self.events is None:
+            self.events = []
+
+    def take_events(self) -> list[ev.Event]:
+        """The events emitted since the last call, in order (drained)."""
+        taken, self.events = (self.events or []), ([] if self.events is not None else None)
+        return taken
 
     # ------------------------------------------------------------ operations
 
@@ -189,6 +210,13 @@ class RadixPrefixCache(BasePrefixCache):
             self.evictable_size += new_node.length
             self.cached_starts.update(slots[prefix_len :: self.page_size])
             node = new_node
+            if self.events is not None:
+                parent_hash = new_node.parent.page_hashes[-1] if new_node.parent.page_hashes else None
+                stored = ev.stored_pages(
+                    namespace, parent_hash, new_node.key, self.page_size, new_node.value[:: self.page_size]
+                )
+                new_node.page_hashes = [page.page_hash for page in stored]
+                self.events += stored
         return InsertResult(prefix_len, RadixCacheHandle(insert_len, node, namespace, self))
 
     def lock(self, handle: BaseCacheHandle) -> None:
@@ -251,6 +279,8 @@ class RadixPrefixCache(BasePrefixCache):
                 node.split_at((pages - remaining) * self.page_size)
             evicted.extend(node.value)
             remaining -= node.length // self.page_size
+            if self.events is not None:
+                self.events += self._removed_pages(node)
             parent = self._detach(node)
             if self._is_evictable_leaf(parent):
                 heapq.heappush(leaves, (parent.timestamp, id(parent), parent))
@@ -272,6 +302,8 @@ class RadixPrefixCache(BasePrefixCache):
         # ACCOUNT
         self.evictable_size = 0
         self.cached_starts.clear()
+        if self.events is not None:
+            self.events.append(ev.AllCleared())
         return sorted(slots)
 
     @property
@@ -353,6 +385,13 @@ class RadixPrefixCache(BasePrefixCache):
 
     # ------------------------------------------------------------ internals
 
+    def _removed_pages(self, node: RadixTreeNode) -> list[ev.Event]:
+        """PageRemoved events of a leaf's pages, deepest first (a page goes before its parent)."""
+        root = node
+        while root.parent is not None:
+            root = root.parent
+        return [ev.PageRemoved(root.namespace, page_hash) for page_hash in reversed(node.page_hashes)]
+
     def _take_tick(self) -> int:
         """Advance the logical clock; return the stamp of this operation."""
         t = self.clock
@@ -361,7 +400,11 @@ class RadixPrefixCache(BasePrefixCache):
 
     def _find_root(self, namespace: Namespace) -> RadixTreeNode:
         """The root of ``namespace``, or an empty root kept nowhere when it holds no pages (changes nothing)."""
-        return self.roots.get(namespace) or RadixTreeNode(self.page_size, -1, -1)
+        root = self.roots.get(namespace)
+        if root is None:
+            root = RadixTreeNode(self.page_size, -1, -1)
+            root.namespace = namespace
+        return root
 
     def _tree_walk(self, root: RadixTreeNode, input_ids: Sequence[int], t: int) -> tuple[RadixTreeNode, int]:
         """Follow ``input_ids`` (whole pages) down from ``root``; stamp every node passed with ``t``."""

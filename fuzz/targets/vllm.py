@@ -125,15 +125,6 @@ def import_vllm() -> types.SimpleNamespace:
     for name in ("vllm", "vllm.distributed", "vllm.config", "vllm.multimodal", "vllm.v1", "vllm.v1.core", "vllm.utils"):
         bare(name, root.joinpath(*name.split(".")[1:]))
     bare("vllm.v1.metrics", root / "v1" / "metrics")
-    stub(
-        "vllm.distributed.kv_events",
-        MEDIUM_GPU="GPU",
-        MEDIUM_CPU="CPU",
-        BlockStored=Recorded,
-        BlockRemoved=Recorded,
-        AllBlocksCleared=Recorded,
-        KVCacheEvent=Recorded,
-    )
     stub("vllm.multimodal.utils", get_mm_features_in_window=never)
     stub("vllm.v1.metrics.stats", KVCacheEvictionEvent=Recorded)
     stub("vllm.v1.request", Request=object)  # annotations only: the adapter passes its own stand-in
@@ -143,6 +134,29 @@ def import_vllm() -> types.SimpleNamespace:
     sys.modules.setdefault("regex", re)  # vLLM imports the regex package for patterns re handles
     if importlib.util.find_spec("cbor2") is None:
         stub_any("cbor2")  # only sha256_cbor uses it; the default hash is sha256 over pickle
+    real_events = importlib.util.find_spec("msgspec") is not None and importlib.util.find_spec("zmq") is not None
+    if real_events:
+        # vLLM's own event classes (msgspec structs): its event recorder runs for real under the fuzzer
+        stub("vllm.config.kv_events", KVEventsConfig=object)  # the publisher's config: not used here
+        stub(
+            "vllm.utils.network_utils",
+            get_ip=never,
+            get_tcp_uri=never,
+            is_valid_ipv6_address=never,
+            split_zmq_path=never,
+        )
+        importlib.import_module("vllm.v1.core.kv_cache_utils")
+        importlib.import_module("vllm.distributed.kv_events")
+    else:
+        stub(
+            "vllm.distributed.kv_events",
+            MEDIUM_GPU="GPU",
+            MEDIUM_CPU="CPU",
+            BlockStored=Recorded,
+            BlockRemoved=Recorded,
+            AllBlocksCleared=Recorded,
+            KVCacheEvent=Recorded,
+        )
     import torch
     from vllm.utils.hashing import sha256
     from vllm.v1.core import block_pool, kv_cache_utils
@@ -157,6 +171,7 @@ def import_vllm() -> types.SimpleNamespace:
         spec=FullAttentionSpec,
         hash_fn=sha256,
         torch=torch,
+        kv_events=sys.modules["vllm.distributed.kv_events"] if real_events else None,
     )
     sys.modules["vllm.__radixspec__"] = modules  # type: ignore[assignment]
     return modules

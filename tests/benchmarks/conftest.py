@@ -1,41 +1,83 @@
-"""After a benchmark run, print each group's mins and ratios to its first implementation (same run).
+"""After a benchmark run: each group's mins and ratios to ours (same run), printed and saved as JSON.
 
-Implementations are named by the ``impl`` parameter; where a benchmark records
-``extra_info["bytes"]``, the bandwidth at the min is printed too.
+Implementations are named by the ``impl`` parameter. A benchmark may record in
+``extra_info``: ``calls`` (the min is divided by it: time per call), ``pages``
+(time per evicted page), ``bytes`` (bandwidth is printed), ``bytes_per_page``
+(memory: printed instead of a time). The ratios go to ``--ratios-json``
+(default ``.benchmarks/ratios.json``); ``--benchmark-compare`` tracks the raw
+times across runs (see README).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 BASELINE_FIRST = ("optimized", "store_cache")
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption(
+        "--ratios-json",
+        default=".benchmarks/ratios.json",
+        help="where the benchmark summary saves each group's per-call times and ratios to ours",
+    )
+
+
+def per_unit(bench: Any) -> float:
+    """The min, per call or per evicted page when the benchmark says how many there were."""
+    extra = bench.extra_info
+    seconds = float(bench.stats.min)
+    if extra.get("pages"):
+        return seconds / float(extra["pages"])
+    if extra.get("calls"):
+        return seconds / float(extra["calls"])
+    return seconds
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
     session = getattr(config, "_benchmarksession", None)
     if session is None or not getattr(session, "benchmarks", None):
         return
-    groups: dict[str, dict[str, tuple[float, int | None]]] = {}
+    groups: dict[str, dict[str, dict[str, Any]]] = {}
     for bench in session.benchmarks:
         if bench.stats is None:
             continue
         impl = str(bench.params.get("impl", bench.name)) if bench.params else bench.name
-        groups.setdefault(bench.group or "", {})[impl] = (bench.stats.min, bench.extra_info.get("bytes"))
+        extra = dict(bench.extra_info)
+        entry = {"seconds": per_unit(bench), "extra": extra}
+        groups.setdefault(bench.group or "", {})[impl] = entry
     write = terminalreporter.write_line
     write("")
-    write("min per call, and how many times slower than the group's first implementation (same run):")
+    write("min per call (per evicted page where marked), and how many times ours each takes (same run):")
+    saved: dict[str, dict[str, dict[str, Any]]] = {}
     for group in sorted(groups, key=_natural):
-        mins = groups[group]
-        order = sorted(mins, key=lambda name: (name not in BASELINE_FIRST, name))
-        base = mins[order[0]][0]
+        entries = groups[group]
+        order = sorted(entries, key=lambda name: (name not in BASELINE_FIRST, name))
+        memory = all("bytes_per_page" in entries[name]["extra"] for name in order)
+        key = "bytes_per_page" if memory else "seconds"
+        base_value = entries[order[0]]["extra"][key] if memory else entries[order[0]]["seconds"]
         cells = []
+        saved[group] = {}
         for name in order:
-            seconds, nbytes = mins[name]
-            rate = f" {nbytes / seconds / 1e9:6.2f} GB/s" if nbytes else ""
-            shown = f"{seconds * 1e6:9.2f} us" if seconds < 1e-3 else f"{seconds * 1e3:9.2f} ms"
-            cells.append(f"{name} {shown}{rate} (x{seconds / base:.1f})")
-        write(f"  {group:<46} " + "   ".join(cells))
+            extra = entries[name]["extra"]
+            value = extra[key] if memory else entries[name]["seconds"]
+            ratio = value / base_value if base_value else float("nan")
+            saved[group][name] = {key: value, f"x_{order[0]}": ratio, **extra}
+            if memory:
+                reported = f" (C: {extra['reported_bytes_per_page']} B)" if "reported_bytes_per_page" in extra else ""
+                cells.append(f"{name} {value:8.1f} B/page{reported} (x{ratio:.2f})")
+                continue
+            rate = f" {extra['bytes'] / value / 1e9:6.2f} GB/s" if extra.get("bytes") else ""
+            shown = f"{value * 1e6:9.2f} us" if value < 1e-3 else f"{value * 1e3:9.2f} ms"
+            cells.append(f"{name} {shown}{rate} (x{ratio:.2f})")
+        write(f"  {group:<52} " + "   ".join(cells))
+    path = Path(config.getoption("--ratios-json"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    write(f"ratios saved to {path}")
 
 
 def _natural(text: str) -> list[Any]:

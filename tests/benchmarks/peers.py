@@ -87,12 +87,20 @@ class Driver:
     def unlock(self, handle: Any) -> None:
         raise NotImplementedError
 
-    def evict(self, num_tokens: int) -> int:
-        """Evict at least ``num_tokens`` tokens (as the cache does it); return the pages evicted."""
+    def evict(self, num_tokens: int) -> Any:
+        """Evict at least ``num_tokens`` tokens, as the cache does it; returns what the cache returns."""
+        raise NotImplementedError
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        """First slots of the pages an ``evict`` gave back (outside the timed region)."""
         raise NotImplementedError
 
     def handle_of_insert(self, result: Any) -> Any:
         return result
+
+    def memory_bytes(self) -> int | None:
+        """Bytes the cache reports holding, when it can tell (our C tree does)."""
+        return None
 
 
 class OursDriver(Driver):
@@ -121,8 +129,14 @@ class OursDriver(Driver):
     def unlock(self, handle: Any) -> None:
         self.cache.unlock(handle)
 
-    def evict(self, num_tokens: int) -> int:
-        return int(self.cache.evict(num_tokens).numel()) // self.page_size
+    def evict(self, num_tokens: int) -> Any:
+        return self.cache.evict(num_tokens)
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        return [int(s) for s in evicted[:: self.page_size].tolist()]
+
+    def memory_bytes(self) -> int | None:
+        return self.cache.tree_stats()["memory_bytes"]
 
 
 class ReferenceDriver(OursDriver):
@@ -136,8 +150,11 @@ class ReferenceDriver(OursDriver):
     def slots(self, slots: list[int]) -> Any:
         return slots
 
-    def evict(self, num_tokens: int) -> int:
-        return len(self.cache.evict(num_tokens)) // self.page_size
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        return list(evicted[:: self.page_size])
+
+    def memory_bytes(self) -> int | None:
+        return None
 
 
 class SGLangDriver(Driver):
@@ -176,12 +193,12 @@ class SGLangDriver(Driver):
     def unlock(self, handle: Any) -> None:
         self.cache.dec_lock_ref(handle)
 
-    def evict(self, num_tokens: int) -> int:
-        before = len(self.allocator.freed)
-        self.cache.evict(self.base.EvictParams(num_tokens=num_tokens))
-        freed = self.allocator.freed[before:]
-        del self.allocator.freed[before:]
-        return sum(len(group) for group in freed) // self.page_size
+    def evict(self, num_tokens: int) -> Any:
+        return self.cache.evict(self.base.EvictParams(num_tokens=num_tokens))
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        freed, self.allocator.freed = self.allocator.freed, []
+        return [slot for group in freed for slot in group[:: self.page_size]]
 
 
 class VLLMDriver(Driver):
@@ -197,7 +214,6 @@ class VLLMDriver(Driver):
         self.requests = 0
         # take the adapter's eviction hook off: it records for the fuzzer
         self.pool._maybe_evict_cached_block = type(self.pool)._maybe_evict_cached_block.__get__(self.pool)
-        self.taken: list[Any] = []
 
     def tokens(self, ids: list[int]) -> Any:
         from fuzz.targets.vllm import RequestStandIn
@@ -234,11 +250,14 @@ class VLLMDriver(Driver):
     def unlock(self, handle: Any) -> None:
         self.pool.free_blocks(reversed(handle))
 
-    def evict(self, num_tokens: int) -> int:
-        pages = -(-num_tokens // self.page_size)
-        # the pool evicts a cached block when it hands it out: keep what it hands out (an engine would use it)
-        self.taken.extend(self.pool.get_new_blocks(pages))
-        return pages
+    def evict(self, num_tokens: int) -> Any:
+        # the pool evicts a cached block when it hands it out (to an engine, which then uses it)
+        return self.pool.get_new_blocks(-(-num_tokens // self.page_size))
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        # the engine is done with them: back to the pool, without a hash (outside the timed region)
+        self.pool.free_blocks(evicted)
+        return [(block.block_id - 1) * self.page_size for block in evicted]
 
 
 class MiniSGLangDriver(Driver):
@@ -274,8 +293,11 @@ class MiniSGLangDriver(Driver):
     def unlock(self, handle: Any) -> None:
         self.cache.lock_handle(handle, unlock=True)
 
-    def evict(self, num_tokens: int) -> int:
-        return int(self.cache.evict(num_tokens).numel()) // self.page_size
+    def evict(self, num_tokens: int) -> Any:
+        return self.cache.evict(num_tokens)
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        return [int(s) for s in evicted[:: self.page_size].tolist()]
 
 
 DRIVERS: dict[str, Callable[[int, int], Driver]] = {
@@ -355,3 +377,127 @@ def resident_bytes() -> int:
     gc.collect()
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---------------------------------------------------------------- (b) evict under pressure
+
+
+class LeafFarm:
+    """(b) ``leaves`` evictable one-page leaves under a one-page prefix; an evicted leaf is replaced (untimed).
+
+    ``shuffled``: the leaves were locked and unlocked out of order first, so their stamps are not in
+    the order they were inserted (our C tree then pops from its heap, not its in-order queue).
+    """
+
+    def __init__(self, peer: str, page_size: int, leaves: int, shuffled: bool = False) -> None:
+        self.page_size = page_size
+        self.driver = make(peer, page_size, leaves + 1)
+        self.prefix = [1] * page_size
+        self.next_leaf = 0
+        self.free_pages = list(range(leaves + 1, 0, -1))  # page 0 holds the prefix
+        self.driver.insert(self.driver.tokens(self.prefix), self.driver.slots(list(range(page_size))))
+        handles = [self.add_leaf() for _ in range(leaves)]
+        if shuffled:
+            # lock every leaf but the newest and evict that one: the queue drops the locked leaves' entries on
+            # the way; unlocked in random order, they come back with stamps out of order (our heap path)
+            for handle in handles[:-1]:
+                self.driver.lock(handle)
+            self.refill(self.evict_one_page())
+            handles = handles[:-1]
+            random.Random(5).shuffle(handles)
+            for handle in handles:
+                self.driver.unlock(handle)
+
+    def add_leaf(self) -> Any:
+        """Insert one new leaf on a free page; its insert handle."""
+        p = self.page_size
+        self.next_leaf += 1
+        leaf = [2 + (self.next_leaf * p + k) % (1 << 40) for k in range(p)]
+        page = self.free_pages.pop()
+        slots = list(range(p)) + list(range(page * p, page * p + p))
+        result = self.driver.insert(self.driver.tokens(self.prefix + leaf), self.driver.slots(slots))
+        return self.driver.handle_of_insert(result)
+
+    def evict_one_page(self) -> Any:
+        return self.driver.evict(self.page_size)
+
+    def refill(self, evicted: Any) -> None:
+        for start in self.driver.evicted_starts(evicted):
+            self.free_pages.append(start // self.page_size)
+            self.add_leaf()
+
+
+# ---------------------------------------------------------------- (c) one long prompt
+
+
+def long_prompt(peer: str, page_size: int, length: int = 32_768, chunk: int = 1024) -> tuple[Driver, Any]:
+    """(c) a cache holding a ``length``-token prompt inserted chunk by chunk, and the prompt to match."""
+    rnd = random.Random(2)
+    ids = [rnd.randrange(32_000) for _ in range(length)]
+    driver = make(peer, page_size, length // page_size + 1)
+    for end in range(chunk, length + 1, chunk):
+        driver.insert(driver.tokens(ids[:end]), driver.slots(list(range(end))))
+    return driver, driver.tokens(ids)
+
+
+# ---------------------------------------------------------------- (d) a serving loop
+
+
+def trace_for(driver: Driver, ops: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A recorded serving trace (``workloads.serving_trace``) in the driver's input format."""
+    converted: list[tuple[Any, ...]] = []
+    for op in ops:
+        if op[0] == "match":
+            converted.append(("match", driver.tokens(op[1])))
+        elif op[0] == "insert":
+            converted.append(("insert", driver.tokens(op[1]), driver.slots(op[2])))
+        else:
+            converted.append(op)
+    return converted
+
+
+def replay(driver: Driver, ops: list[tuple[Any, ...]]) -> None:
+    """Run the trace: match, lock, insert, unlock, evict (vLLM: take the pages and give them back)."""
+    handles: list[Any] = []
+    for op in ops:
+        kind = op[0]
+        if kind == "match":
+            handles.append(driver.match(op[1]))
+        elif kind == "insert":
+            handles.append(driver.handle_of_insert(driver.insert(op[1], op[2])))
+        elif kind == "lock":
+            driver.lock(handles[op[1]])
+        elif kind == "unlock":
+            driver.unlock(handles[op[1]])
+        elif op[1] > 0:
+            evicted = driver.evict(op[1])
+            if isinstance(driver, VLLMDriver):
+                driver.evicted_starts(evicted)
+
+
+# ---------------------------------------------------------------- memory
+
+
+def measure_memory(peer: str, page_size: int = 16, prompts: int = 20_000) -> dict[str, float]:
+    """Bytes per cached page of the table's workload, in this (fresh) process: resident growth over the build.
+
+    The inputs are converted first, by another instance, so that only the cache's own bytes count.
+    """
+    work = shared_prompts(page_size, prompts)
+    inputs = load(peer, work, insert=False)
+    before = resident_bytes()
+    driver = make(peer, page_size, work.pages)
+    insert_all(driver, inputs.tokens, inputs.slots)
+    grown = resident_bytes() - before
+    result = {"pages": float(work.pages), "bytes_per_page": round(grown / work.pages, 1)}
+    reported = driver.memory_bytes()
+    if reported is not None:
+        result["reported_bytes_per_page"] = round(reported / work.pages, 1)
+    return result
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(measure_memory(sys.argv[1])))

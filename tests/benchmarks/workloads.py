@@ -1,13 +1,12 @@
 """Workloads of the benchmarks, built once outside the timed region, each in every implementation's format.
 
 Reference takes lists; optimized takes CPU token tensors and device slot tensors.
-The "full scan" baseline is the optimized tree with mini-sglang's eviction:
-collect every evictable leaf and heapify on each evict call.
+The reference is also the full-scan baseline of eviction: it collects every
+evictable leaf on each evict call (mini-sglang's way).
 """
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,43 +16,14 @@ import torch
 
 import optimized
 import reference
-from optimized.radix_cache import RadixTreeNode
 from spec.helpers import div_ceil
 
 IMPLS = ("optimized", "reference")
 
 
-class FullScanRadixPrefixCache(optimized.RadixPrefixCache):
-    """Optimized tree, but evict collects all leaves and heapifies on every call (the mini-sglang way)."""
-
-    def evict(self, size: int) -> torch.Tensor:
-        leaves = [
-            (node.timestamp, id(node), node) for node in self._iter_nodes() if node.ref_count == 0 and not node.children
-        ]
-        heapq.heapify(leaves)
-        remaining = div_ceil(size, self.page_size)
-        evicted = []
-        while remaining > 0:
-            _, _, node = heapq.heappop(leaves)
-            pages = node.length // self.page_size
-            if pages > remaining:
-                self._split(node, (pages - remaining) * self.page_size)
-            evicted.append(node.value)
-            remaining -= node.length // self.page_size
-            parent = self._detach(node)
-            if parent.parent is not None and parent.ref_count == 0 and not parent.children:
-                heapq.heappush(leaves, (parent.timestamp, id(parent), parent))
-        return torch.sort(torch.cat(evicted)).values
-
-    def _push(self, node: RadixTreeNode) -> None:
-        """No heap to keep."""
-
-
 def make_cache(impl: str, page_size: int) -> Any:
     if impl == "reference":
         return reference.RadixPrefixCache(page_size)
-    if impl == "fullscan":
-        return FullScanRadixPrefixCache(page_size)
     return optimized.RadixPrefixCache(page_size)
 
 
