@@ -37,6 +37,7 @@ class CacheAdapter(Protocol):
     def check_integrity(self) -> None: ...
     def abstract_state(self) -> pc.PrefixCacheState: ...
     def fingerprint(self) -> tuple[Any, ...]: ...
+    def take_events(self) -> list[Any]: ...
 
 
 class SpecCache:
@@ -82,6 +83,10 @@ class SpecCache:
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (self.size_info(), self.state.clock)
+
+    def take_events(self) -> list[Any]:
+        """The spec is the oracle of the events, not a source: its pages are what they must replay to."""
+        return []
 
 
 class DelegatingCache:
@@ -171,6 +176,7 @@ class ManagerAdapter(Protocol):
     def check_integrity(self, live_reqs: Sequence[Any]) -> None: ...
     def abstract_state(self) -> sm.ManagerState: ...
     def row(self, req: Any) -> list[int]: ...
+    def take_events(self) -> list[Any]: ...
 
 
 class ListReqMixin:
@@ -232,6 +238,10 @@ class SpecManager(ListReqMixin):
 
     def check_integrity(self, live_reqs: Sequence[Req]) -> None:
         sm.check_manager_invariants(self.state, live_reqs)
+
+    def take_events(self) -> list[Any]:
+        """The spec is the oracle of the events, not a source."""
+        return []
 
     def abstract_state(self) -> sm.ManagerState:
         s = self.state

@@ -306,7 +306,10 @@ class TargetCacheMachine(RuleBasedStateMachine):
         STATS.record_reach(largest_evict_pages=div_ceil(amount, self.page_size))
         self.checked_evict(amount)
 
-    @precondition(lambda self: self.target is not None and self.profile.reset != "none")
+    # a reset only once something is cached (a rule without arguments is drawn often: it would keep trees tiny)
+    @precondition(
+        lambda self: self.target is not None and self.profile.reset != "none" and len(self.model.entries) >= 8
+    )
     @rule()
     def reset(self) -> None:
         assert self.target is not None

@@ -165,10 +165,9 @@ class ZmqEventPublisher:
     def __init__(self, endpoint: str, page_size: int, topic: str = "", rank: int | None = None) -> None:
         import zmq
 
-        self._context = zmq.Context.instance()
-        self._socket = self._context.socket(zmq.PUB)
+        self._socket: Any = zmq.Context.instance().socket(zmq.PUB)
         self._socket.bind(endpoint)
-        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.page_size = page_size
         self.topic = topic.encode()
         self.rank = rank

@@ -199,10 +199,9 @@ class RadixPrefixCache:
             as_insert_args(input_ids, indices, namespace, self.device)  # no C call: the ranges checked here
             self.clock += 1
             return InsertResult(0, RadixCacheHandle(0, _ROOT, 0, namespace, self))
-        root = self.roots.get(namespace)
-        new_root = root is None
-        if new_root:
-            root = self._new_root(namespace)
+        found = self.roots.get(namespace)
+        new_root = found is None
+        root = self._new_root(namespace) if found is None else found
         # WALK + UPDATE (C checks first and changes nothing on error)
         out = self._out
         status = self._lib.radix_tree_insert(
@@ -459,9 +458,9 @@ class RadixPrefixCache:
         try:
             return check(*args)
         except CacheError:
-            as_tokens(input_ids)
+            as_tokens(input_ids)  # type: ignore[arg-type]
             if indices is not None:
-                as_slots(indices, self.device)
+                as_slots(indices, self.device)  # type: ignore[arg-type]
             raise
 
     def _path_slots(self, handle: RadixCacheHandle) -> torch.Tensor:
@@ -562,9 +561,11 @@ def _int_array(typecode: str, values: object) -> array[int] | None:
 
     Negative values pass: the C call that reads the array rejects them in the reference's order.
     """
-    if type(values) not in (list, tuple) or not values or set(map(type, values)) != {int}:  # type: ignore[arg-type]
+    if not isinstance(values, (list, tuple)) or type(values) not in (list, tuple) or not values:
+        return None
+    if set(map(type, values)) != {int}:
         return None
     try:
-        return array(typecode, values)  # type: ignore[arg-type]
+        return array(typecode, values)
     except OverflowError:
         return None

@@ -206,12 +206,13 @@ class RadixPrefixCache(BasePrefixCache):
             new_node = RadixTreeNode(self.page_size, t, t)
             new_node.set_key_value(list(tokens[prefix_len:]), list(slots[prefix_len:]))
             new_node.set_parent(node)
+            node_before = node
             # ACCOUNT
             self.evictable_size += new_node.length
             self.cached_starts.update(slots[prefix_len :: self.page_size])
             node = new_node
             if self.events is not None:
-                parent_hash = new_node.parent.page_hashes[-1] if new_node.parent.page_hashes else None
+                parent_hash = node_before.page_hashes[-1] if node_before.page_hashes else None
                 stored = ev.stored_pages(
                     namespace, parent_hash, new_node.key, self.page_size, new_node.value[:: self.page_size]
                 )

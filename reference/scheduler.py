@@ -194,7 +194,7 @@ class Scheduler:
 
     def _forward(self, batch: Batch) -> list[int]:
         """Run the model; the next token goes into the token pool, lengths advance, decode set updates."""
-        next_tokens = self.model.forward(batch, self.page_table, self.table_manager.token_pool)
+        next_tokens: list[int] = self.model.forward(batch, self.page_table, self.table_manager.token_pool)
         self.table_manager.write_next_tokens(
             [
                 (req.table_idx, req.device_len, token)
