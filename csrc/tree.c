@@ -89,6 +89,8 @@ struct radix_tree {
     int64_t page_count;
     int64_t root_count;
     int64_t segment_bytes;
+    /* metrics: the sum of the last-access stamps of every page evicted so far (eviction ages) */
+    int64_t evicted_stamp_sum;
 };
 
 #define N(i) (tree->nodes[(i)])
@@ -1059,6 +1061,7 @@ int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emp
         }
         const int32_t *slots = node_slots(tree, leaf);
         int64_t length = N(leaf).length;
+        tree->evicted_stamp_sum += N(leaf).timestamp * (length / p);
         for (int64_t k = 0; k < length; k += p) {
             starts[taken++] = slots[k];
         }
@@ -1138,6 +1141,10 @@ void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *prote
     *nodes = tree->node_count;
     *pages = tree->page_count;
     *roots = tree->root_count;
+}
+
+int64_t radix_tree_evicted_stamp_sum(const radix_tree *tree) {
+    return tree->evicted_stamp_sum;
 }
 
 void radix_tree_queues(const radix_tree *tree, int64_t *fifo, int64_t *heap) {

@@ -104,6 +104,10 @@ int radix_tree_evict(radix_tree *tree, int64_t pages, int32_t *out, int64_t *emp
  * number written, or a negative status. Roots stay; the caller drops them. */
 int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity);
 
+/* Metrics: the sum of the last-access stamps of the pages evicted so far (the caller knows its clock at each
+ * eviction; the difference is the eviction age). */
+int64_t radix_tree_evicted_stamp_sum(const radix_tree *tree);
+
 /* Counters: evictable and protected tokens, nodes, cached pages, roots. */
 void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *protected_, int64_t *nodes, int64_t *pages,
                       int64_t *roots);

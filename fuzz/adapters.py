@@ -98,6 +98,10 @@ class DelegatingCache:
         """The KV events the cache emitted since the last call (spec/events.py)."""
         return list(self.cache.take_events())
 
+    def stats(self) -> Any:
+        """The cache's metrics (spec/metrics.py)."""
+        return self.cache.stats()
+
     def lock(self, handle: Any) -> None:
         self.cache.lock(handle)
 
@@ -175,6 +179,9 @@ class ManagerAdapter(Protocol):
     def evict(self, size: int) -> list[int]: ...
     def check_integrity(self, live_reqs: Sequence[Any]) -> None: ...
     def abstract_state(self) -> sm.ManagerState: ...
+    def view(self, state: sm.ManagerState, req: Any) -> sm.RequestView: ...
+    def spec_handle(self, handle: Any) -> pc.Handle: ...
+    def cached_pages(self) -> int: ...
     def row(self, req: Any) -> list[int]: ...
     def take_events(self) -> list[Any]: ...
 
@@ -193,68 +200,6 @@ class ListReqMixin:
 
     def append_token(self, req: Req, token: int) -> None:
         req.input_ids.append(token)
-
-
-class SpecManager(ListReqMixin):
-    """The spec's manager functions over one state."""
-
-    name = "spec"
-
-    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
-        self.state = sm.new_manager(num_pages, page_size, rows, max_seq_len)
-
-    def match_req(self, req: Req) -> pc.Handle:
-        return sm.match_req(self.state, req)
-
-    def lock(self, handle: pc.Handle) -> None:
-        sm.lock(self.state, handle)
-
-    def unlock(self, handle: pc.Handle) -> None:
-        sm.unlock(self.state, handle)
-
-    def get_matched_indices(self, handle: pc.Handle) -> list[int]:
-        return pc.get_matched_indices(self.state.cache, handle)
-
-    def available_size(self) -> int:
-        return sm.available_size(self.state)
-
-    def admit(self, req: Req, handle: pc.Handle) -> None:
-        matched = pc.get_matched_indices(self.state.cache, handle)
-        self.state.page_table[req.table_idx][: len(matched)] = matched
-        req.cache_handle = handle
-        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
-
-    def allocate_paged(self, reqs: Sequence[Req]) -> None:
-        sm.allocate_paged(self.state, reqs)
-
-    def cache_req(self, req: Req, finished: bool) -> None:
-        sm.cache_req(self.state, req, finished=finished)
-
-    def lazy_free_region(self) -> AbstractContextManager[None]:
-        return sm.lazy_free_region(self.state)
-
-    def evict(self, size: int) -> list[int]:
-        return pc.evict(self.state.cache, size)
-
-    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
-        sm.check_manager_invariants(self.state, live_reqs)
-
-    def take_events(self) -> list[Any]:
-        """The spec is the oracle of the events, not a source."""
-        return []
-
-    def abstract_state(self) -> sm.ManagerState:
-        s = self.state
-        return sm.ManagerState(
-            cache=pc.PrefixCacheState(s.cache.page_size, dict(s.cache.entries), s.cache.clock),
-            num_pages=s.num_pages,
-            page_table=[row[:] for row in s.page_table],
-            free_slots=s.free_slots[:],
-            lazy_frees=None if s.lazy_frees is None else s.lazy_frees[:],
-        )
-
-    def row(self, req: Req) -> list[int]:
-        return self.state.page_table[req.table_idx][: req.alloc_len]
 
 
 class DelegatingManager:
@@ -292,6 +237,32 @@ class DelegatingManager:
     def take_events(self) -> list[Any]:
         """The KV events the manager's cache emitted since the last call (spec/events.py)."""
         return list(self.manager.prefix_cache.take_events())
+
+    def cached_pages(self) -> int:
+        """Pages the manager's prefix cache holds (from its size counters)."""
+        info = self.manager.prefix_cache.size_info
+        return int(info.evictable_size + info.protected_size) // int(self.manager.page_size)
+
+    def spec_handle(self, handle: Any) -> pc.Handle:
+        """The spec handle of the same path."""
+        return self.manager.prefix_cache.abstract_handle(handle)  # type: ignore[no-any-return]
+
+    def view(self, state: sm.ManagerState, req: Req) -> sm.RequestView:
+        """The request as the spec's relations read it (``state``: this manager's abstract state)."""
+        ids = req.input_ids.tolist() if hasattr(req.input_ids, "tolist") else req.input_ids
+        handle = None if req.cache_handle is None else self.manager.prefix_cache.abstract_handle(req.cache_handle)
+        row = state.page_table[req.table_idx][: req.alloc_len]
+        return sm.RequestView(
+            req.uid,
+            req.table_idx,
+            req.namespace,
+            tuple(ids),
+            handle,
+            req.cached_len,
+            req.device_len,
+            req.alloc_len,
+            tuple(row),
+        )
 
     def admit(self, req: Req, handle: Any) -> None:
         matched = handle.get_matched_indices()

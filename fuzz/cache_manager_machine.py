@@ -1,13 +1,19 @@
-"""Differential state machine for CacheManagers: spec vs reference (vs optimized).
+"""State machine for CacheManagers: each operation checked against the spec's relation, reference vs optimized.
 
 It plays the seed's request lifecycle on every implementation with the
 same calls: admit (match_req, check available_size, lock, check again,
 copy the matched slots into the request's row), forward (allocate_paged
 for a batch of prefill chunks and decode steps), cache_req after a
 completed prefill, finish or abort (cache_req(finished=True)), all under
-a small pool so that eviction and OutOfPagesError are constant. After
-every step: equal available_size, equal abstract state, equal rows, and
-check_integrity(live_reqs) on each.
+a small pool so that eviction and OutOfPagesError are constant.
+
+The oracle is declarative (spec/cache_manager.py): around every call the
+machine observes each implementation's state before and after and checks
+the operation's relation (its guards, then what must be true after). The
+implementations must also agree with each other (same outcomes, same
+states, same rows: the choices the spec leaves open, made the same way),
+and after every step: the accounting invariants (check_integrity), the
+available_size law, the KV events replaying to the cache.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from spec import cache_manager as sm
 from spec import events as ev
+from spec.errors import CacheBusyError
 from spec.types import Namespace
 
-from .adapters import MANAGER_IMPLEMENTATIONS, ManagerAdapter, SpecManager
+from .adapters import MANAGER_IMPLEMENTATIONS, ManagerAdapter
 from .differential import apply_all, describe_difference
 from .sequences import build_sequence, namespaces, page_choices, page_sizes, tail_choices
 from .stats import STATS
@@ -70,15 +77,34 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
     # the implementations reject bad input (a target whose profile says errors == "none" does not)
     validates = True
+    # the spec's relations are checked around every call (targets: page accounting only, see there)
+    relations = True
 
     def ns(self, namespace: Namespace) -> Namespace:
         """The namespace requests use."""
         return namespace
 
     @property
-    def spec(self) -> SpecManager:
-        """The oracle."""
-        return self.impls[0]  # type: ignore[return-value]
+    def first(self) -> ManagerAdapter:
+        """The implementation the lifecycle reads lengths from (all agree)."""
+        return self.impls[0]
+
+    # ------------------------------------------------------------ the spec's relations
+
+    def observe(self, reqs: dict[int, list[Any]]) -> list[tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None:
+        """Each implementation's state and its views of ``reqs`` (uid -> one Req per implementation)."""
+        if not self.relations:
+            return None
+        out = []
+        for index, impl in enumerate(self.impls):
+            state = impl.abstract_state()
+            out.append((state, {uid: impl.view(state, per_impl[index]) for uid, per_impl in reqs.items()}))
+        return out
+
+    def live_reqs(self, but: list[LiveReq] | None = None) -> dict[int, list[Any]]:
+        """uid -> the live request's Req per implementation (all of them, or those not in ``but``)."""
+        skip = {live.uid for live in but or ()}
+        return {live.uid: live.reqs for live in self.live if live.uid not in skip}
 
     @initialize(
         target=prompts,
@@ -89,7 +115,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
     def setup(self, page_size: int, num_pages: int, first: list[tuple[list[int], list[int]]]) -> Any:
         self.page_size = page_size
         args = (num_pages, page_size, ROWS, MAX_PAGES_PER_REQ * page_size)
-        self.impls = [SpecManager(*args)] + [MANAGER_IMPLEMENTATIONS[name](*args) for name in self.IMPLS]
+        self.impls = [MANAGER_IMPLEMENTATIONS[name](*args) for name in self.IMPLS]
         return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
 
     # ------------------------------------------------------------ lifecycle
@@ -133,6 +159,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         used = {live.reqs[0].table_idx for live in self.live}
         table_idx = min(set(range(ROWS)) - used)
         reqs = [impl.new_req(list(prompt), table_idx, namespace, uid) for impl in self.impls]
+        before = self.observe({uid: reqs})
         matched = apply_all(
             "match_req",
             self.impls,
@@ -140,10 +167,15 @@ class CacheManagerMachine(RuleBasedStateMachine):
             lambda impl, h: (impl.cached_len(h), impl.get_matched_indices(h)),
             snapshot=self.snapshot,
         )
+        after = self.observe({uid: reqs})
+        if before is not None and after is not None:
+            for index, impl in enumerate(self.impls):
+                cached = impl.cached_len(matched.results[index]) if matched.ok else 0
+                sm.match_req(before[index][0], after[index][0], before[index][1][uid], cached, matched.error)
         if not matched.ok:
             return
         handles = matched.results
-        estimated = len(prompt) - self.spec.cached_len(handles[0]) + max_new_tokens
+        estimated = len(prompt) - self.first.cached_len(handles[0]) + max_new_tokens
 
         def try_lock(impl: ManagerAdapter, i: int) -> str:
             if estimated > impl.available_size():
@@ -156,10 +188,18 @@ class CacheManagerMachine(RuleBasedStateMachine):
             impl.admit(reqs[i], handles[i])
             return "admitted"
 
+        before = after
         out = apply_all("admit", self.impls, try_lock, snapshot=self.snapshot)
+        after = self.observe({})
+        if before is not None and after is not None:
+            for index, impl in enumerate(self.impls):
+                if out.results[index] == "admitted":
+                    sm.lock(before[index][0], after[index][0], impl.spec_handle(handles[index]))
+                else:  # locked and unlocked again, or never locked: the cache as it was
+                    assert after[index][0].cache == before[index][0].cache, f"{impl.name}: {out.results[index]}"
         STATS.rules[f"manager.admit: {out.results[0]}"] += 1
         if out.results[0] == "admitted":
-            cached = self.spec.cached_len(handles[0])
+            cached = self.first.cached_len(handles[0])
             self.live.append(LiveReq(uid, len(prompt), max_new_tokens, reqs, cached, tokens=list(prompt)))
 
     @precondition(lambda self: bool(self.live))
@@ -189,12 +229,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
             for live, device_len in zip(batch, targets, strict=True):
                 impl.set_lengths(live.reqs[impl_index], live.cached_len, device_len)
         cached_before = self.cached_page_count()
-        out = apply_all(
-            "allocate_paged",
-            self.impls,
-            lambda impl, i: impl.allocate_paged([live.reqs[i] for live in batch]),
-            snapshot=self.snapshot,
-        )
+        out = self.allocate(batch)
         STATS.evicted_pages += max(0, cached_before - self.cached_page_count())
         if not out.ok:
             for impl_index, impl in enumerate(self.impls):
@@ -203,38 +238,97 @@ class CacheManagerMachine(RuleBasedStateMachine):
             return
         self.process_results(batch, targets, lazy)
 
+    def allocate(self, batch: list[LiveReq], copies: int = 1) -> Any:
+        """allocate_paged of the batch on every implementation, checked against the spec's relation."""
+        mine = {live.uid: live.reqs for live in batch}
+        others = self.live_reqs(but=batch)
+        before, others_before = self.observe(mine), self.observe(others)
+        out = apply_all(
+            "allocate_paged",
+            self.impls,
+            lambda impl, i: impl.allocate_paged([live.reqs[i] for live in batch] * copies),
+            snapshot=self.snapshot,
+        )
+        after, others_after = self.observe(mine), self.observe(others)
+        if before is not None and after is not None and others_before is not None and others_after is not None:
+            for index in range(len(self.impls)):
+                views_before = [before[index][1][live.uid] for live in batch] * copies
+                views_after = [after[index][1][live.uid] for live in batch] * copies
+                sm.allocate_paged(
+                    before[index][0],
+                    after[index][0],
+                    views_before,
+                    views_after,
+                    out.error,
+                    others_before[index][1],
+                    others_after[index][1],
+                )
+        return out
+
+    def cache(self, live: LiveReq, finished: bool, label: str) -> Any:
+        """cache_req of one request on every implementation, checked against the spec's relation."""
+        mine = {live.uid: live.reqs}
+        others = self.live_reqs(but=[live])
+        before, others_before = self.observe(mine), self.observe(others)
+        out = apply_all(
+            label, self.impls, lambda impl, i: impl.cache_req(live.reqs[i], finished), snapshot=self.snapshot
+        )
+        after, others_after = self.observe(mine), self.observe(others)
+        if before is not None and after is not None and others_before is not None and others_after is not None:
+            for index in range(len(self.impls)):
+                sm.cache_req(
+                    before[index][0],
+                    after[index][0],
+                    before[index][1][live.uid],
+                    after[index][1][live.uid],
+                    finished,
+                    out.error,
+                    others_before[index][1],
+                    others_after[index][1],
+                )
+        return out
+
+    def lazy_exit_law(self, inside: list[tuple[sm.ManagerState, Any]] | None) -> None:
+        """After a lazy free region closed: the held pages joined the free list, nothing else moved."""
+        after = self.observe({})
+        if inside is not None and after is not None:
+            for index in range(len(self.impls)):
+                sm.lazy_free_region(inside[index][0], after[index][0])
+
     def process_results(self, batch: list[LiveReq], targets: list[int], lazy: bool) -> None:
         """After the forward: chunks advance; a completed prefill is cached; a finished request is released."""
+        inside = None
         with ExitStack() as stack:
             if lazy:
                 for impl in self.impls:
                     stack.enter_context(impl.lazy_free_region())
                 self.check_nested_lazy_region_is_rejected()
-            for live, device_len in zip(batch, targets, strict=True):
-                was_prefill = live.in_prefill
-                live.cached_len = device_len
-                for impl_index, impl in enumerate(self.impls):
-                    impl.set_lengths(live.reqs[impl_index], device_len, device_len)
-                if live.in_prefill:
-                    continue  # a chunk: no token sampled yet
-                token = sum(live.tokens) % 4
-                live.tokens.append(token)
-                live.generated += 1
-                for impl_index, impl in enumerate(self.impls):
-                    impl.append_token(live.reqs[impl_index], token)
-                if live.generated >= live.max_new_tokens:
-                    self.release(live, "finish")
-                elif was_prefill:
-                    self.cache_unfinished(live)
+            self.advance(batch, targets)
+            inside = self.observe({}) if lazy else None
+        self.lazy_exit_law(inside)
+
+    def advance(self, batch: list[LiveReq], targets: list[int]) -> None:
+        """Chunks advance, tokens are sampled; finished requests are released, completed prefills cached."""
+        for live, device_len in zip(batch, targets, strict=True):
+            was_prefill = live.in_prefill
+            live.cached_len = device_len
+            for impl_index, impl in enumerate(self.impls):
+                impl.set_lengths(live.reqs[impl_index], device_len, device_len)
+            if live.in_prefill:
+                continue  # a chunk: no token sampled yet
+            token = sum(live.tokens) % 4
+            live.tokens.append(token)
+            live.generated += 1
+            for impl_index, impl in enumerate(self.impls):
+                impl.append_token(live.reqs[impl_index], token)
+            if live.generated >= live.max_new_tokens:
+                self.release(live, "finish")
+            elif was_prefill:
+                self.cache_unfinished(live)
 
     def cache_unfinished(self, live: LiveReq) -> None:
         """cache_req(finished=False) after a completed prefill: the prompt enters the cache, locked."""
-        apply_all(
-            "cache_req(finished=False)",
-            self.impls,
-            lambda impl, i: impl.cache_req(live.reqs[i], False),
-            snapshot=self.snapshot,
-        )
+        self.cache(live, False, "cache_req(finished=False)")
 
     @precondition(lambda self: bool(self.live))
     @rule(pick=st.integers(0, ROWS - 1), lazy=st.booleans())
@@ -242,31 +336,25 @@ class CacheManagerMachine(RuleBasedStateMachine):
         """Abort a live request between batches."""
         STATS.record_rule("manager.abort")
         live = self.live[pick % len(self.live)]
+        inside = None
         with ExitStack() as stack:
             if lazy:
                 for impl in self.impls:
                     stack.enter_context(impl.lazy_free_region())
             self.release(live, "abort")
+            inside = self.observe({}) if lazy else None
+        self.lazy_exit_law(inside)
 
     def release(self, live: LiveReq, why: str) -> None:
         """cache_req(finished=True) on every implementation; the request leaves the live set."""
-        out = apply_all(
-            f"cache_req(finished=True) on {why}",
-            self.impls,
-            lambda impl, i: impl.cache_req(live.reqs[i], True),
-            snapshot=self.snapshot,
-        )
+        out = self.cache(live, True, f"cache_req(finished=True) on {why}")
         assert out.ok, f"releasing live request {live.uid} was rejected with {out.error}"
-        self.live.remove(live)
         if not self.validates:
+            self.live.remove(live)
             STATS.skipped["cache_req(finished=True) again"] += 1
             return
-        again = apply_all(
-            "cache_req(finished=True) again",
-            self.impls,
-            lambda impl, i: impl.cache_req(live.reqs[i], True),
-            snapshot=self.snapshot,
-        )
+        again = self.cache(live, True, "cache_req(finished=True) again")
+        self.live.remove(live)
         assert not again.ok, f"a second cache_req(finished=True) of request {live.uid} was accepted"
 
     def check_nested_lazy_region_is_rejected(self) -> None:
@@ -279,7 +367,8 @@ class CacheManagerMachine(RuleBasedStateMachine):
             with impl.lazy_free_region():
                 pass
 
-        assert not apply_all("nested lazy_free_region", self.impls, nest, snapshot=self.snapshot).ok
+        out = apply_all("nested lazy_free_region", self.impls, nest, snapshot=self.snapshot)
+        assert out.error is CacheBusyError, f"a lazy free region inside another: {out.error or 'accepted'}"
 
     # ------------------------------------------------------------ bad input
 
@@ -297,12 +386,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         for impl_index, impl in enumerate(self.impls):
             impl.set_lengths(live.reqs[impl_index], live.cached_len, device_len)
         copies = 2 if how == "same row twice" else 1
-        out = apply_all(
-            "allocate_paged",
-            self.impls,
-            lambda impl, i: impl.allocate_paged([live.reqs[i]] * copies),
-            snapshot=self.snapshot,
-        )
+        out = self.allocate([live], copies)
         for impl_index, impl in enumerate(self.impls):
             impl.set_lengths(live.reqs[impl_index], live.cached_len, live.cached_len)
         assert not out.ok, f"allocate_paged accepted a batch with {how}"
@@ -311,40 +395,53 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
     def cached_page_count(self) -> int:
         """Pages the prefix cache holds now (to count evictions)."""
-        return len(self.spec.state.cache.entries)
+        return self.first.cached_pages()
 
     def snapshot(self, impl: ManagerAdapter) -> tuple[Any, ...]:
-        """What a rejected call must leave unchanged: abstract state and the live requests' fields."""
+        """What a rejected call must leave unchanged: abstract state and the live requests' fields.
+
+        Nothing while checks are off (the exhaustive checker replaying a path it already checked).
+        """
+        if not self.relations:
+            return ()
         index = self.impls.index(impl)
         reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
         return (impl.abstract_state(), reqs)
 
     @invariant()
     def implementations_agree(self) -> None:
+        """Each implementation's accounting invariants, its events and the available_size law; all agree."""
         if not self.impls:
             return
-        spec_live = [live.reqs[0] for live in self.live]
-        self.spec.check_integrity(spec_live)
-        expected: sm.ManagerState = self.spec.abstract_state()
-        STATS.record_tree(len(expected.cache.entries))
-        for index, impl in enumerate(self.impls[1:], start=1):
+        first_state: sm.ManagerState = self.first.abstract_state()
+        STATS.record_tree(len(first_state.cache.entries))
+        for index, impl in enumerate(self.impls):
             impl.check_integrity([live.reqs[index] for live in self.live])
-            actual = impl.abstract_state()
+            actual = first_state if index == 0 else impl.abstract_state()
             # the replay invariant: the cache's KV events so far describe exactly its cached pages
             replayer = self.replayers.setdefault(impl.name, ev.Replayer(self.page_size))
+            before = replayer.applied
+            replayer.apply(impl.take_events())
+            STATS.events_replayed += replayer.applied - before
             ev.events_match_cache(
-                replayer.apply(impl.take_events()).cached(),
+                replayer.cached(),
                 {key: e.slot_start for key, e in actual.cache.entries.items()},
             )
+            assert impl.available_size() == sm.available_size(actual), (
+                f"available_size: {impl.name} reports {impl.available_size()}, its free pages and evictable"
+                f" cache give {sm.available_size(actual)}"
+            )
+            if index == 0:
+                continue
+            # the choices the spec leaves open (which free page, the free list's order) made the same way
             assert (actual.cache, actual.free_slots, actual.lazy_frees) == (
-                expected.cache,
-                expected.free_slots,
-                expected.lazy_frees,
-            ), f"abstract state of {impl.name} differs from spec:\n{describe_difference(expected, actual)}"
-            assert impl.available_size() == self.spec.available_size()
+                first_state.cache,
+                first_state.free_slots,
+                first_state.lazy_frees,
+            ), f"{impl.name} differs from {self.first.name}:\n{describe_difference(first_state, actual)}"
             for live in self.live:
-                assert impl.row(live.reqs[index]) == self.spec.row(live.reqs[0]), (
-                    f"row of request {live.uid}: spec {self.spec.row(live.reqs[0])},"
+                assert impl.row(live.reqs[index]) == self.first.row(live.reqs[0]), (
+                    f"row of request {live.uid}: {self.first.name} {self.first.row(live.reqs[0])},"
                     f" {impl.name} {impl.row(live.reqs[index])}"
                 )
 
@@ -355,7 +452,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         for live in list(self.live):
             self.release(live, "teardown")
         self.implementations_agree()
-        state = self.spec.abstract_state()
+        state = self.first.abstract_state()
         assert len(state.free_slots) + len(state.cache.entries) == state.num_pages, (
             f"after releasing every request: {len(state.free_slots)} free + {len(state.cache.entries)} cached"
             f" != {state.num_pages} pages"

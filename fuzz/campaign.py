@@ -315,7 +315,14 @@ class Campaign:
             try:
                 path = write_regression_test(self.args.out, name, source)
             except SyntaxError as exc:
-                self.print(f"{state.name}: the failing program does not compile as Python ({exc}); see the summary")
+                # kept as text beside the tests, so that nothing is lost; the line says what Hypothesis printed
+                self.args.out.mkdir(parents=True, exist_ok=True)
+                kept = self.args.out / f"{name}.txt"
+                kept.write_text(source)
+                self.print(
+                    f"{state.name}: the failing program does not compile as Python ({exc.msg}, line {exc.lineno}:"
+                    f" {(exc.text or '').strip()[:120]}); kept as {kept}"
+                )
             state.failures.append((failure, path))
             self.print(
                 f"[{failure.reported_at - self.start:6.1f} s] {state.name}: reported;"
@@ -413,7 +420,7 @@ class Campaign:
             f" largest eviction {s.largest_evict_pages} pages, most namespaces {s.most_namespaces},"
             f" largest KV store {s.largest_store_rows} rows"
         )
-        p(f"evicted pages {s.evicted_pages}")
+        p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
         p("rules hit:")
         for rule_name, count in sorted(s.rules.items()):
             p(f"  {rule_name:<52} {count:>9}")
@@ -437,7 +444,10 @@ class Campaign:
                 f" (batch seed {failure.seed})"
             )
             p(failure.error)
-            p(f"regression test: {path}  (python -m pytest {path})")
+            if path is not None:
+                p(f"regression test: {path}  (python -m pytest {path})")
+            else:
+                p(f"regression test: none written (the program did not replay as Python); batch seed {failure.seed}")
             if state.extra_failures:
                 p(f"({state.extra_failures} more batches of this machine failed too)")
             p("shrunk program:" if failure.shrunk else "failing program (not shrunk):")
@@ -463,6 +473,7 @@ class Campaign:
             "steps_per_s": round(s.steps / max(elapsed, 1e-9), 1),
             **{name: getattr(s, name) for name in REACH},
             "evicted_pages": s.evicted_pages,
+            "events_replayed": s.events_replayed,
             "rules": dict(s.rules),
             "rejected": dict(s.rejected),
             "skipped": dict(s.skipped),

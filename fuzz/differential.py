@@ -1,8 +1,9 @@
 """Run one call on every implementation and demand the same outcome.
 
 An outcome is a result (compared after normalising to lists and ints) or a
-rejection (compared by error class). A rejected call must leave the
-implementation's abstract state exactly as it was.
+rejection (compared by error class and message: the twins say why in the same
+words). A rejected call must leave the implementation's abstract state exactly
+as it was.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def apply_all(
     observe: Callable[[Any, Any], Any] = lambda impl, result: result,
     snapshot: Callable[[Any], Any] = lambda impl: impl.abstract_state(),
 ) -> Outcome:
-    """Run ``call(impl, i)`` on each implementation; assert identical observations or identical rejections.
+    """Run ``call(impl, i)`` on each implementation; assert identical observations or identical rejections
+    (the same error class with the same message).
 
     ``observe(impl, result)`` turns a raw result into comparable lists and
     ints. ``snapshot(impl)`` is compared before and after a rejected call. The
@@ -56,7 +58,7 @@ def apply_all(
         except CacheError as exc:
             if before is None:  # the oracle accepted this call: the outcomes differ, reported below
                 results.append(None)
-                seen.append(("raises", type(exc)))
+                seen.append(("raises", (type(exc), str(exc))))
                 continue
             after = snapshot(impl)
             assert after == before, (
@@ -64,13 +66,13 @@ def apply_all(
                 f"{describe_difference(before, after)}"
             )
             results.append(None)
-            seen.append(("raises", type(exc)))
+            seen.append(("raises", (type(exc), str(exc))))
             continue
         results.append(result)
         seen.append(("returns", observe(impl, result)))
     for impl, outcome in zip(impls[1:], seen[1:], strict=True):
         assert outcome == seen[0], f"{label}: {impls[0].name} {_show(seen[0])} but {impl.name} {_show(outcome)}"
-    error = seen[0][1] if seen[0][0] == "raises" else None
+    error = seen[0][1][0] if seen[0][0] == "raises" else None
     if error is not None:
         STATS.record_rejection(error)
     return Outcome(results, error)
@@ -78,7 +80,7 @@ def apply_all(
 
 def _show(outcome: tuple[str, Any]) -> str:
     kind, value = outcome
-    return f"raises {value.__name__}" if kind == "raises" else f"returns {value!r}"
+    return f"raises {value[0].__name__}({value[1]!r})" if kind == "raises" else f"returns {value!r}"
 
 
 def describe_difference(a: Any, b: Any) -> str:

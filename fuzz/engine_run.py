@@ -64,6 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" generated {s.generated_tokens}, evicted pages {result.evicted_pages},"
         f" peak pages in use {s.peak_pages_in_use}/{args.num_pages}, {time.perf_counter() - start:.1f} s"
     )
+    c = result.cache.total
+    print(
+        f"cache: matches {c.match_requests} (hit {100 * c.request_hit_rate:.1f}%), tokens hit"
+        f" {100 * c.token_hit_rate:.1f}%, pages stored {c.pages_stored}, evicted {c.pages_evicted},"
+        f" mean eviction age {result.cache.mean_eviction_age:.1f} operations"
+    )
     return 0
 
 

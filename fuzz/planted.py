@@ -149,6 +149,17 @@ BUGS: tuple[PlantedBug, ...] = (
         "optimized",
     ),
     PlantedBug(
+        # the pages stay partitioned (the extra page goes to the free list): only the relation sees it
+        "allocation evicts one page more than the free list lacks",
+        "reference/cache_manager.py",
+        "            evicted = self.prefix_cache.evict((needed_pages - free_pages) * self.page_size)\n",
+        "            extra = self.page_size if self.prefix_cache.size_info.evictable_size > (needed_pages - free_pages)"
+        " * self.page_size else 0\n"
+        "            evicted = self.prefix_cache.evict((needed_pages - free_pages) * self.page_size + extra)\n",
+        "manager",
+        "reference",
+    ),
+    PlantedBug(
         "cache_req forgets to free [old_handle.cached_len : cached_len)",
         "optimized/cache_manager.py",
         "        self._free(row[old_handle.cached_len : cached_len])\n",

@@ -325,18 +325,26 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert impl.size_info() == self.spec.size_info(), (
                 f"size_info: spec {self.spec.size_info()}, {impl.name} {impl.size_info()}"
             )
-        for impl in self.impls[1:]:
-            replayer = self.replayers.setdefault(impl.name, ev.Replayer(self.page_size))
-            replayer.apply(impl.take_events())
+        self.replay_events()
         pages = len(self.spec.state.entries)
         self.unchecked += 1
         if pages > FULL_CHECK_PAGES and self.unchecked < CHECK_EVERY:
             return
         self.compare_states()
 
+    def replay_events(self) -> None:
+        """Each implementation's KV events so far, applied to its replayer (a router's mirror)."""
+        for impl in self.impls[1:]:
+            replayer = self.replayers.setdefault(impl.name, ev.Replayer(self.page_size))
+            before = replayer.applied
+            replayer.apply(impl.take_events())
+            STATS.events_replayed += replayer.applied - before
+
     def compare_states(self) -> None:
         """The whole comparison: invariants of the spec's state, each implementation's integrity, equal states."""
         self.unchecked = 0
+        # the events of the last step too (teardown compares without an invariant run after that step)
+        self.replay_events()
         expected = self.spec.abstract_state()
         check_invariants(expected, locks=self.locks)
         STATS.record_tree(len(expected.entries))
@@ -355,15 +363,34 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert impl.size_info() == self.spec.size_info(), (
                 f"size_info: spec {self.spec.size_info()}, {impl.name} {impl.size_info()}"
             )
+        self.compare_metrics(expected)
+
+    def compare_metrics(self, expected: pc.PrefixCacheState) -> None:
+        """Every implementation counts the same metrics, and each namespace's pages are conserved:
+        stored = cached now + evicted + dropped by reset."""
+        counted = [(impl.name, impl.stats()) for impl in self.impls[1:] if hasattr(impl, "stats")]
+        if not counted:
+            return
+        cached: Counter[Namespace] = Counter(namespace for namespace, _ in expected.entries)
+        for name, stats in counted:
+            for namespace, counts in stats.namespaces.items():
+                assert counts.pages_stored == cached[namespace] + counts.pages_evicted + counts.pages_dropped, (
+                    f"metrics of {name}, namespace {namespace!r}: {counts.pages_stored} pages stored,"
+                    f" {cached[namespace]} cached, {counts.pages_evicted} evicted, {counts.pages_dropped} dropped"
+                )
+        first_name, first = counted[0]
+        for name, stats in counted[1:]:
+            assert stats == first, f"metrics: {first_name} {first.as_dict()}, {name} {stats.as_dict()}"
+        assert first.eviction_age_sum >= 0, f"negative eviction age sum {first.eviction_age_sum}"
 
     # ------------------------------------------------------------ helpers
 
     def teardown(self) -> None:
-        """A last whole comparison (sampling skipped some), then the example's reach to Hypothesis and the stats."""
+        """A last whole comparison (sampling skipped some; a replayed program may end without an invariant run),
+        then the example's reach to Hypothesis and the stats."""
         if not self.impls:
             return
-        if self.unchecked:
-            self.compare_states()
+        self.compare_states()
         self.reach["largest_tree_pages"] = len(self.spec.state.entries)
         if not self.big and currently_in_test_context():
             # steer the small examples towards bigger states (re-running big ones to climb would cost minutes)

@@ -6,9 +6,10 @@ does (``tests/conftest.py`` calls it). Under ``CI`` the default is ``ci``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 SLOW_OK = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 
@@ -41,6 +42,29 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=SLOW_OK,
 )
+
+# tox -e mutation: every mutant runs the tests that reach it; few, deterministic examples keep one mutant's
+# run to seconds (the exhaustive checker's tests cover the small states completely), and no shrinking: a
+# mutant only needs a failure, and shrinking one took minutes (mutmut then counted a timeout)
+settings.register_profile(
+    "mutation",
+    derandomize=True,
+    database=None,
+    max_examples=20,
+    stateful_step_count=30,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=SLOW_OK,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
+
+
+if importlib.util.find_spec("hypothesis_crosshair_provider") is not None:
+    # the hypothesis-crosshair backend (the crosshair extra): symbolic inputs for the contracts' tests
+    # (tests/spec/test_contracts.py). Not for the state machines: see docs/campaigns.md
+    settings.register_profile(
+        "crosshair", backend="crosshair", deadline=None, database=None, suppress_health_check=SLOW_OK
+    )
 
 
 def load_from_env() -> str:

@@ -35,6 +35,8 @@ class CampaignStats:
     # invalid calls not sent to a target that does not validate (its profile's errors == "none"), by kind
     skipped: Counter[str] = field(default_factory=Counter)
     evicted_pages: int = 0
+    # KV events replayed against the cache they describe (ours and the targets' that emit them)
+    events_replayed: int = 0
     # reach
     largest_tree_pages: int = 0
     # tokens of the longest sequence matched or inserted

@@ -25,11 +25,13 @@ decides); they are counted as skipped.
 from __future__ import annotations
 
 from collections import Counter, deque
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
+from spec import events as ev
 from spec import prefix_cache as pc
 from spec.errors import (
     CacheBusyError,
@@ -99,6 +101,8 @@ class TargetCacheMachine(RuleBasedStateMachine):
         self.lru_model: Any = None
         # resets so far
         self.epoch = 0
+        # the target's KV events replayed as a router would, for targets that emit them (take_events)
+        self.replayer: ev.Replayer | None = None
 
     # ------------------------------------------------------------ setup
 
@@ -122,12 +126,20 @@ class TargetCacheMachine(RuleBasedStateMachine):
         profile = self.profile
         if self.LRU == "strict" and profile.lru_model is not None:
             self.lru_model = profile.lru_model(num_pages, page_size)
+        if callable(getattr(self.target, "take_events", None)):
+            # the engine's own hashes name its pages: they are not ours to recompute
+            self.replayer = ev.Replayer(page_size, check_hashes=False, count_repeats=not self.event_namespaces)
         return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
 
     @property
     def profile(self) -> Any:
         assert self.target is not None
         return self.target.profile
+
+    @property
+    def event_namespaces(self) -> bool:
+        """Whether the replay tells namespaces apart: the profile says so, or strict mode asks for it."""
+        return bool(self.profile.event_namespaces or self.LRU == "strict")
 
     def ns(self, namespace: Namespace) -> Namespace:
         """The namespace a call uses: as drawn, or None for targets without namespaces."""
@@ -416,6 +428,19 @@ class TargetCacheMachine(RuleBasedStateMachine):
             assert self.target.page_stamps() == stamps, "page stamps differ from the spec's logical clock"
         if hasattr(self.target, "check_integrity"):
             self.target.check_integrity()
+        if self.replayer is not None:
+            # the replay invariant: the target's events so far describe exactly its cached pages
+            before = self.replayer.applied
+            events = self.target.take_events()
+            if not self.event_namespaces:
+                # a router that cannot tell namespaces apart sees token prefixes only
+                events = [replace(e, namespace=None) if isinstance(e, ev.PageStored) else e for e in events]
+            self.replayer.apply(events)
+            STATS.events_replayed += self.replayer.applied - before
+            cached = {key: entry.slot_start for key, entry in self.model.entries.items()}
+            if not self.event_namespaces:
+                cached = {(None, prefix): slot for (_, prefix), slot in cached.items()}
+            ev.events_match_cache(self.replayer.cached(), cached)
         if self.profile.slots == "caller":
             owned = set(self.free)
             held = set(self.model_starts())

@@ -41,8 +41,11 @@ class TargetManagerMachine(CacheManagerMachine):
     def target(self) -> CacheManagerTarget:
         return self.impls[0]  # type: ignore[return-value]
 
+    # no abstract state to relate: page accounting on the target's own observations instead
+    relations = False
+
     @property
-    def spec(self) -> Any:
+    def first(self) -> Any:
         # the lifecycle reads lengths from the first implementation: here the target itself
         return self.impls[0]
 

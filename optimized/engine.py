@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from spec.metrics import CacheStats, stats_of
 from spec.types import RequestSpec, SchedulerConfig, SchedulerStats
 
 from .model import HashModel
@@ -19,6 +20,8 @@ class EngineResult:
     outputs: dict[int, list[int]]
     stats: SchedulerStats
     evicted_pages: int
+    # the prefix cache's metrics (spec/metrics.py): hit rates, pages stored / evicted, eviction age
+    cache: CacheStats = field(default_factory=CacheStats)
 
 
 class Engine:
@@ -45,4 +48,5 @@ class Engine:
             {uid: list(tokens) for uid, tokens in self.scheduler.outputs.items()},
             self.scheduler.stats,
             self.scheduler.cache_manager.evicted_pages,
+            stats_of(self.scheduler.cache_manager.prefix_cache),
         )

@@ -39,33 +39,30 @@ def device_of(device: torch.device | str) -> torch.device:
     return checked
 
 
-def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> tuple[torch.Tensor, bool]:
-    """Token ids as a contiguous 1-D int64 CPU tensor, and whether it is a fresh copy we own."""
+def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+    """Token ids as a contiguous 1-D int64 CPU tensor (the caller's own when it is one already)."""
     if not isinstance(input_ids, torch.Tensor):
-        return torch.tensor(check_token_ids(input_ids), dtype=torch.int64), True
+        return torch.tensor(check_token_ids(input_ids), dtype=torch.int64)
     if input_ids.numel() == 0 and input_ids.device.type == "cpu":
-        return torch.empty(0, dtype=torch.int64), True  # torch.tensor([]) is float32: accept it as empty
+        return torch.empty(0, dtype=torch.int64)  # torch.tensor([]) is float32: accept it as empty
     if input_ids.dim() != 1 or input_ids.dtype not in INT_DTYPES or input_ids.device.type != "cpu":
         raise InvalidTypeError(
             f"input_ids must be a 1-D int32/int64 CPU tensor, got {input_ids.dim()}-D {input_ids.dtype}"
             f" on {input_ids.device}"
         )
-    if input_ids.dtype == torch.int64 and input_ids.is_contiguous():
-        ids, owned = input_ids, False
-    else:
-        ids, owned = input_ids.to(torch.int64).contiguous(), True
+    ids = input_ids.to(torch.int64).contiguous()  # the same tensor when it is one already
     bad = first_outside(ids, TOKEN_LIMIT - 1)
     if bad < ids.numel():
         raise InvalidInputError(f"input_ids[{bad}] = {int(ids[bad])} is outside [0, 2**63)")
-    return ids, owned
+    return ids
 
 
-def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tuple[torch.Tensor, bool]:
-    """Slot indices as a 1-D int32 tensor on ``device``, and whether it is a fresh copy we own."""
+def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
+    """Slot indices as a 1-D int32 tensor on ``device`` (the caller's own when it is one already)."""
     if not isinstance(indices, torch.Tensor):
-        return torch.tensor(check_slot_indices(indices), dtype=torch.int32, device=device), True
+        return torch.tensor(check_slot_indices(indices), dtype=torch.int32, device=device)
     if indices.numel() == 0 and indices.device == device:
-        return torch.empty(0, dtype=torch.int32, device=device), True
+        return torch.empty(0, dtype=torch.int32, device=device)
     if indices.dim() != 1 or indices.dtype not in INT_DTYPES:
         raise InvalidTypeError(f"indices must be a 1-D int32/int64 tensor, got {indices.dim()}-D {indices.dtype}")
     if indices.device != device:
@@ -73,9 +70,7 @@ def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> tup
     bad = first_outside(indices, SLOT_LIMIT - 1)
     if bad < indices.numel():
         raise SlotOutOfRangeError(f"indices[{bad}] = {int(indices[bad])} is outside [0, 2**31)")
-    if indices.dtype == torch.int32:
-        return indices, False
-    return indices.to(torch.int32), True
+    return indices.to(torch.int32)  # the same tensor when it is int32 already
 
 
 def as_insert_args(
@@ -83,11 +78,11 @@ def as_insert_args(
     indices: torch.Tensor | Sequence[int],
     namespace: object,
     device: torch.device,
-) -> tuple[torch.Tensor, bool, torch.Tensor, bool, Namespace]:
+) -> tuple[torch.Tensor, torch.Tensor, Namespace]:
     """insert_prefix's arguments checked in the reference's order: tokens, slots, namespace, lengths."""
-    ids, ids_owned = as_tokens(input_ids)
-    slots, slots_owned = as_slots(indices, device)
+    ids = as_tokens(input_ids)
+    slots = as_slots(indices, device)
     checked_namespace = check_namespace(namespace)
     if ids.numel() != slots.numel():
         raise LengthMismatchError(f"input_ids has {ids.numel()} tokens but indices has {slots.numel()} slots")
-    return ids, ids_owned, slots, slots_owned, checked_namespace
+    return ids, slots, checked_namespace

@@ -32,7 +32,6 @@ import msgspec
 
 from spec import events as ev
 from spec.errors import InvalidTypeError
-from spec.prefix_cache import PageKey
 from spec.types import Namespace
 
 MEDIUM_GPU = "GPU"
@@ -107,11 +106,12 @@ def to_wire(events: Sequence[ev.Event], page_size: int) -> list[BlockStored | Bl
                     extra_keys=None if extra is None else [extra],
                 )
             )
-        elif isinstance(event, ev.PageRemoved):
+        elif isinstance(event, (ev.PageRemoved, ev.PagesRemoved)):
+            hashes = [event.page_hash] if isinstance(event, ev.PageRemoved) else list(event.page_hashes)
             if isinstance(tail, BlockRemoved):
-                tail.block_hashes.append(event.page_hash)
+                tail.block_hashes.extend(hashes)
             else:
-                out.append(BlockRemoved(block_hashes=[event.page_hash], medium=MEDIUM_GPU))
+                out.append(BlockRemoved(block_hashes=hashes, medium=MEDIUM_GPU))
         elif isinstance(event, ev.AllCleared):
             out.append(AllBlocksCleared())
         else:
@@ -139,24 +139,9 @@ def from_wire(events: Sequence[Any], namespaces: dict[tuple[Any, ...] | None, Na
     """vLLM-format events (ours or vLLM's own classes) back into the spec's, page by page.
 
     ``namespaces`` maps an extra key back to its namespace (None for none); slots are not on the
-    wire, so a stored page's slot is -1.
+    wire, so a stored page's slot is ``spec.events.UNKNOWN_SLOT``.
     """
-    out: list[ev.Event] = []
-    for event in events:
-        kind = type(event).__name__
-        if kind == "BlockStored":
-            size = event.block_size
-            parent = event.parent_block_hash
-            for index, block_hash in enumerate(event.block_hashes):
-                extra = event.extra_keys[index] if event.extra_keys else None
-                tokens = tuple(event.token_ids[index * size : (index + 1) * size])
-                out.append(ev.PageStored(namespaces[extra], block_hash, parent, tokens, -1))
-                parent = block_hash
-        elif kind == "BlockRemoved":
-            out.extend(ev.PageRemoved(None, block_hash) for block_hash in event.block_hashes)
-        elif kind == "AllBlocksCleared":
-            out.append(ev.AllCleared())
-    return out
+    return ev.from_block_events(events, lambda extra: namespaces[None if extra is None else tuple(extra)])
 
 
 class ZmqEventPublisher:
@@ -186,8 +171,3 @@ class ZmqEventPublisher:
 
     def close(self) -> None:
         self._socket.close(linger=0)
-
-
-def cached_keys(replayed: dict[PageKey, int]) -> set[PageKey]:
-    """The page keys of a replay (the wire carries no slots)."""
-    return set(replayed)

@@ -132,10 +132,12 @@ class HashModel:
         return kept
 
     def _raise_corruption(self, index: int, batch: Batch, attended: torch.Tensor, layer: int) -> None:
+        """Name the request, position and slot of the first bad read (``index`` into the batch's ``attended``)."""
+        position = index
         for req in batch.reqs:
-            if index < req.device_len:
+            if position < req.device_len:
                 raise KVCorruptionError(
-                    f"request {req.uid}: position {index} reads slot {int(attended[index])} (layer {layer}),"
+                    f"request {req.uid}: position {position} reads slot {int(attended[index])} (layer {layer}),"
                     " which holds another sequence's K/V"
                 )
-            index -= req.device_len
+            position -= req.device_len

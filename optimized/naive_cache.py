@@ -44,7 +44,6 @@ class NaivePrefixCache:
         self.device = device_of(device)
         self.clock = 0
         self._empty = torch.empty(0, dtype=torch.int32, device=self.device)
-        self._offsets = torch.arange(self.page_size, dtype=torch.int32, device=self.device)
 
     def match_prefix(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> NaiveCacheHandle:
         # CHECK
@@ -61,7 +60,7 @@ class NaivePrefixCache:
         namespace: Namespace = None,
     ) -> InsertResult:
         # CHECK
-        _, _, slots, _, namespace = as_insert_args(input_ids, indices, namespace, self.device)
+        _, slots, namespace = as_insert_args(input_ids, indices, namespace, self.device)
         p = self.page_size
         whole = slots[: align_down(slots.numel(), p)]
         if whole.numel():

@@ -41,6 +41,7 @@ from spec.errors import (
     UnlockError,
 )
 from spec.invariants import check_invariants
+from spec.metrics import CacheStats, StatsCounter
 from spec.types import (
     InsertResult,
     Namespace,
@@ -112,7 +113,7 @@ class RadixCacheHandle:
         return f"RadixCacheHandle(cached_len={self.cached_len})"
 
 
-class RadixPrefixCache:
+class RadixPrefixCache(ev.EmitsEvents):
     """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``."""
 
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
@@ -130,9 +131,9 @@ class RadixPrefixCache:
         # out-parameters of the C calls, allocated once
         self._out = self._ffi.new("int64_t[8]")
         # roots an evict emptied: C reports them here (room for every root), and says so by a status
-        self._emptied = self._ffi.new("int64_t[]", 16)
         self._emptied_room = 16
-        self._n_emptied = self._out + 4
+        self._emptied = self._ffi.new("int64_t[]", self._emptied_room)
+        self._n_emptied = self._ffi.new("int64_t *")
         # the hot calls, looked up once
         self._cast = self._ffi.cast
         self._evict_c = self._lib.radix_tree_evict
@@ -141,18 +142,22 @@ class RadixPrefixCache:
         self.events: list[ev.Event] | None = [] if enable_events else None
         self._announced: dict[int, tuple[Namespace, int, int]] = {}
         self._on_host = self.device.type == "cpu"
+        # metrics (spec/metrics.py): counted here as the operations run; evictions per namespace are
+        # what was stored less what is cached and what reset dropped; C sums the evicted pages' stamps
+        self.counter = StatsCounter()
+        self._evict_clock_sum = 0
 
-    def enable_events(self) -> None:
-        """Emit KV events from now on (the cache must be empty: a router starts from an empty mirror)."""
-        if self.roots:
-            raise CacheBusyError("enable events on an empty cache: the pages cached before were never announced")
-        if self.events is None:
-            self.events = []
-
-    def take_events(self) -> list[ev.Event]:
-        """The events emitted since the last call, in order (drained)."""
-        taken, self.events = (self.events or []), ([] if self.events is not None else None)
-        return taken
+    def stats(self) -> CacheStats:
+        """Hit rates, pages stored / evicted / dropped per namespace, mean eviction age (spec/metrics.py)."""
+        cached: dict[Namespace, int] = {}
+        for node in self.nodes():
+            cached[node.namespace] = cached.get(node.namespace, 0) + len(node.starts)
+        evicted = {
+            namespace: counts.pages_stored - counts.pages_dropped - cached.get(namespace, 0)
+            for namespace, counts in self.counter.counts.items()
+        }
+        age_sum = self._evict_clock_sum - self._lib.radix_tree_evicted_stamp_sum(self._tree)
+        return self.counter.snapshot(evicted, age_sum)
 
     # ------------------------------------------------------------ operations
 
@@ -166,6 +171,7 @@ class RadixPrefixCache:
         if root is None or n < self.page_size:
             as_tokens(input_ids)  # no walk: the range checked here
             self.clock += 1
+            self.counter.matched(namespace, n, 0)
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
         # WALK + UPDATE: stamp the path, split the node the match ends in
         out = self._out
@@ -175,6 +181,7 @@ class RadixPrefixCache:
         if status != _OK:
             self._raise_for(status, tokens=tokens, bad=out[3])
         self.clock += 1
+        self.counter.matched(namespace, n, out[2])
         if out[2] == 0:
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
         return RadixCacheHandle(out[2], out[0], out[1], namespace, self)
@@ -212,8 +219,10 @@ class RadixPrefixCache:
                 self._drop_root(root)
             self._raise_for(status, tokens=tokens, slots=keep_slots, bad=out[3])
         self.clock += 1
-        if self.events is not None and out[2] < end:
-            self._announce_stored(namespace, tokens, slots, out[2], end)
+        if out[2] < end:
+            self.counter.stored(namespace, (end - out[2]) // self.page_size)
+            if self.events is not None:
+                self._announce_stored(namespace, tokens, slots, out[2], end)
         return InsertResult(out[2], RadixCacheHandle(end, out[0], out[1], namespace, self))
 
     def lock(self, handle: RadixCacheHandle) -> None:
@@ -263,6 +272,7 @@ class RadixPrefixCache:
         )
         if status:
             self._after_evict(status, size)
+        self._evict_clock_sum += self.clock * pages
         if self.events is not None:
             self._announce_removed(slots)
         return slots if self._on_host else slots.to(self.device)
@@ -288,9 +298,12 @@ class RadixPrefixCache:
         if info.protected_size:
             raise CacheBusyError(f"cannot reset: {info.protected_size} tokens are locked")
         # UPDATE
+        dropped = [(node.namespace, len(node.starts)) for node in self.nodes()]
         slots = torch.empty(info.evictable_size, dtype=torch.int32)
         written = self._lib.radix_tree_reset(self._tree, self._ffi.cast("int32_t *", slots.data_ptr()), slots.numel())
         self._raise_for(min(written, 0))
+        for namespace, pages in dropped:
+            self.counter.dropped(namespace, pages)
         for root in list(self.roots.values()):
             self._drop_root(root)
         if self.events is not None:
@@ -321,8 +334,11 @@ class RadixPrefixCache:
             raise IntegrityError(f"roots_hold_pages: namespaces {empty[:4]} keep a root without pages")
         out = self._out
         self._lib.radix_tree_sizes(self._tree, out, out + 1, out + 5, out + 6, out + 7)
-        if out[7] != len(self.roots) or set(self._namespace_of) != set(self.roots.values()):
+        if out[7] != len(self.roots):
             raise IntegrityError(f"roots_hold_pages: the tree holds {out[7]} roots, {len(self.roots)} namespaces")
+        stray = set(self._namespace_of) ^ set(self.roots.values())
+        if stray:
+            raise IntegrityError(f"roots_hold_pages: roots {sorted(stray)[:4]} are named by one root table only")
         check_invariants(self._abstract_state(nodes), reported=self.size_info)
 
     def nodes(self) -> list[RadixTreeNode]:
@@ -425,7 +441,7 @@ class RadixPrefixCache:
         ):
             return self._ffi.cast("int64_t *", input_ids.data_ptr()), input_ids.numel(), input_ids
         if isinstance(input_ids, torch.Tensor):
-            ids, _ = as_tokens(input_ids)
+            ids = as_tokens(input_ids)
             return self._ffi.cast("int64_t *", ids.data_ptr()), ids.numel(), ids
         buffer = _int_array("q", input_ids) or array("q", check_token_ids(input_ids))
         return self._ffi.from_buffer("int64_t[]", buffer), len(buffer), buffer
@@ -447,7 +463,7 @@ class RadixPrefixCache:
         ):
             return self._ffi.cast("int32_t *", indices.data_ptr()), indices.numel(), indices
         if isinstance(indices, torch.Tensor):
-            slots, _ = as_slots(indices, self.device)
+            slots = as_slots(indices, self.device)
             slots = slots.cpu().contiguous()
             return self._ffi.cast("int32_t *", slots.data_ptr()), slots.numel(), slots
         buffer = _int_array("i", indices) or array("i", check_slot_indices(indices))
@@ -537,14 +553,15 @@ class RadixPrefixCache:
             page_slots = [int(slot) for slot in page_slots]
             if status == _MISALIGNED:
                 raise MisalignedPageError(
-                    f"page {bad_page} has slots {page_slots}: not a run start..start+{p - 1} with start % {p} == 0"
+                    f"page {bad_page} (tokens [{bad_page * p}, {(bad_page + 1) * p})) has slots {page_slots}:"
+                    f" not a run start..start+{p - 1} with start % {p} == 0"
                 )
             raise DuplicateSlotError(f"page {bad_page} takes slot {page_slots[0]}, which is already cached")
         cached_len = handle.cached_len if handle is not None else 0
         if status == _STALE:
             raise StaleHandleError(f"handle of cached_len {cached_len} lost a page to eviction or reset")
         if status == _NOT_LOCKED:
-            raise UnlockError(f"no lock ends at the last node of this handle (cached_len {cached_len})")
+            raise UnlockError(f"no lock ends at the last page of this handle (cached_len {cached_len})")
         if status == _NO_MEMORY:
             raise MemoryError("the C radix tree is out of memory")
         if status == _CORRUPT:

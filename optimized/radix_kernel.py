@@ -65,8 +65,7 @@ def compare_raw(dtype: torch.dtype, a_ptr: int, b_ptr: int, n: int) -> int:
 def first_outside(t: torch.Tensor, max_value: int) -> int:
     """Index of the first value of a 1-D int32/int64 tensor outside ``[0, max_value]``, or its length if none."""
     if t.device.type != "cpu" or not t.is_contiguous():
-        outside = torch.nonzero((t < 0) | (t > max_value))
-        return int(outside[0, 0]) if outside.numel() else t.numel()
+        return first_outside_torch(t, max_value)
     ffi, lib = _load()
     if t.dtype == torch.int32:
         result = int(lib.radix_first_outside_i32(ffi.cast("int32_t *", t.data_ptr()), t.numel(), max_value))
@@ -79,33 +78,27 @@ def first_outside(t: torch.Tensor, max_value: int) -> int:
 
 def first_bad_page(slots: torch.Tensor, page_size: int) -> int:
     """Index of the first page of ``slots`` (int32, whole pages) that is not an aligned run; #pages if none."""
-    npages = slots.numel() // page_size
     if slots.device.type != "cpu" or not slots.is_contiguous():
-        pages = slots.view(npages, page_size)
-        offsets = torch.arange(page_size, dtype=slots.dtype, device=slots.device)
-        bad = (pages[:, 0] < 0) | (pages[:, 0] % page_size != 0) | (pages != pages[:, :1] + offsets).any(dim=1)
-        where = torch.nonzero(bad)
-        return int(where[0, 0]) if where.numel() else npages
+        return first_bad_page_torch(slots, page_size)
     ffi, lib = _load()
+    npages = slots.numel() // page_size
     result = int(lib.radix_first_bad_page_i32(ffi.cast("int32_t *", slots.data_ptr()), npages, page_size))
     if result < 0:
         raise InvalidTypeError("radix_first_bad_page rejected its arguments")
     return result
 
 
-class PageKeyReader:
-    """Reads the child key of a page straight from an int64 token buffer: an int (P = 1) or the page's bytes."""
+def first_outside_torch(t: torch.Tensor, max_value: int) -> int:
+    """first_outside in torch ops (any device, any strides; one sync)."""
+    outside = torch.nonzero((t < 0) | (t > max_value))
+    return int(outside[0, 0]) if outside.numel() else t.numel()
 
-    def __init__(self, page_size: int) -> None:
-        self.ffi, self.lib = _load()
-        self.page_size = page_size
-        self.nbytes = page_size * 8
 
-    def __call__(self, ptr: int, pos: int) -> int | bytes:
-        if self.page_size == 1:
-            return int(self.ffi.cast("int64_t *", ptr)[pos])
-        return bytes(self.ffi.unpack(self.ffi.cast("char *", ptr + pos * 8), self.nbytes))
-
-    def compare(self, a_ptr: int, b_ptr: int, n: int) -> int:
-        """radix_compare_i64 on raw pointers (arguments validated by the caller)."""
-        return int(self.lib.radix_compare_i64(self.ffi.cast("int64_t *", a_ptr), self.ffi.cast("int64_t *", b_ptr), n))
+def first_bad_page_torch(slots: torch.Tensor, page_size: int) -> int:
+    """first_bad_page in torch ops (any device, any strides; one sync)."""
+    npages = slots.numel() // page_size
+    pages = slots.reshape(npages, page_size)
+    offsets = torch.arange(page_size, dtype=slots.dtype, device=slots.device)
+    bad = (pages[:, 0] < 0) | (pages[:, 0] % page_size != 0) | (pages != pages[:, :1] + offsets).any(dim=1)
+    where = torch.nonzero(bad)
+    return int(where[0, 0]) if where.numel() else npages

@@ -288,8 +288,7 @@ def store_cache(
     """
     # CHECK
     check_store_args(k_cache, v_cache, indices, k, v)
-    n = indices.numel()
-    if n == 0:
+    if indices.numel() == 0:
         return
     indices = indices.contiguous()
     num_slots = k_cache.shape[0]
@@ -300,15 +299,12 @@ def store_cache(
         status = lib.radix_store_rows(*_c_args(ffi, k_cache, v_cache, indices, k, v), bad)
         raise_for_status(status, int(bad[0]), indices, num_slots)
         return
-    status, row = find_first_bad_row(indices, num_slots)
-    raise_for_status(status, row, indices, num_slots)
     if k_cache.device.type == "cuda" and has_cuda_kernel():
+        status, row = find_first_bad_row(indices, num_slots)
+        raise_for_status(status, row, indices, num_slots)
         _launch_cuda(k_cache, v_cache, indices, k, v, _scratch_errors(k_cache.device))
     else:
-        # through bytes: torch copies no float8 or float4 dtype by index
-        index = indices.long()
-        _as_bytes(k_cache).index_copy_(0, index, _as_bytes(k))
-        _as_bytes(v_cache).index_copy_(0, index, _as_bytes(v))
+        store_torch(k_cache, v_cache, indices, k, v)
 
 
 def store_cache_fast(
@@ -340,12 +336,37 @@ def store_cache_fast(
     elif k_cache.device.type == "cuda" and has_cuda_kernel():
         _launch_cuda(k_cache, v_cache, indices, k, v, errors)
     else:
-        # no kernel for this device: torch ops (boolean indexing syncs; only the kernel avoids it)
-        index = indices.long()
-        inside = (index >= 0) & (index < k_cache.shape[0])
-        errors.bitwise_or_((~inside).any().to(torch.int32) * FLAG_OUT_OF_RANGE)
-        _as_bytes(k_cache)[index[inside]] = _as_bytes(k)[inside]
-        _as_bytes(v_cache)[index[inside]] = _as_bytes(v)[inside]
+        store_torch_fast(k_cache, v_cache, indices, k, v, errors)
+
+
+def store_torch(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, indices: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """The checked store in torch ops, for a device without the kernel (arguments checked by the caller):
+    every index checked first (one sync), then the rows copied through bytes (torch copies no float8 or
+    float4 dtype by index). Runs on any device; the tests compare it with the C store on the CPU."""
+    status, row = find_first_bad_row(indices, k_cache.shape[0])
+    raise_for_status(status, row, indices, k_cache.shape[0])
+    index = indices.long()
+    _as_bytes(k_cache).index_copy_(0, index, _as_bytes(k))
+    _as_bytes(v_cache).index_copy_(0, index, _as_bytes(v))
+
+
+def store_torch_fast(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indices: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    errors: torch.Tensor,
+) -> None:
+    """The fast store in torch ops, for a device without the kernel: out-of-range rows skipped and flagged
+    in ``errors`` (boolean indexing syncs; only the kernel avoids it). Runs on any device."""
+    index = indices.long()
+    inside = (index >= 0) & (index < k_cache.shape[0])
+    errors.bitwise_or_((~inside).any().to(torch.int32) * FLAG_OUT_OF_RANGE)
+    _as_bytes(k_cache)[index[inside]] = _as_bytes(k)[inside]
+    _as_bytes(v_cache)[index[inside]] = _as_bytes(v)[inside]
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -384,7 +405,7 @@ def _launch_cuda(
     k: torch.Tensor,
     v: torch.Tensor,
     errors: torch.Tensor,
-) -> None:
+) -> None:  # pragma: no mutate block (a GPU only: tests/gpu/run_gpu_checks.sh runs it)
     """Launch csrc/store.cu on the caches' device and its current stream (never on whatever device is current)."""
     ffi, lib = load_store_kernel()
     device = k_cache.device

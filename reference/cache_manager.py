@@ -173,7 +173,7 @@ class CacheManager:
         spec_manager.check_manager_invariants(
             self.abstract_state(),
             [
-                dataclasses.replace(req, cache_handle=None)
+                req
                 if req.cache_handle is None
                 else dataclasses.replace(req, cache_handle=self.prefix_cache.abstract_handle(req.cache_handle))
                 for req in live_reqs

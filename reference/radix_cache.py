@@ -27,6 +27,7 @@ from spec.errors import (
 )
 from spec.helpers import align_down, compute_match_len, div_ceil, is_page_run
 from spec.invariants import check_invariants
+from spec.metrics import CacheStats, StatsCounter
 from spec.types import (
     InsertResult,
     Namespace,
@@ -84,10 +85,6 @@ class RadixTreeNode:
         """Tokens in this node."""
         return len(self.key)
 
-    def is_root(self) -> bool:
-        """True for the root of a namespace (holds no pages)."""
-        return self.parent is None
-
     def is_leaf(self) -> bool:
         """True when no child extends this node."""
         return not self.children
@@ -130,7 +127,7 @@ class RadixCacheHandle(BaseCacheHandle):
     def get_matched_indices(self) -> list[int]:
         """Walk from the handle's node up to the root, then reverse: each node stores only its own run."""
         if self.node.detached:
-            raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction")
+            raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction or reset")
         values: list[list[int]] = []
         node = self.node
         while node.parent is not None:
@@ -143,7 +140,7 @@ class RadixCacheHandle(BaseCacheHandle):
         return f"RadixCacheHandle(cached_len={self.cached_len})"
 
 
-class RadixPrefixCache(BasePrefixCache):
+class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
     """The seed's radix tree, one root per namespace, with exact LRU eviction of pages."""
 
     def __init__(self, page_size: int = 1, enable_events: bool = False) -> None:
@@ -157,18 +154,14 @@ class RadixPrefixCache(BasePrefixCache):
         self.cached_starts: set[int] = set()
         # KV events (spec/events.py) not yet taken, or None when the cache emits none
         self.events: list[ev.Event] | None = [] if enable_events else None
+        # metrics (spec/metrics.py): counted as the operations run
+        self.counter = StatsCounter()
+        self.evicted_pages: dict[Namespace, int] = {}
+        self.eviction_age_sum = 0
 
-    def enable_events(self) -> None:
-        """Emit KV events from now on (the cache must be empty: a router starts from an empty mirror)."""
-        if self.roots:
-            raise CacheBusyError("enable events on an empty cache: the pages cached before were never announced")
-        if self.events is None:
-            self.events = []
-
-    def take_events(self) -> list[ev.Event]:
-        """The events emitted since the last call, in order (drained)."""
-        taken, self.events = (self.events or []), ([] if self.events is not None else None)
-        return taken
+    def stats(self) -> CacheStats:
+        """Hit rates, pages stored / evicted / dropped per namespace, mean eviction age (spec/metrics.py)."""
+        return self.counter.snapshot(self.evicted_pages, self.eviction_age_sum)
 
     # ------------------------------------------------------------ operations
 
@@ -178,8 +171,11 @@ class RadixPrefixCache(BasePrefixCache):
         tokens = check_token_ids(input_ids)
         namespace = check_namespace(namespace)
         # WALK
+        asked = len(tokens)
         tokens = tokens[: align_down(len(tokens), self.page_size)]
         node, prefix_len = self._tree_walk(self._find_root(namespace), tokens, self._take_tick())
+        # ACCOUNT
+        self.counter.matched(namespace, asked, prefix_len)
         return RadixCacheHandle(prefix_len, node, namespace, self)
 
     def insert_prefix(
@@ -210,6 +206,7 @@ class RadixPrefixCache(BasePrefixCache):
             # ACCOUNT
             self.evictable_size += new_node.length
             self.cached_starts.update(slots[prefix_len :: self.page_size])
+            self.counter.stored(namespace, new_node.length // self.page_size)
             node = new_node
             if self.events is not None:
                 parent_hash = node_before.page_hashes[-1] if node_before.page_hashes else None
@@ -238,7 +235,7 @@ class RadixPrefixCache(BasePrefixCache):
         # CHECK
         checked = self._check_handle(handle)
         if not self.is_handle_locked(checked):
-            raise UnlockError(f"no lock ends at the last node of this handle (cached_len {checked.cached_len})")
+            raise UnlockError(f"no lock ends at the last page of this handle (cached_len {checked.cached_len})")
         # UPDATE
         for node in _path_to_root(checked.node):
             node.ref_count -= 1
@@ -280,6 +277,10 @@ class RadixPrefixCache(BasePrefixCache):
                 node.split_at((pages - remaining) * self.page_size)
             evicted.extend(node.value)
             remaining -= node.length // self.page_size
+            # ACCOUNT (metrics): the pages' namespace and how long ago they were used
+            namespace = self._root_of(node).namespace
+            self.evicted_pages[namespace] = self.evicted_pages.get(namespace, 0) + node.length // self.page_size
+            self.eviction_age_sum += (self.clock - node.timestamp) * (node.length // self.page_size)
             if self.events is not None:
                 self.events += self._removed_pages(node)
             parent = self._detach(node)
@@ -296,9 +297,12 @@ class RadixPrefixCache(BasePrefixCache):
             raise CacheBusyError(f"cannot reset: {self.protected_size} tokens are locked")
         # UPDATE
         slots: list[int] = []
-        for node in list(self._iter_nodes()):
-            slots.extend(node.value)
-            node.detached = True
+        for namespace, root in self.roots.items():
+            for node in _subtree(root):
+                slots.extend(node.value)
+                node.detached = True
+                # ACCOUNT (metrics)
+                self.counter.dropped(namespace, node.length // self.page_size)
         self.roots.clear()
         # ACCOUNT
         self.evictable_size = 0
@@ -388,10 +392,15 @@ class RadixPrefixCache(BasePrefixCache):
 
     def _removed_pages(self, node: RadixTreeNode) -> list[ev.Event]:
         """PageRemoved events of a leaf's pages, deepest first (a page goes before its parent)."""
-        root = node
-        while root.parent is not None:
-            root = root.parent
-        return [ev.PageRemoved(root.namespace, page_hash) for page_hash in reversed(node.page_hashes)]
+        namespace = self._root_of(node).namespace
+        return [ev.PageRemoved(namespace, page_hash) for page_hash in reversed(node.page_hashes)]
+
+    @staticmethod
+    def _root_of(node: RadixTreeNode) -> RadixTreeNode:
+        """The root above a node (its namespace's)."""
+        while node.parent is not None:
+            node = node.parent
+        return node
 
     def _take_tick(self) -> int:
         """Advance the logical clock; return the stamp of this operation."""
@@ -468,7 +477,7 @@ class RadixPrefixCache(BasePrefixCache):
         """``handle`` if it is a live handle of this cache, else raise."""
         checked = self._check_type(handle)
         if checked.node.detached:
-            raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction")
+            raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction or reset")
         return checked
 
     def _is_evictable_leaf(self, node: RadixTreeNode) -> bool:
@@ -495,11 +504,17 @@ class RadixPrefixCache(BasePrefixCache):
 
     def _iter_nodes(self) -> Iterator[RadixTreeNode]:
         """Every non-root node of every namespace."""
-        stack = [child for root in self.roots.values() for child in root.children.values()]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+        for root in self.roots.values():
+            yield from _subtree(root)
+
+
+def _subtree(root: RadixTreeNode) -> Iterator[RadixTreeNode]:
+    """Every node below ``root`` (not the root itself)."""
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.children.values())
 
 
 def _path_to_root(node: RadixTreeNode) -> Iterator[RadixTreeNode]:

@@ -1,29 +1,36 @@
-"""Page accounting of the CacheManager as an abstract model.
+"""The CacheManager's page accounting, declaratively: for each operation, what must be true after it.
 
-Every page of the pool is in exactly one place: the free list, the cache,
-or privately held by one live request (the tail of its page-table row).
-``check_manager_invariants`` checks that conservation law set by set.
+The state, seen as sets of pages (page starts):
 
-The free list is a FIFO of page starts: allocation takes from the front,
-frees append at the back, eviction appends the evicted pages (ascending)
-before taking.
+* **free**: on the free list; **held**: freed inside a lazy free region, joining the free list when it closes;
+* **cached**: held by the prefix cache (its abstract state; ``spec.prefix_cache`` says how the cache behaves);
+* **private**: per live request, the pages of its row past its locked path.
+
+Every page is in exactly one of them (``pages_are_partitioned``, the conservation law).
+
+Each operation is a relation between the state before and the state after, both observed on an
+implementation (``ManagerState`` and ``RequestView``): its *guards* say when the call must be rejected, and
+with which error (a rejected call changes nothing); its *postconditions* say what must be true after an
+accepted one. The spec does not say which free page an allocation takes, nor the order the free list keeps:
+any choice the relation allows is correct (the reference and the optimized manager must still make the same
+one, which the differential checks). A relation that does not hold raises ``ManagerLawError`` naming the
+operation and the law.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import prefix_cache as pc
 from .errors import (
-    CacheBusyError,
+    CacheError,
     InvalidRequestError,
-    InvalidSizeError,
+    ManagerLawError,
     OutOfPagesError,
     UnlockError,
 )
-from .helpers import compute_page_starts, compute_page_to_token, div_ceil
+from .helpers import compute_page_starts, div_ceil
 from .invariants import (
     check_invariants,
     count_locks,
@@ -33,12 +40,12 @@ from .invariants import (
     raise_first,
     rows_match_handles,
 )
-from .types import Prompted, Req, check_page_size
+from .types import Namespace, Req
 
 
 @dataclass
 class ManagerState:
-    """The whole abstract state of a CacheManager."""
+    """What a CacheManager holds, as an implementation reports it (``abstract_state()``)."""
 
     # the prefix cache it allocates around
     cache: pc.PrefixCacheState
@@ -46,9 +53,9 @@ class ManagerState:
     num_pages: int
     # page table: row per request slot, one pool slot per token position
     page_table: list[list[int]]
-    # FIFO of free page starts
+    # the free list (page starts; its order is the implementation's)
     free_slots: list[int] = field(default_factory=list)
-    # page starts freed inside lazy_free_region, appended to free_slots on exit; None outside
+    # page starts freed inside lazy_free_region, joining the free list when it closes; None outside
     lazy_frees: list[int] | None = None
 
     @property
@@ -57,168 +64,317 @@ class ManagerState:
         return self.cache.page_size
 
 
-def new_manager(num_pages: int, page_size: int, max_running_reqs: int, max_seq_len: int) -> ManagerState:
-    """A manager with every page free: free list ``0, P, 2P, ...``."""
-    # CHECK
-    page_size = check_page_size(page_size)
-    for name, value in (("num_pages", num_pages), ("max_running_reqs", max_running_reqs), ("max_seq_len", max_seq_len)):
-        if value < 1:
-            raise InvalidSizeError(f"{name} must be >= 1, got {value}")
-    # UPDATE
-    return ManagerState(
-        cache=pc.new_state(page_size),
-        num_pages=num_pages,
-        page_table=[[0] * max_seq_len for _ in range(max_running_reqs)],
-        free_slots=[page * page_size for page in range(num_pages)],
+@dataclass(frozen=True)
+class RequestView:
+    """A request as the relations read it: its fields, its locked path as a spec handle, its row."""
+
+    uid: int
+    table_idx: int
+    namespace: Namespace
+    input_ids: tuple[int, ...]
+    # the locked path (None once released by cache_req(finished=True))
+    handle: pc.Handle | None
+    cached_len: int
+    device_len: int
+    alloc_len: int
+    # the row's slots over [0, alloc_len)
+    row: tuple[int, ...]
+
+
+# ---------------------------------------------------------------- the sets
+
+
+def free_pages(state: ManagerState) -> set[int]:
+    """Pages on the free list."""
+    return set(state.free_slots)
+
+
+def held_pages(state: ManagerState) -> set[int]:
+    """Pages freed inside the open lazy free region."""
+    return set(state.lazy_frees or ())
+
+
+def cached_pages(state: ManagerState) -> set[int]:
+    """Pages the prefix cache holds."""
+    return {entry.slot_start for entry in state.cache.entries.values()}
+
+
+def get_cached_pages(state: ManagerState) -> list[int]:
+    """Page starts held by the cache (a list, for the partition check)."""
+    return [entry.slot_start for entry in state.cache.entries.values()]
+
+
+def private_pages(state: ManagerState, req: RequestView) -> set[int]:
+    """Pages of the request's row past its locked path."""
+    locked = req.handle.cached_len if req.handle is not None else 0
+    return set(compute_page_starts(list(req.row[locked:]), state.page_size))
+
+
+def _copy_cache(state: ManagerState) -> pc.PrefixCacheState:
+    return pc.PrefixCacheState(state.page_size, dict(state.cache.entries), state.cache.clock)
+
+
+def _law(operation: str, holds: bool, message: str) -> None:
+    if not holds:
+        raise ManagerLawError(f"{operation}: {message}")
+
+
+def _outcome(operation: str, expected: type[CacheError] | None, actual: type[CacheError] | None) -> bool:
+    """The guard law: the call is rejected exactly when a guard says so, with its error. True when accepted."""
+
+    def said(error: type[CacheError] | None) -> str:
+        return f"rejected with {error.__name__}" if error else "accepted"
+
+    _law(operation, expected is actual, f"the guards say {said(expected)}, the implementation {said(actual)}")
+    return expected is None
+
+
+def _unchanged(operation: str, before: ManagerState, after: ManagerState, what: str = "") -> None:
+    _law(
+        operation,
+        (before.cache, sorted(before.free_slots), before.lazy_frees)
+        == (after.cache, sorted(after.free_slots), after.lazy_frees),
+        f"changed the cache or the free pages{what}",
     )
+
+
+def _others_unchanged(operation: str, before: Mapping[int, RequestView], after: Mapping[int, RequestView]) -> None:
+    for uid, view in before.items():
+        _law(operation, after.get(uid) == view, f"changed request {uid}, which it was not called on")
+
+
+# ---------------------------------------------------------------- the operations
 
 
 def available_size(state: ManagerState) -> int:
-    """Tokens an allocation may use now: evictable cache plus free pages."""
-    return pc.size_info(state.cache).evictable_size + len(state.free_slots) * state.page_size
+    """Tokens an allocation may use now: the free pages and the evictable cache (held pages not yet)."""
+    return len(state.free_slots) * state.page_size + pc.size_info(state.cache).evictable_size
 
 
-def match_req(state: ManagerState, req: Prompted) -> pc.Handle:
-    """Match all of the prompt but its last token, which is always recomputed to produce logits."""
-    # CHECK
-    if len(req.input_ids) == 0:
-        raise InvalidRequestError("a request needs at least one input token")
-    # WALK
-    return pc.match_prefix(state.cache, req.input_ids[: len(req.input_ids) - 1], req.namespace)
+def match_req(
+    before: ManagerState, after: ManagerState, req: RequestView, cached_len: int, error: type[CacheError] | None
+) -> None:
+    """The prompt but its last token matched in the cache (the last is always recomputed for its logits).
 
-
-def lock(state: ManagerState, handle: pc.Handle) -> None:
-    """Protect the handle's path from eviction."""
-    pc.lock(state.cache, handle)
-
-
-def unlock(state: ManagerState, handle: pc.Handle) -> None:
-    """Release one lock on the handle's path."""
-    pc.unlock(state.cache, handle)
-
-
-def allocate_paged(state: ManagerState, reqs: Sequence[Req]) -> None:
-    """Give each request pages for positions ``[cached_len, device_len)`` and write them into its row.
-
-    Raises OutOfPagesError with nothing changed when free plus evictable pages do not suffice.
+    Guard: an empty prompt is InvalidRequestError. After: ``cached_len`` is the cache's match of
+    ``input_ids[:-1]``, the cache stamped as that match stamps it, the pages otherwise unchanged.
     """
-    # CHECK
-    p = state.page_size
-    check_distinct_rows(reqs)
-    needed_pages = 0
-    allocation_info: list[tuple[Req, int, int]] = []
-    for req in reqs:
-        check_req_row(state, req)
-        if not req.cached_len <= req.device_len <= len(state.page_table[req.table_idx]):
-            raise InvalidRequestError(
-                f"request {req.uid}: need cached_len {req.cached_len} <= device_len {req.device_len}"
-                f" <= max_seq_len {len(state.page_table[req.table_idx])}"
-            )
-        first_page = div_ceil(req.cached_len, p)
-        last_page = div_ceil(req.device_len, p)
-        if req.alloc_len != first_page * p:
-            raise InvalidRequestError(
-                f"request {req.uid}: row holds pages up to position {req.alloc_len},"
-                f" cached_len {req.cached_len} needs {first_page * p}"
-            )
-        if last_page > first_page:
-            needed_pages += last_page - first_page
-            allocation_info.append((req, first_page, last_page))
-    if needed_pages * p > available_size(state):
-        raise OutOfPagesError(
-            f"need {needed_pages} pages, have {len(state.free_slots)} free"
-            f" + {pc.size_info(state.cache).evictable_size // p} evictable"
-        )
-    # UPDATE
-    allocated = _page_to_token(state, _allocate(state, needed_pages))
-    offset = 0
-    for req, first_page, last_page in allocation_info:
-        length = (last_page - first_page) * p
-        state.page_table[req.table_idx][first_page * p : last_page * p] = allocated[offset : offset + length]
-        req.alloc_len = last_page * p
-        offset += length
+    op = f"match_req({req.uid})"
+    if not _outcome(op, None if req.input_ids else InvalidRequestError, error):
+        _unchanged(op, before, after)
+        return
+    cache = _copy_cache(before)
+    handle = pc.match_prefix(cache, req.input_ids[:-1], req.namespace)
+    _law(op, cached_len == handle.cached_len, f"matched {cached_len} tokens, the cache holds {handle.cached_len}")
+    _law(op, after.cache == cache, "the cache after it is not the cache after that match")
+    _law(op, sorted(after.free_slots) == sorted(before.free_slots), "changed the free pages")
 
 
-def cache_req(state: ManagerState, req: Req, *, finished: bool) -> None:
-    """Insert the request's computed prefix into the cache; free what the cache already had.
+def lock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None:
+    """The handle's path protected from eviction: the cache after is the cache's lock; no page moves."""
+    cache = _copy_cache(before)
+    pc.lock(cache, handle)
+    _law("lock", after.cache == cache, "the cache after it is not the cache after that lock")
+    _law("lock", sorted(after.free_slots) == sorted(before.free_slots), "changed the free pages")
 
-    Regions of the request's row (all half-open)::
 
-        [0, old_handle.cached_len)          cached before this prefill (locked by old_handle)
-        [old_handle.cached_len, cached_len) cached by another request meanwhile: free ours
-        [cached_len, new_handle.cached_len) newly inserted into the cache
-        [new_handle.cached_len, alloc_len)  tail that cannot enter the tree: free if finished
+def unlock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None:
+    """One lock of the handle's path released: the cache after is the cache's unlock; no page moves."""
+    cache = _copy_cache(before)
+    pc.unlock(cache, handle)
+    _law("unlock", after.cache == cache, "the cache after it is not the cache after that unlock")
+    _law("unlock", sorted(after.free_slots) == sorted(before.free_slots), "changed the free pages")
 
-    When not finished, the row's ``[old_handle.cached_len, cached_len)`` is
-    rewritten to the cache's slots (same tokens, same KV), so the request never
-    reads a page it just freed. When finished, the request is released: its
-    handle becomes None and a second cache_req is rejected.
+
+def allocate_paged_guard(before: ManagerState, batch: Sequence[RequestView]) -> type[CacheError] | None:
+    """The error allocate_paged must raise for this batch, in the order the checks run; None to accept it."""
+    p = before.page_size
+    if len({req.table_idx for req in batch}) != len(batch):
+        return InvalidRequestError  # two requests of one batch share a row
+    needed = 0
+    for req in batch:
+        guard = request_guard(before, req)
+        if guard is not None:
+            return guard
+        if not req.cached_len <= req.device_len <= len(before.page_table[req.table_idx]):
+            return InvalidRequestError
+        if req.alloc_len != div_ceil(req.cached_len, p) * p:
+            return InvalidRequestError
+        needed += max(0, div_ceil(req.device_len, p) - div_ceil(req.cached_len, p))
+    return OutOfPagesError if needed * p > available_size(before) else None
+
+
+def request_guard(state: ManagerState, req: RequestView) -> type[CacheError] | None:
+    """A request the manager may act on: its row in the table, still live, its path locked, its row whole pages."""
+    if not 0 <= req.table_idx < len(state.page_table):
+        return InvalidRequestError
+    if req.handle is None:
+        return InvalidRequestError
+    if not pc.is_handle_locked(state.cache, req.handle):
+        return UnlockError
+    if req.alloc_len % state.page_size or req.alloc_len > len(state.page_table[req.table_idx]):
+        return InvalidRequestError
+    return None
+
+
+def allocate_paged(
+    before: ManagerState,
+    after: ManagerState,
+    batch_before: Sequence[RequestView],
+    batch_after: Sequence[RequestView],
+    error: type[CacheError] | None,
+    others_before: Mapping[int, RequestView] | None = None,
+    others_after: Mapping[int, RequestView] | None = None,
+) -> None:
+    """Pages for positions ``[cached_len, device_len)`` of each request of the batch.
+
+    Guards: ``allocate_paged_guard``. After: each request's row covers ``device_len`` with whole new pages
+    (``alloc_len = ceil(device_len / P) * P``, the part before unchanged); the new pages are distinct and
+    were free or just evicted; the cache evicted exactly the pages the free list lacked, as its own
+    ``evict`` would (LRU), and nothing else changed in it; free after = free before + evicted - new.
     """
-    # CHECK
-    old_handle = check_req_row(state, req)
-    if not old_handle.cached_len <= req.cached_len <= min(req.alloc_len, len(req.input_ids)):
-        raise InvalidRequestError(
-            f"request {req.uid}: need handle {old_handle.cached_len} <= cached_len {req.cached_len}"
-            f" <= min(alloc_len {req.alloc_len}, tokens {len(req.input_ids)})"
+    op = "allocate_paged"
+    if not _outcome(op, allocate_paged_guard(before, batch_before), error):
+        _unchanged(op, before, after)
+        return
+    p = before.page_size
+    new: list[int] = []
+    for req, done in zip(batch_before, batch_after, strict=True):
+        end = div_ceil(req.device_len, p) * p  # >= alloc_len: the guard puts alloc_len at ceil(cached_len / P) * P
+        _law(op, done.alloc_len == end, f"request {req.uid}: alloc_len {done.alloc_len}, not {end}")
+        _law(op, done.row[: req.alloc_len] == req.row, f"request {req.uid}: changed the pages it already had")
+        segment = list(done.row[req.alloc_len :])
+        starts = compute_page_starts(segment, p)
+        _law(
+            op,
+            [start + k for start in starts for k in range(p)] == segment and all(s % p == 0 for s in starts),
+            f"request {req.uid}: its new positions are not whole aligned pages",
         )
-    row = state.page_table[req.table_idx]
-    # UPDATE (insert_prefix checks its own input first and raises before any change)
-    cached_len, new_handle = pc.insert_prefix(
-        state.cache, req.input_ids[: req.cached_len], row[: req.cached_len], req.namespace
+        new += starts
+    needed = len(new)
+    evicted = cached_pages(before) - cached_pages(after)
+    _law(op, cached_pages(after) <= cached_pages(before), "the cache gained pages")
+    _law(
+        op,
+        len(evicted) == max(0, needed - len(before.free_slots)),
+        f"evicted {len(evicted)} pages, the free list lacked {max(0, needed - len(before.free_slots))}",
     )
-    pc.unlock(state.cache, old_handle)
-    # ACCOUNT
-    _free(state, row[old_handle.cached_len : cached_len])
+    cache = _copy_cache(before)
+    pc.evict(cache, len(evicted) * p)
+    _law(op, after.cache == cache, "the cache after it is not the cache after evicting the LRU pages")
+    _law(op, len(set(new)) == needed, "gave a page to two positions")
+    _law(
+        op,
+        set(new) <= free_pages(before) | evicted,
+        f"gave pages {sorted(set(new) - free_pages(before) - evicted)[:8]} that were neither free nor evicted",
+    )
+    _law(
+        op,
+        sorted(after.free_slots) == sorted((free_pages(before) | evicted) - set(new)),
+        "the free pages after it are not the free and evicted pages less the new ones",
+    )
+    _law(op, after.lazy_frees == before.lazy_frees, "changed the pages held in the lazy free region")
+    _others_unchanged(op, others_before or {}, others_after or {})
+
+
+def cache_req_guard(before: ManagerState, req: RequestView) -> type[CacheError] | None:
+    """The error cache_req must raise for this request; None to accept it."""
+    guard = request_guard(before, req)
+    if guard is not None:
+        return guard
+    assert req.handle is not None
+    if not req.handle.cached_len <= req.cached_len <= min(req.alloc_len, len(req.input_ids)):
+        return InvalidRequestError
+    return None
+
+
+def cache_req(
+    before: ManagerState,
+    after: ManagerState,
+    req_before: RequestView,
+    req_after: RequestView,
+    finished: bool,
+    error: type[CacheError] | None,
+    others_before: Mapping[int, RequestView] | None = None,
+    others_after: Mapping[int, RequestView] | None = None,
+) -> None:
+    """The request's computed prefix enters the cache; the copies the cache already had are freed.
+
+    Guards: ``cache_req_guard``. After: the cache is the cache after inserting ``input_ids[:cached_len]``
+    at the row's slots, unlocking the old path and (unfinished) locking the new one. Freed: the row's
+    pages over ``[old path, what the cache already had)`` (duplicates), and when finished its tail past
+    the new path too; they join the free list (or the lazy region's held pages), none twice. Unfinished:
+    the row's cached part now holds the cache's slots (it never points at a page it freed), the rest is
+    unchanged. Finished: the request is released (no handle, nothing allocated).
+    """
+    op = f"cache_req(finished={finished})"
+    if not _outcome(op, cache_req_guard(before, req_before), error):
+        _unchanged(op, before, after)
+        return
+    assert req_before.handle is not None
+    p = before.page_size
+    cache = _copy_cache(before)
+    prefix_len, new_handle = pc.insert_prefix(
+        cache,
+        list(req_before.input_ids[: req_before.cached_len]),
+        list(req_before.row[: req_before.cached_len]),
+        req_before.namespace,
+    )
+    pc.unlock(cache, req_before.handle)
+    if not finished:
+        pc.lock(cache, new_handle)
+    _law(op, after.cache == cache, "the cache after it is not the cache after that insert, unlock and lock")
+    freed = compute_page_starts(list(req_before.row[req_before.handle.cached_len : prefix_len]), p)
     if finished:
-        _free(state, row[new_handle.cached_len : req.alloc_len])
-        req.cache_handle = None
-        req.alloc_len = 0
+        freed += compute_page_starts(list(req_before.row[new_handle.cached_len : req_before.alloc_len]), p)
+    _law(op, len(set(freed)) == len(freed), "freed a page twice")
+    already = set(freed) & (free_pages(before) | held_pages(before))
+    _law(op, not already, f"freed pages {sorted(already)[:8]} that were free already (a double free)")
+    if before.lazy_frees is None:
+        _law(
+            op,
+            sorted(after.free_slots) == sorted([*before.free_slots, *freed]),
+            "the free pages after it are not the free and freed ones",
+        )
+        _law(op, after.lazy_frees is None, "opened a lazy free region")
     else:
-        row[old_handle.cached_len : cached_len] = pc.get_matched_indices(state.cache, new_handle)[
-            old_handle.cached_len : cached_len
-        ]
-        req.cache_handle = new_handle
-        pc.lock(state.cache, new_handle)
-
-
-@contextmanager
-def lazy_free_region(state: ManagerState) -> Iterator[None]:
-    """Inside, frees are held back; on exit (even by an exception) they join the free list in order."""
-    # CHECK
-    if state.lazy_frees is not None:
-        raise CacheBusyError("lazy_free_region is already open")
-    # UPDATE
-    state.lazy_frees = []
-    try:
-        yield
-    finally:
-        held, state.lazy_frees = state.lazy_frees, None
-        state.free_slots.extend(held)
-
-
-def _allocate(state: ManagerState, needed_pages: int) -> list[int]:
-    """Take ``needed_pages`` page starts from the front of the free list, evicting first if short."""
-    free_pages = len(state.free_slots)
-    if needed_pages > free_pages:
-        evicted = pc.evict(state.cache, (needed_pages - free_pages) * state.page_size)
-        state.free_slots.extend(compute_page_starts(evicted, state.page_size))
-    allocated = state.free_slots[:needed_pages]
-    del state.free_slots[:needed_pages]
-    return allocated
-
-
-def _free(state: ManagerState, indices: Sequence[int]) -> None:
-    """Return the pages starting at ``indices[::P]`` to the free list (held back inside a lazy region)."""
-    starts = compute_page_starts(indices, state.page_size)
-    if state.lazy_frees is not None:
-        state.lazy_frees.extend(starts)
+        _law(op, sorted(after.free_slots) == sorted(before.free_slots), "freed pages inside a lazy region at once")
+        _law(
+            op,
+            sorted(after.lazy_frees or ()) == sorted([*before.lazy_frees, *freed]),
+            "the held pages after it are not the held and freed ones",
+        )
+    if finished:
+        _law(op, req_after.handle is None and req_after.alloc_len == 0, "did not release the request")
     else:
-        state.free_slots.extend(starts)
+        matched = tuple(pc.get_matched_indices(cache, new_handle))
+        _law(op, req_after.handle == new_handle, "the request's path is not the one inserted")
+        _law(
+            op,
+            req_after.row[: len(matched)] == matched,
+            "rows_match_handles: the row's cached part is not the cache's slots",
+        )
+        _law(
+            op, req_after.row[len(matched) :] == req_before.row[len(matched) :], "changed the row past the cached part"
+        )
+        _law(op, req_after.alloc_len == req_before.alloc_len, "changed alloc_len")
+    _others_unchanged(op, others_before or {}, others_after or {})
 
 
-def _page_to_token(state: ManagerState, pages: Sequence[int]) -> list[int]:
-    """Expand page starts to the slots of each page."""
-    return compute_page_to_token(pages, state.page_size)
+def lazy_free_region(before_exit: ManagerState, after_exit: ManagerState) -> None:
+    """Inside, frees are held back; when the region closes, the held pages join the free list (the guard:
+    a region inside a region is CacheBusyError, checked by the machine)."""
+    op = "lazy_free_region (exit)"
+    _law(op, after_exit.lazy_frees is None, "left the region open")
+    _law(
+        op,
+        sorted(after_exit.free_slots) == sorted([*before_exit.free_slots, *(before_exit.lazy_frees or ())]),
+        "the free pages after it are not the free and the held ones",
+    )
+    _law(op, after_exit.cache == before_exit.cache, "changed the cache")
+
+
+# ---------------------------------------------------------------- invariants
 
 
 def check_distinct_rows(reqs: Sequence[Req]) -> None:
@@ -228,21 +384,6 @@ def check_distinct_rows(reqs: Sequence[Req]) -> None:
         raise InvalidRequestError(f"two requests of one batch share a page-table row: {sorted(rows)}")
 
 
-def check_req_row(state: ManagerState, req: Req) -> pc.Handle:
-    """The request's locked handle, after checking its row and lengths; raise otherwise."""
-    if not 0 <= req.table_idx < len(state.page_table):
-        raise InvalidRequestError(f"request {req.uid}: table_idx {req.table_idx} outside the page table")
-    handle = req.cache_handle
-    if handle is None:
-        raise InvalidRequestError(f"request {req.uid} was already released by cache_req(finished=True)")
-    handle = pc.check_type(handle)
-    if not pc.is_handle_locked(state.cache, handle):
-        raise UnlockError(f"request {req.uid}: its handle is stale or not locked")
-    if req.alloc_len % state.page_size or req.alloc_len > len(state.page_table[req.table_idx]):
-        raise InvalidRequestError(f"request {req.uid}: alloc_len {req.alloc_len} is not a page boundary of the row")
-    return handle
-
-
 def get_private_rows(state: ManagerState, live_reqs: Sequence[Req]) -> dict[int, list[int]]:
     """For each live request, the slots of its row that it holds privately."""
     return {
@@ -250,13 +391,8 @@ def get_private_rows(state: ManagerState, live_reqs: Sequence[Req]) -> dict[int,
     }
 
 
-def get_cached_pages(state: ManagerState) -> list[int]:
-    """Page starts held by the cache."""
-    return [entry.slot_start for entry in state.cache.entries.values()]
-
-
 def check_manager_invariants(state: ManagerState, live_reqs: Sequence[Req]) -> None:
-    """Raise IntegrityError naming the first broken accounting invariant."""
+    """Raise IntegrityError naming the first broken accounting invariant (live requests hold spec handles)."""
     raise_first([("live_requests_hold_distinct_rows", live_requests_hold_distinct_rows(live_reqs))])
     check_invariants(state.cache, locks=count_locks(state.cache, [req.cache_handle for req in live_reqs]))
     p = state.page_size

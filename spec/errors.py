@@ -35,6 +35,18 @@ class IntegrityError(CacheError):
     """A named invariant does not hold; the message names it and gives the numbers."""
 
 
+class EventStreamError(IntegrityError):
+    """A KV event stream cannot be replayed, or does not describe the cache (spec/events.py)."""
+
+
+class ManagerLawError(IntegrityError):
+    """A manager's state after an operation is not one the operation's relation allows (spec/cache_manager.py)."""
+
+
+class SchedulingLawError(IntegrityError):
+    """A scheduler broke one of its laws, named in the message (spec/scheduler.py)."""
+
+
 class KVCorruptionError(CacheError):
     """A KV slot holds values other than those stored for its token."""
 
@@ -87,6 +99,7 @@ __all__ = [
     "CacheBusyError",
     "CacheError",
     "DuplicateSlotError",
+    "EventStreamError",
     "EvictionError",
     "IntegrityError",
     "InvalidInputError",
@@ -96,9 +109,11 @@ __all__ = [
     "KVCorruptionError",
     "KernelError",
     "LengthMismatchError",
+    "ManagerLawError",
     "MisalignedPageError",
     "OutOfPagesError",
     "OverlappingBuffersError",
+    "SchedulingLawError",
     "SlotOutOfRangeError",
     "StaleHandleError",
     "UnavailableError",

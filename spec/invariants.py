@@ -37,7 +37,7 @@ def keys_are_whole_pages(state: PrefixCacheState) -> str | None:
 def entries_are_prefix_closed(state: PrefixCacheState) -> str | None:
     """The parent page of every cached page is cached."""
     for key in state.entries:
-        parent = get_parent_key(state, key)
+        parent = get_parent_key(key)
         if parent is not None and parent not in state.entries:
             return f"page ending at token {len(key[1])} is cached but its parent page is not"
     return None
@@ -47,7 +47,7 @@ def ref_counts_cover_children(state: PrefixCacheState) -> str | None:
     """Each page holds at least as many locks as its child pages together (a lock covers a whole root path)."""
     below: Counter[PageKey] = Counter()
     for key, entry in state.entries.items():
-        parent = get_parent_key(state, key)
+        parent = get_parent_key(key)
         if parent is not None:
             below[parent] += entry.ref_count
     for key, entry in state.entries.items():
@@ -91,7 +91,7 @@ def stamps_are_in_the_past(state: PrefixCacheState) -> str | None:
 def stamps_grow_toward_the_root(state: PrefixCacheState) -> str | None:
     """A parent page is as recent as its children and no younger (each operation stamps a root path)."""
     for key, entry in state.entries.items():
-        parent = get_parent_key(state, key)
+        parent = get_parent_key(key)
         if parent is None or parent not in state.entries:
             continue
         up = state.entries[parent]
@@ -105,7 +105,7 @@ def stamps_grow_toward_the_root(state: PrefixCacheState) -> str | None:
 
 def leaf_stamps_are_distinct(state: PrefixCacheState) -> str | None:
     """No two leaf pages share a last_access stamp, so LRU order is total."""
-    parents = {get_parent_key(state, key) for key in state.entries}
+    parents = {get_parent_key(key) for key in state.entries}
     stamps = Counter(entry.last_access for key, entry in state.entries.items() if key not in parents)
     shared = sorted(t for t, n in stamps.items() if n > 1)
     return f"leaves share stamps {shared}" if shared else None

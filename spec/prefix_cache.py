@@ -186,7 +186,7 @@ def get_page_keys(state: PrefixCacheState, namespace: Namespace, tokens: Sequenc
     return [(namespace, prefix) for prefix in compute_page_prefixes(tokens, state.page_size)]
 
 
-def get_parent_key(state: PrefixCacheState, key: PageKey) -> PageKey | None:
+def get_parent_key(key: PageKey) -> PageKey | None:
     """Key of the page before ``key`` on its path, or None for a first page."""
     namespace, prefix = key
     return None if prefix.parent is None else (namespace, prefix.parent)
@@ -194,12 +194,12 @@ def get_parent_key(state: PrefixCacheState, key: PageKey) -> PageKey | None:
 
 def get_keys_with_children(state: PrefixCacheState) -> set[PageKey]:
     """Cached pages that some cached page extends by one page (one pass over the cache)."""
-    return {parent for key in state.entries if (parent := get_parent_key(state, key)) is not None}
+    return {parent for key in state.entries if (parent := get_parent_key(key)) is not None}
 
 
 def get_child_keys(state: PrefixCacheState, key: PageKey) -> list[PageKey]:
     """Cached pages that extend ``key`` by one page."""
-    return [other for other in state.entries if get_parent_key(state, other) == key]
+    return [other for other in state.entries if get_parent_key(other) == key]
 
 
 def has_cached_child(state: PrefixCacheState, key: PageKey) -> bool:
@@ -263,7 +263,7 @@ def get_matched_indices(state: PrefixCacheState, handle: Handle) -> list[int]:
     """
     # CHECK
     if is_handle_stale(state, handle):
-        raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction")
+        raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction or reset")
     # WALK
     starts = [state.entries[key].slot_start for key in get_handle_keys(state, handle)]
     return compute_page_to_token(starts, state.page_size)
@@ -394,7 +394,7 @@ def evict(state: PrefixCacheState, size: int) -> list[int]:
         raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
     # UPDATE: one page at a time, the oldest evictable leaf; taking a page may make its parent a leaf.
     # (The leaves sit in a heap by last_access so that big evictions stay fast; the rule is the one above.)
-    children = Counter(parent for key in state.entries if (parent := get_parent_key(state, key)) is not None)
+    children = Counter(parent for key in state.entries if (parent := get_parent_key(key)) is not None)
     leaves = [
         (entry.last_access, id(key[1]), key)
         for key, entry in state.entries.items()
@@ -407,7 +407,7 @@ def evict(state: PrefixCacheState, size: int) -> list[int]:
         # each operation stamps one root path, so two leaves never share a stamp
         assert not leaves or leaves[0][0] != last_access, f"two evictable leaves share the stamp {last_access}"
         starts.append(state.entries.pop(oldest).slot_start)
-        parent = get_parent_key(state, oldest)
+        parent = get_parent_key(oldest)
         if parent is not None:
             children[parent] -= 1
             if not children[parent] and state.entries[parent].ref_count == 0:
@@ -438,5 +438,5 @@ def check_handle(state: PrefixCacheState, handle: object) -> Handle:
     """``handle`` if it is a spec handle whose path is still cached, else raise."""
     checked = check_type(handle)
     if is_handle_stale(state, checked):
-        raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction")
+        raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction or reset")
     return checked

@@ -28,13 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import prefix_cache as pc
-from .errors import IntegrityError
+from .errors import SchedulingLawError
 from .hashing import compute_next_token, compute_prefix_hashes
 from .types import Namespace, SchedulerConfig, StepReport
-
-
-class SchedulingLawError(IntegrityError):
-    """A scheduler broke one of its laws (the message names it)."""
 
 
 @dataclass(frozen=True)

@@ -253,7 +253,7 @@ def check_request(
         raise InvalidTypeError(f"uid must be an int, got {type(uid).__name__}")
     if uid in known:
         raise InvalidRequestError(f"request {uid} already exists")
-    tokens = list(check_token_ids(input_ids, "input_ids"))
+    tokens = list(check_token_ids(input_ids))
     check_namespace(namespace)
     if not tokens:
         raise InvalidRequestError(f"request {uid} has an empty prompt")

@@ -132,3 +132,23 @@ def test_a_token_id_past_int64_is_rejected_everywhere(token: int) -> None:
             cache.match_prefix([1, token])
         with pytest.raises(InvalidInputError):
             cache.insert_prefix([1, token], [0, 1])
+
+
+def test_tensors_of_every_accepted_kind_insert_alike_and_an_empty_one_of_any_dtype_is_empty() -> None:
+    """int32 or int64, contiguous or strided: the same pages; ``torch.tensor([])`` (float32) inserts nothing."""
+    for cls in (optimized.RadixPrefixCache, optimized.NaivePrefixCache):
+        states = []
+        for tokens, slots in (
+            (torch.tensor([1, 2, 3, 4]), torch.tensor([4, 5, 6, 7], dtype=torch.int32)),
+            (torch.tensor([1, 2, 3, 4], dtype=torch.int32), torch.tensor([4, 5, 6, 7])),
+            (torch.tensor([1, 9, 2, 9, 3, 9, 4, 9])[::2], torch.tensor([4, 0, 5, 0, 6, 0, 7, 0])[::2]),
+        ):
+            cache = cls(page_size=2)
+            assert cache.insert_prefix(tokens, slots)[0] == 0
+            assert cache.match_prefix(tokens).cached_len == (4 if cls is optimized.RadixPrefixCache else 0)
+            states.append(cache.abstract_state())
+            assert cache.insert_prefix(torch.tensor([]), torch.tensor([]))[0] == 0
+            assert cache.abstract_state().entries == states[-1].entries
+            with pytest.raises(InvalidTypeError, match=r"^indices must be a 1-D int32/int64 tensor, got 1-D torch"):
+                cache.insert_prefix(torch.tensor([5, 6]), torch.tensor([0.0, 1.0]))
+        assert states[0] == states[1] == states[2]

@@ -64,6 +64,10 @@ class Profile:
     # with match(pages), insert(hit_pages, new_count) -> (new_pages, evicted_pages), lock(pages),
     # unlock(pages), reset() (pages as first slots, in path order)
     lru_model: Callable[[int, int], Any] | None = None
+    # whether the target's KV events tell namespaces apart (different hashes for equal tokens in two
+    # namespaces); when False, --lru sync replays them as a router that counts repeats would, on token
+    # prefixes alone, and --lru strict still asks for distinct hashes
+    event_namespaces: bool = True
 
 
 EXACT = Profile(name="exact (the spec's semantics)")
@@ -104,8 +108,10 @@ class PrefixCacheTarget(Protocol):
 # methods a PrefixCacheTarget may offer: evict(size) when eviction_trigger == "evict"; reset() when
 # reset != "none"; check_integrity() (raise on a broken invariant); cached_pages() -> {PageKey: first
 # slot} (introspection: the whole content, compared with the spec's after every step); page_stamps()
-# -> {PageKey: comparable} (the target's clock, when clock != "none")
-OPTIONAL_CACHE_METHODS = ("evict", "reset", "check_integrity", "cached_pages", "page_stamps")
+# -> {PageKey: comparable} (the target's clock, when clock != "none"); take_events() -> the KV events
+# emitted since the last call, as spec.events' (spec.events.from_block_events converts vLLM-style ones),
+# replayed by the machine after every step: the replay must give exactly the cached pages
+OPTIONAL_CACHE_METHODS = ("evict", "reset", "check_integrity", "cached_pages", "page_stamps", "take_events")
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ SGLang bugs that way).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import types
@@ -25,11 +26,22 @@ from array import array
 from pathlib import Path
 from typing import Any
 
+from spec import events as ev
 from spec import prefix_cache as pc
 from spec.types import Namespace
 
 from .api import PageKey, Profile, TargetInfo
-from .shims import LogicalClock, Recorded, bare, load_file_as, never, package_root, stub, stub_any
+from .shims import (
+    LogicalClock,
+    Recorded,
+    bare,
+    import_with_stand_ins,
+    load_file_as,
+    never,
+    package_root,
+    stub,
+    stub_any,
+)
 
 VERSION = "0.5.23"
 CLOCK = LogicalClock()
@@ -52,8 +64,17 @@ PROFILE = Profile(
         "no input validation: invalid calls are not sent",
         "reset drops the tree without freeing its slots (the engine resets its allocator)",
         "a handle from before reset() belongs to the old tree: locking or unlocking it fails, even when empty",
+        "KV events (msgspec and pyzmq installed): its KVCacheEventRecorder's stream replayed after every step",
+        "event hashes omit the extra key (namespace) unless it names a registered LoRA adapter: sync mode replays"
+        " them on token prefixes, counting repeats; strict mode reports the aliasing",
     ),
+    event_namespaces=False,
 )
+
+
+def events_available() -> bool:
+    """Whether SGLang's event module can load for real (it needs msgspec and pyzmq)."""
+    return importlib.util.find_spec("msgspec") is not None and importlib.util.find_spec("zmq") is not None
 
 
 def import_radix_cache() -> types.ModuleType:
@@ -67,16 +88,23 @@ def import_radix_cache() -> types.ModuleType:
         bare(name, root.joinpath(*name.split(".")[1:]))
     # imported, never called with events and metrics off
     stub("sglang.srt.utils.common", ceil_align=lambda x, align: -(-x // align) * align)
-    stub("sglang.srt.disaggregation")
-    stub(
-        "sglang.srt.disaggregation.kv_events",
-        BlockStored=Recorded,
-        BlockRemoved=Recorded,
-        AllBlocksCleared=Recorded,
-        StorageMedium=types.SimpleNamespace(GPU="GPU", CPU="CPU", CPU_TIER2="CPU_TIER2"),
-        kv_event_namespace_seed=never,
-        namespaced_block_hash=never,
-    )
+    bare("sglang.srt.disaggregation", root / "srt" / "disaggregation")
+    if events_available():
+        # SGLang's own event classes and hashing: its KVCacheEventRecorder runs for real under the fuzzer.
+        # The module also holds the publisher's config (pydantic) and its address parsing: never used here.
+        stub_any("sglang.srt.utils.network")
+        stand_ins = {} if importlib.util.find_spec("pydantic") else {"pydantic": stub("_pydantic", BaseModel=object)}
+        import_with_stand_ins("sglang.srt.disaggregation.kv_events", **stand_ins)
+    else:
+        stub(
+            "sglang.srt.disaggregation.kv_events",
+            BlockStored=Recorded,
+            BlockRemoved=Recorded,
+            AllBlocksCleared=Recorded,
+            StorageMedium=types.SimpleNamespace(GPU="GPU", CPU="CPU", CPU_TIER2="CPU_TIER2"),
+            kv_event_namespace_seed=never,
+            namespaced_block_hash=never,
+        )
     for name in ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.kvcache"):
         stub(name)
     stub_any("sglang.kernels.ops.kvcache.mla_buffer")  # triton kernels re-exported by mem_cache/utils
@@ -127,8 +155,17 @@ class SGLangRadixCache:
         self.base = base
         self.page_size = page_size
         self.allocator = RecordingAllocator(page_size)
-        self.cache = self.rc.RadixCache.create_simulated(page_size=page_size, mock_allocator=self.allocator)
+        # SGLang's event recorder runs for real when its event module loads (msgspec, pyzmq installed)
+        self.events_enabled = events_available()
+        self.cache = self.rc.RadixCache.create_simulated(
+            page_size=page_size, mock_allocator=self.allocator, enable_kv_cache_events=self.events_enabled
+        )
         self.namespaces: dict[str | None, Namespace] = {None: None}
+        # the cache's events so far, as the spec's; a stored page's namespace is the call's (SGLang's
+        # events carry no extra key)
+        self.events: list[ev.Event] = []
+        if self.events_enabled:
+            self.take_events = self._take_events
 
     def key(self, tokens: list[int], namespace: Namespace) -> Any:
         extra_key = None if namespace is None else repr(namespace)
@@ -147,7 +184,17 @@ class SGLangRadixCache:
         assert indices is not None
         params = self.base.InsertParams(key=self.key(tokens, namespace), value=torch.tensor(indices, dtype=torch.int64))
         result = self.cache.insert(params)
+        self.drain_events(namespace)
         return result.prefix_len, (result.last_device_node, len(tokens) - len(tokens) % self.page_size)
+
+    def drain_events(self, namespace: Namespace) -> None:
+        """The recorder's queued events, converted while the call's namespace is known."""
+        if self.events_enabled:
+            self.events.extend(ev.from_block_events(self.cache.take_events(), lambda extra: namespace))
+
+    def _take_events(self) -> list[ev.Event]:
+        events, self.events = self.events, []
+        return events
 
     def cached_len(self, handle: Any) -> int:
         return int(handle[1])
@@ -163,9 +210,11 @@ class SGLangRadixCache:
 
     def evict(self, size: int) -> None:
         self.cache.evict(self.base.EvictParams(num_tokens=size))
+        self.drain_events(None)
 
     def reset(self) -> None:
         self.cache.reset()
+        self.drain_events(None)
 
     def size_info(self) -> tuple[int, int]:
         return int(self.cache.evictable_size()), int(self.cache.protected_size())

@@ -8,8 +8,8 @@ their import chain pulls in but the cache never calls with events and
 metrics off. A stub's functions raise ``StubCalledError`` if called after all:
 that is a harness artefact to fix, never a finding.
 
-Each peer's list lives beside its adapter (``fuzz/targets/sglang.py`` ...);
-``../shared/PEERS.md`` records how the lists were found.
+Each peer's list lives beside its adapter (``fuzz/targets/sglang.py`` ...),
+with the reason for each stub; docs/targets.md says what each target needs.
 """
 
 from __future__ import annotations
@@ -73,6 +73,21 @@ def stub_any(name: str, **attributes: Any) -> types.ModuleType:
 
     module.__getattr__ = module_getattr  # type: ignore[method-assign]
     return module
+
+
+def import_with_stand_ins(name: str, **stand_ins: types.ModuleType) -> types.ModuleType:
+    """Import module ``name`` with ``stand_ins`` in sys.modules only while it loads (for third-party
+    packages it imports for code the cache never runs: the stand-ins do not outlive the import)."""
+    saved = {key: sys.modules.get(key) for key in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        return importlib.import_module(name)
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = module
 
 
 class Recorded:

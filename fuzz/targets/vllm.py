@@ -32,6 +32,7 @@ import types
 from collections import Counter, OrderedDict
 from typing import Any
 
+from spec import events as ev
 from spec import prefix_cache as pc
 from spec.types import Namespace
 
@@ -111,6 +112,7 @@ PROFILE = Profile(
         "LRU rule: the free queue (freed cached blocks join the tail in reverse path order; allocation pops the head)",
         "a match changes no recency (vLLM refreshes on use); an insert touches and frees its hits, as a request does",
         "no input validation: invalid calls are not sent; reset drops every hash (only when nothing is in use)",
+        "KV events (msgspec and pyzmq installed): the pool's BlockStored / BlockRemoved / AllBlocksCleared replayed",
     ),
 )
 
@@ -200,9 +202,19 @@ class VLLMPrefixCache:
     def __init__(self, page_size: int, num_pages: int) -> None:
         self.v = import_vllm()
         self.page_size = page_size
+        # vLLM's event recorder runs for real when its event classes import (msgspec, pyzmq installed)
+        self.events_enabled = self.v.kv_events is not None
         self.pool = self.v.block_pool.BlockPool(
-            num_gpu_blocks=num_pages + 1, enable_caching=True, hash_block_size=page_size
+            num_gpu_blocks=num_pages + 1,
+            enable_caching=True,
+            hash_block_size=page_size,
+            enable_kv_cache_events=self.events_enabled,
         )
+        # the pool's events so far, as the spec's; a stored block's namespace is the call's (the wire
+        # names it only through the hash, which folds in the cache salt)
+        self.events: list[ev.Event] = []
+        if self.events_enabled:
+            self.take_events = self._take_events
         self.spec = self.v.spec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=self.v.torch.float32)
         self.hasher = self.v.utils.get_request_block_hasher(page_size, self.v.hash_fn)
         self.evicted: list[list[int]] = []
@@ -250,7 +262,17 @@ class VLLMPrefixCache:
         blocks = hits + self.pool.get_new_blocks(len(request.block_hashes) - len(hits))
         self.pool.cache_full_blocks(request, blocks, len(hits), len(blocks), self.page_size, 0)
         self.pool.free_blocks(reversed(blocks))
+        self.drain_events(namespace)
         return len(hits) * self.page_size, blocks
+
+    def drain_events(self, namespace: Namespace) -> None:
+        """The pool's queued events, converted while the call's namespace is known."""
+        if self.events_enabled:
+            self.events.extend(ev.from_block_events(self.pool.take_events(), lambda extra: namespace))
+
+    def _take_events(self) -> list[ev.Event]:
+        events, self.events = self.events, []
+        return events
 
     def cached_len(self, handle: Any) -> int:
         return len(handle) * self.page_size
@@ -266,6 +288,7 @@ class VLLMPrefixCache:
 
     def reset(self) -> None:
         assert self.pool.reset_prefix_cache(), "reset_prefix_cache refused (a block is in use)"
+        self.drain_events(None)
 
     def cached_blocks(self) -> list[Any]:
         return [block for block in self.pool.blocks[1:] if block.block_hash is not None]

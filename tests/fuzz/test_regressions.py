@@ -41,3 +41,19 @@ def test_an_insert_that_extends_a_leaf_leaves_the_heap_able_to_evict_both() -> N
         state.evict(fraction=final[1], size=final[0])
         state.implementations_agree()
         state.teardown()
+
+
+def test_teardown_replays_the_events_of_the_last_step() -> None:
+    # A regression file written by a campaign failed on a correct tree: its printed program ends at a
+    # step with no invariant run after it, so teardown compared the caches with a router mirror that
+    # had not seen that step's events ("69 announced pages not cached"). Teardown now replays them.
+    state = PrefixCacheMachine()
+    (seqs_0,) = state.setup(page_size=1, first=[([0, 0, 0], [0, 0])], big=False)
+    state.implementations_agree()
+    state.insert_prefix(namespace=("lora", 1), seq=seqs_0, where="low")
+    state.implementations_agree()
+    state.evict(fraction=100, size="some")
+    state.teardown()
+    assert state.replayers["reference"].cached() == {
+        key: entry.slot_start for key, entry in state.spec.state.entries.items()
+    }

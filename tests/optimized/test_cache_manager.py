@@ -1,9 +1,11 @@
 """The optimized CacheManager: device tensors, batched allocation, and agreement with the reference."""
 
+import pytest
 import torch
 
 import optimized
 import reference
+from spec.errors import InvalidTypeError
 from spec.types import Req
 
 
@@ -55,3 +57,36 @@ def test_cache_req_and_lazy_frees_match_the_reference() -> None:
         manager.check_integrity([second])
     assert fast.abstract_state().free_slots == slow.abstract_state().free_slots
     assert fast.abstract_state().cache == slow.abstract_state().cache
+
+
+def test_bools_and_floats_in_plain_lists_are_refused_as_the_reference_refuses_them() -> None:
+    # the optimized cache's fast path (a list of plain ints as an array) must not let a bool through
+    for cache in (reference.RadixPrefixCache(1), optimized.RadixPrefixCache(1)):
+        for call, message in (
+            (lambda c=cache: c.match_prefix([1, True]), "input_ids[1] must be an int, got bool"),
+            (lambda c=cache: c.insert_prefix([1, 2], [0, True]), "indices[1] must be an int, got bool"),
+            (lambda c=cache: c.insert_prefix((1, 2), [0, 1.0]), "indices[1] must be an int, got float"),
+        ):
+            with pytest.raises(InvalidTypeError) as raised:
+                call()
+            assert str(raised.value) == message
+        assert cache.size_info == (0, 0)
+
+
+def test_the_edges_of_a_manager_one_page_a_full_row_an_empty_allocation() -> None:
+    for module in (reference, optimized):
+        manager = module.CacheManager(1, 1, module.make_page_table(1, 4))  # one page of one token
+        assert manager.available_size == 1
+        naive = module.CacheManager(2, 2, module.make_page_table(1, 4), type="naive")
+        assert type(naive.prefix_cache).__name__ == "NaivePrefixCache" and naive.prefix_cache.page_size == 2
+        roomy = module.CacheManager(8, 1, module.make_page_table(1, 4))
+        req = Req(input_ids=[1, 2, 3, 4], table_idx=0, cache_handle=roomy.match_req(Req([9], 0, None)))
+        roomy.lock(req.cache_handle)
+        roomy.allocate_paged([req])  # device_len == cached_len == 0: nothing to allocate
+        assert req.alloc_len == 0 and roomy.available_size == 8
+        req.device_len = 4  # the whole row
+        roomy.allocate_paged([req])
+        assert req.alloc_len == 4 and roomy.available_size == 4
+    for bad in (torch.zeros(2, 4, dtype=torch.int64), torch.zeros(4, dtype=torch.int32), [[0] * 4]):
+        with pytest.raises(InvalidTypeError, match=r"^page_table must be a 2-D int32 tensor \(see make_page_table\)$"):
+            optimized.CacheManager(2, 1, bad)  # type: ignore[arg-type]

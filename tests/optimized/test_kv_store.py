@@ -6,11 +6,12 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import cffi
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from fuzz.kv_machine import FLOAT_DTYPES
@@ -25,9 +26,12 @@ from optimized.store import (
     find_first_bad_row,
     has_cuda_kernel,
     raise_for_status,
+    store_torch,
+    store_torch_fast,
 )
 from spec.errors import (
     DuplicateSlotError,
+    InvalidInputError,
     InvalidSizeError,
     InvalidTypeError,
     KernelError,
@@ -313,6 +317,51 @@ def test_the_torch_index_check_finds_the_same_first_bad_row_as_the_c_store(
         store_cache(k_cache, v_cache, indices, rows, rows)
 
 
+@given(
+    st.integers(1, 12),
+    st.lists(st.integers(-2, 14), max_size=10),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float8_e4m3fn]),
+    st.sampled_from([torch.int32, torch.int64]),
+)
+def test_the_torch_stores_write_what_the_c_stores_write(
+    num_slots: int, values: list[int], dtype: torch.dtype, index_dtype: torch.dtype
+) -> None:
+    # the stores of a device without the kernel, run on the CPU beside the C stores they stand in for
+    def pools() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(num_slots, 3).to(dtype), torch.zeros(num_slots, 3).to(dtype)
+
+    k = (torch.arange(len(values) * 3, dtype=torch.float32).reshape(-1, 3) + 1).to(dtype)
+    v = (k.float() * 2).to(dtype)
+    indices = torch.tensor(values, dtype=index_dtype)
+    outcomes = []
+    for store in (store_cache, store_torch):
+        k_cache, v_cache = pools()
+        try:
+            store(k_cache, v_cache, indices, k, v)
+            outcomes.append((k_cache.view(torch.uint8).tolist(), v_cache.view(torch.uint8).tolist()))
+        except (SlotOutOfRangeError, DuplicateSlotError) as error:
+            outcomes.append((type(error), str(error), k_cache.view(torch.uint8).abs().sum().item()))
+    assert outcomes[0] == outcomes[1]
+    # the fast stores: duplicates are not detected (which row wins is the device's), so distinct slots here
+    seen: set[int] = set()
+    keep = []
+    for i, value in enumerate(values):
+        if 0 <= value < num_slots:
+            if value in seen:
+                continue
+            seen.add(value)
+        keep.append(i)
+    indices, k, v = indices[keep], k[keep], v[keep]
+    outcomes = []
+    for store in (store_cache_fast, store_torch_fast):
+        k_cache, v_cache = pools()
+        errors = torch.zeros(1, dtype=torch.int32)
+        store(k_cache, v_cache, indices, k, v, errors)
+        outcomes.append((k_cache.view(torch.uint8).tolist(), v_cache.view(torch.uint8).tolist(), int(errors)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][2] == (FLAG_OUT_OF_RANGE if any(not 0 <= x < num_slots for x in indices.tolist()) else 0)
+
+
 def test_an_empty_pool_rejects_any_row_as_out_of_range() -> None:
     k_cache, v_cache = torch.zeros(0, 4), torch.zeros(0, 4)
     with pytest.raises(SlotOutOfRangeError, match="^row 0 "):
@@ -469,3 +518,458 @@ def test_a_built_wheel_carries_the_cuda_sources(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("radixspec-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"optimized/csrc/store.cu", "optimized/csrc/store_cuda.h", "optimized/csrc/store_status.h"} <= names
+
+
+class TestKvStoreReport:
+    """``python -m optimized.kv_store``: each machine it can meet, each line it prints and its exit status."""
+
+    @staticmethod
+    def fake(
+        monkeypatch: pytest.MonkeyPatch, *, gpu: bool, nvcc: bool, builds: bool = True, kernel: bool = True
+    ) -> None:
+        from optimized import kv_store
+
+        def no(*args: object, **kwargs: object) -> None:
+            raise UnavailableError("not here")
+
+        monkeypatch.setattr(kv_store.torch.cuda, "is_available", lambda: gpu)
+        monkeypatch.setattr(kv_store.torch.cuda, "get_device_name", lambda: "Fake H200")
+        monkeypatch.setattr(kv_store, "find_nvcc", (lambda: "/fake/nvcc") if nvcc else no)
+        monkeypatch.setattr(
+            kv_store, "build_store_library", (lambda force: Path("/fake/libstore.so")) if builds else no
+        )
+        monkeypatch.setattr(kv_store, "has_cuda_kernel", lambda: kernel)
+
+    def run(self, force: bool = False) -> tuple[dict[str, str], int]:
+        from optimized import kv_store
+
+        lines, status = kv_store.report(force)
+        return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in lines}, status
+
+    def test_this_machine_without_a_gpu_nor_nvcc(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fake(monkeypatch, gpu=False, nvcc=False)
+        lines, status = self.run()
+        assert status == 0
+        assert lines["CPU store"] == "C (optimized._radix_c) loaded"
+        assert lines["CUDA source"] == str(store_module.cuda_sources()[0])  # it exists: no "(MISSING)"
+        assert lines["GPU"].startswith(f"none visible to torch {torch.__version__} (")
+        assert lines["nvcc"] == "not found (not here)"
+        assert lines["CUDA stores"] == "none (no GPU, no nvcc)"
+
+    def test_a_gpu_without_nvcc_falls_back_to_torch_and_fails(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fake(monkeypatch, gpu=True, nvcc=False)
+        lines, status = self.run()
+        assert status == 1
+        assert lines["GPU"].startswith("Fake H200 (torch ")
+        assert lines["CUDA stores"] == "torch fallback (no kernel without nvcc)"
+
+    def test_nvcc_without_a_gpu_builds_the_library(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fake(monkeypatch, gpu=False, nvcc=True)
+        lines, status = self.run()
+        assert status == 0
+        assert (lines["nvcc"], lines["CUDA library"]) == ("/fake/nvcc", "/fake/libstore.so")
+        assert lines["CUDA stores"] == "none (no GPU here; the library is built and cached for this machine)"
+
+    def test_a_failed_build_fails(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fake(monkeypatch, gpu=False, nvcc=True, builds=False)
+        lines, status = self.run()
+        assert (status, lines["CUDA library"]) == (1, "BUILD FAILED: not here")
+
+    def test_a_gpu_with_the_kernel_passes_and_without_it_fails(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fake(monkeypatch, gpu=True, nvcc=True)
+        lines, status = self.run()
+        assert (status, lines["CUDA stores"]) == (0, "the kernel (csrc/store.cu)")
+        self.fake(monkeypatch, gpu=True, nvcc=True, kernel=False)
+        lines, status = self.run()
+        assert (status, lines["CUDA stores"]) == (1, "torch fallback: the library was built but does not load")
+
+    def test_no_c_module_fails_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from optimized import kv_store
+
+        def missing() -> None:
+            raise UnavailableError("no _radix_c")
+
+        monkeypatch.setattr(kv_store, "_load", missing)
+        assert kv_store.report(False) == (["CPU store:    UNAVAILABLE: no _radix_c"], 1)
+
+    def test_main_prints_the_report_and_passes_force(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        from optimized import kv_store
+
+        seen: list[bool] = []
+        monkeypatch.setattr(kv_store, "report", lambda force: (seen.append(force) or ["a", "b"], 3))
+        assert kv_store.main(["--force"]) == 3
+        assert kv_store.main([]) == 3
+        assert seen == [True, False]
+        assert capsys.readouterr().out == "a\nb\na\nb\n"
+
+
+class TestBuildingTheCudaLibrary:
+    """find_nvcc, cuda_archs and build_store_library, with nvcc and the GPU stood in for."""
+
+    def test_nvcc_is_found_on_path_then_under_cuda_home(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        found = {"nvcc": "/on/path/nvcc", str(tmp_path / "bin" / "nvcc"): "/cuda/home/nvcc"}
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+        monkeypatch.setattr(store_module.shutil, "which", found.get)
+        assert store_module.find_nvcc() == "/on/path/nvcc"
+        del found["nvcc"]
+        assert store_module.find_nvcc() == "/cuda/home/nvcc"
+        monkeypatch.delenv("CUDA_HOME")
+        asked: list[str] = []
+        monkeypatch.setattr(store_module.shutil, "which", lambda name: asked.append(name))
+        with pytest.raises(UnavailableError, match=r"^nvcc not found \(PATH or \$CUDA_HOME/bin\)"):
+            store_module.find_nvcc()
+        assert asked == ["nvcc", "/usr/local/cuda/bin/nvcc"]
+
+    def test_the_archs_are_hopper_with_ptx_plus_the_local_gpu(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        hopper = ["arch=compute_90,code=sm_90", "arch=compute_90,code=compute_90"]
+        monkeypatch.setattr(store_module.torch.cuda, "is_available", lambda: False)
+        assert store_module.cuda_archs() == hopper
+        monkeypatch.setattr(store_module.torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(store_module.torch.cuda, "get_device_capability", lambda: (8, 0))
+        assert store_module.cuda_archs() == [*hopper, "arch=compute_80,code=sm_80"]
+        monkeypatch.setattr(store_module.torch.cuda, "get_device_capability", lambda: (9, 0))
+        assert store_module.cuda_archs() == hopper
+
+    def fake_nvcc(self, monkeypatch: pytest.MonkeyPatch, fails: bool = False, writes: bool = True) -> list[list[str]]:
+        runs: list[list[str]] = []
+
+        def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+            runs.append(command)
+            assert kwargs == {"capture_output": True, "text": True, "check": False}
+            if writes:
+                Path(command[-1]).write_text("partial output")
+            return subprocess.CompletedProcess(command, 1 if fails else 0, "", "error: it broke\n" if fails else "")
+
+        monkeypatch.setattr(store_module, "find_nvcc", lambda: "/fake/nvcc")
+        monkeypatch.setattr(store_module.torch.cuda, "is_available", lambda: False)
+        monkeypatch.setattr(store_module.subprocess, "run", run)
+        return runs
+
+    def test_a_build_is_cached_by_sources_and_flags_and_forced_again(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        runs = self.fake_nvcc(monkeypatch)
+        library = build_store_library(out_dir=tmp_path / "cache")
+        source = store_module.cuda_sources()[0]
+        flags = [*store_module.NVCC_FLAGS, *(f"-gencode={arch}" for arch in store_module.cuda_archs())]
+        assert re.fullmatch(r"libradix_store-[0-9a-f]{16}\.so", library.name) and library.parent == tmp_path / "cache"
+        assert library.read_text() == "partial output" and not list(tmp_path.glob("cache/*.tmp"))
+        assert runs == [["/fake/nvcc", *flags, f"-I{source.parent}", str(source), "-o", runs[0][-1]]]
+        assert runs[0][-1].endswith(".tmp")
+        assert build_store_library(out_dir=tmp_path / "cache") == library and len(runs) == 1
+        assert build_store_library(out_dir=tmp_path / "cache", force=True) == library and len(runs) == 2
+        monkeypatch.setenv("RADIXSPEC_CACHE", str(tmp_path / "env"))
+        assert build_store_library().parent == tmp_path / "env"
+
+    def test_a_failed_build_leaves_nothing_and_says_why(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        self.fake_nvcc(monkeypatch, fails=True)
+        with pytest.raises(UnavailableError, match=r"^nvcc failed to build store\.cu:\nerror: it broke$"):
+            build_store_library(out_dir=tmp_path)
+        assert list(tmp_path.iterdir()) == []
+
+    def test_a_build_that_failed_before_writing_anything_says_why_too(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        self.fake_nvcc(monkeypatch, fails=True, writes=False)
+        with pytest.raises(UnavailableError, match="^nvcc failed to build store.cu"):
+            build_store_library(out_dir=tmp_path)
+
+    def test_missing_sources_are_named(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        monkeypatch.setattr(store_module, "cuda_sources", lambda: (tmp_path / "store.cu", tmp_path / "x.h"))
+        with pytest.raises(UnavailableError) as error:
+            build_store_library(out_dir=tmp_path)
+        assert str(error.value) == (
+            f"the CUDA sources are missing from this installation: {tmp_path / 'store.cu'}, {tmp_path / 'x.h'}"
+        )
+
+
+def test_read_cdef_takes_the_one_marked_block_of_each_header(tmp_path: Path) -> None:
+    first, second, bad = tmp_path / "a.h", tmp_path / "b.h", tmp_path / "c.h"
+    first.write_text("int x;\n/* cdef-begin */\nint f(void);\n/* cdef-end */\nint y;")
+    second.write_text("/* cdef-begin */int g(int);/* cdef-end */")
+    assert read_cdef(first, second) == "\nint f(void);\n\nint g(int);"
+    bad.write_text("/* cdef-begin */ int h(void); /* cdef-begin */ /* cdef-end */")
+    with pytest.raises(
+        ValueError, match=r"c\.h must hold exactly one /\* cdef-begin \*/ \.\.\. /\* cdef-end \*/ block"
+    ):
+        read_cdef(bad)
+    bad.write_text("int h(void);")
+    with pytest.raises(ValueError):
+        read_cdef(bad)
+    assert (csrc_dir() / "store.cu").exists()
+
+
+def test_the_sources_are_the_packages_own_in_a_wheel_else_the_checkouts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from optimized import cdefs
+
+    package = tmp_path / "site" / "optimized"
+    (package / "csrc").mkdir(parents=True)
+    monkeypatch.setattr(cdefs, "__file__", str(package / "cdefs.py"))
+    assert cdefs.csrc_dir() == tmp_path / "site" / "csrc"  # a checkout: csrc/ beside the package
+    (package / "csrc" / "store.cu").write_text("")
+    assert cdefs.csrc_dir() == package / "csrc"  # a wheel: the sources shipped inside it
+
+
+def test_the_report_names_a_missing_source_the_cuda_build_and_passes_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    from optimized import kv_store
+
+    forced: list[bool] = []
+    monkeypatch.setattr(kv_store, "cuda_sources", lambda: (Path("/nowhere/store.cu"),))
+    monkeypatch.setattr(kv_store.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(kv_store.torch.version, "cuda", "12.4")
+    monkeypatch.setattr(kv_store, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(kv_store, "build_store_library", lambda force: forced.append(force) or Path("/lib.so"))
+    lines, status = kv_store.report(True)
+    assert lines[1:3] == [
+        "CUDA source:  /nowhere/store.cu (MISSING)",
+        f"GPU:          none visible to torch {torch.__version__} (CUDA 12.4)",
+    ]
+    monkeypatch.setattr(kv_store.torch.version, "cuda", None)
+    assert kv_store.report(False)[0][2] == f"GPU:          none visible to torch {torch.__version__} (a CPU-only build)"
+    assert forced == [True, False] and status == 0
+
+
+def test_the_command_names_itself_and_its_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from optimized import kv_store
+
+    with pytest.raises(SystemExit):
+        kv_store.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m optimized.kv_store [-h] [--force]")
+    assert "build the CUDA store kernel now" in out and "rebuild the CUDA library even if cached" in out
+
+
+def test_the_library_cache_defaults_to_the_home_cache_and_makes_its_parents(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    TestBuildingTheCudaLibrary().fake_nvcc(monkeypatch)
+    monkeypatch.delenv("RADIXSPEC_CACHE", raising=False)
+    monkeypatch.setattr(store_module.Path, "home", lambda: tmp_path / "home")
+    assert build_store_library().parent == tmp_path / "home" / ".cache" / "radixspec"
+    assert build_store_library(out_dir=tmp_path / "a" / "b").parent == tmp_path / "a" / "b"
+    # the name hashes the sources and the flags: other flags, another library
+    first = build_store_library(out_dir=tmp_path / "c")
+    monkeypatch.setattr(store_module, "NVCC_FLAGS", [*store_module.NVCC_FLAGS, "-lineinfo"])
+    assert build_store_library(out_dir=tmp_path / "c") != first
+
+
+class TestThePoolSaysWhy:
+    """MHAKVCache's checks: each bad argument refused with its own message, nothing written."""
+
+    @staticmethod
+    def pool(heads: int = 2, head_dim: int = 4, mode: str = "checked") -> MHAKVCache:
+        return MHAKVCache(
+            heads, 2, head_dim, num_pages=4, page_size=4, dtype=torch.float32, device="cpu", store_mode=mode
+        )
+
+    @staticmethod
+    def refused(call: Any, error: type, message: str) -> None:
+        with pytest.raises(error) as raised:
+            call()
+        assert str(raised.value) == message
+
+    def test_the_sizes_dtype_and_mode(self) -> None:
+        sizes = {"num_kv_heads": 1, "num_layers": 1, "head_dim": 1, "num_pages": 1, "page_size": 1}
+        for name in sizes:
+            for value in (0, True):
+                self.refused(
+                    lambda name=name, value=value: MHAKVCache(
+                        **{**sizes, name: value}, dtype=torch.float32, device="cpu"
+                    ),
+                    InvalidSizeError,
+                    f"{name} must be an int >= 1, got {value!r}",
+                )
+        self.refused(
+            lambda: MHAKVCache(**sizes, dtype=torch.int32, device="cpu"),
+            InvalidTypeError,
+            "dtype must be a float torch.dtype, got torch.int32",
+        )
+        self.refused(
+            lambda: MHAKVCache(**sizes, dtype=torch.float32, device="cpu", store_mode="quick"),
+            InvalidInputError,
+            "store_mode must be one of ('checked', 'fast'), got 'quick'",
+        )
+
+    def test_the_rows_a_store_takes(self) -> None:
+        pool, out = self.pool(), torch.tensor([0, 1, 2])
+        rows = torch.zeros(3, 8)
+        cases = [
+            ([0.0], "k must be a torch.Tensor, got list", InvalidTypeError),
+            (torch.zeros(3, 3, 4), "k is (3, 3, 4), the pool holds [n, 2, 4]", LengthMismatchError),
+            (
+                torch.zeros(3, 4, 2).transpose(1, 2),
+                "k must be contiguous within a token, got strides (8, 1, 2)",
+                InvalidTypeError,
+            ),
+            (
+                torch.zeros(3, 2, 8)[:, :, :4],
+                "k must be contiguous within a token, got strides (16, 8, 1)",
+                InvalidTypeError,
+            ),
+            (
+                torch.zeros(3, 1, 2, 4),
+                "k must be [n, heads, head_dim] or [n, heads * head_dim], got (3, 1, 2, 4)",
+                InvalidTypeError,
+            ),
+        ]
+        for k, message, error in cases:
+            self.refused(lambda k=k: pool.store_kv(k, rows, out, 0), error, message)
+        self.refused(lambda: pool.store_kv(rows, rows, out, 2), InvalidInputError, "layer_id 2 outside 0..1")
+        self.refused(lambda: pool.store_kv(rows, rows, out, True), InvalidInputError, "layer_id True outside 0..1")
+        assert not pool.k_cache(0).any() and not pool.v_cache(1).any()
+
+    def test_one_head_or_one_value_per_head_keeps_no_stride_there(self) -> None:
+        # [n, 1, 4] cut from [n, 2, 4]: its head stride is 8, which one head never uses
+        one_head = self.pool(heads=1)
+        k = torch.arange(24.0).reshape(3, 2, 4)[:, :1, :]
+        one_head.store_kv(k, k, torch.tensor([5, 0, 9]), 1)
+        k_back, _ = one_head.gather_kv(torch.tensor([5, 0, 9]), 1)
+        assert torch.equal(k_back, k)
+        # [n, 2, 1] cut from [n, 2, 2]: its value stride is 2, which one value per head never uses
+        one_value = self.pool(head_dim=1)
+        with pytest.raises(InvalidTypeError, match=r"strides \(4, 2, 1\)"):
+            one_value.store_kv(torch.zeros(3, 2, 2)[:, :, :1], torch.zeros(3, 2, 1), torch.tensor([0, 1, 2]), 0)
+        v = torch.arange(6.0).reshape(3, 2, 1)
+        one_value.store_kv(v, v, torch.tensor([0, 1, 2]), 0)
+        assert torch.equal(one_value.gather_kv(torch.tensor([0, 1, 2]), 0)[1], v)
+        # one row: any row stride; no rows: any strides at all
+        row = torch.arange(16.0).reshape(2, 2, 4)[1:]
+        one_value_pool = self.pool()
+        one_value_pool.store_kv(row, row, torch.tensor([7]), 0)
+        assert torch.equal(one_value_pool.gather_kv(torch.tensor([7]), 0)[0], row)
+        one_value_pool.store_kv(
+            torch.zeros(0, 4, 2).transpose(1, 2), torch.zeros(0, 8), torch.tensor([], dtype=torch.int64), 0
+        )
+
+    def test_the_within_token_strides_of_each_shape(self) -> None:
+        out = torch.tensor([3, 5, 6])
+        # one value per head: the value stride is never read, the head stride must be 1
+        one_value = self.pool(head_dim=1)
+        base = torch.arange(8.0)
+        k = base.as_strided((3, 2, 1), (2, 1, 5))
+        one_value.store_kv(k, k, out, 0)
+        assert torch.equal(one_value.gather_kv(out, 0)[0], k)
+        # two values per head: they must be consecutive, whatever the head stride
+        two_values = self.pool(head_dim=2)
+        spread = torch.arange(32.0).as_strided((3, 2, 2), (4, 2, 3))
+        self.refused(
+            lambda: two_values.store_kv(spread, spread, out, 0),
+            InvalidTypeError,
+            "k must be contiguous within a token, got strides (4, 2, 3)",
+        )
+        # one token: its row stride is free, its within-token strides are not
+        token = torch.zeros(1, 2, 8)[:, :, :4]
+        self.refused(
+            lambda: self.pool().store_kv(token, token, out[:1], 0),
+            InvalidTypeError,
+            "k must be contiguous within a token, got strides (16, 8, 1)",
+        )
+        assert not two_values.k_cache(0).any()
+
+    def test_the_slots_a_gather_takes(self) -> None:
+        pool = self.pool()
+        self.refused(lambda: pool.gather_kv([0], 0), InvalidTypeError, "indices must be a 1-D int32/int64 tensor")
+        self.refused(
+            lambda: pool.gather_kv(torch.zeros(1, 1, dtype=torch.int64), 0),
+            InvalidTypeError,
+            "indices must be a 1-D int32/int64 tensor",
+        )
+        self.refused(
+            lambda: pool.gather_kv(torch.zeros(1), 0), InvalidTypeError, "indices must be a 1-D int32/int64 tensor"
+        )
+        self.refused(
+            lambda: pool.gather_kv(torch.tensor([-1, 3]), 0), SlotOutOfRangeError, "slots -1..3 outside the pool of 16"
+        )
+        self.refused(
+            lambda: pool.gather_kv(torch.tensor([16]), 0), SlotOutOfRangeError, "slots 16..16 outside the pool of 16"
+        )
+        assert pool.gather_kv(torch.tensor([15], dtype=torch.int32), 0)[0].shape == (1, 2, 4)
+        assert pool.gather_kv(torch.tensor([], dtype=torch.int64), 1)[1].shape == (0, 2, 4)
+
+    def test_a_fast_store_flags_a_skipped_row_once(self) -> None:
+        pool = self.pool(mode="fast")
+        rows = torch.ones(2, 8)
+        pool.store_kv(rows, rows, torch.tensor([3, 99]), 0)
+        self.refused(
+            pool.check_store_errors,
+            SlotOutOfRangeError,
+            "a fast store skipped rows whose slot lies outside the pool of 16 slots",
+        )
+        pool.check_store_errors()  # the flags were cleared
+        assert pool.store_errors.dtype == torch.int32 and int(pool.store_errors) == 0
+        assert pool.k_cache(0)[3].sum() == 8 and pool.k_cache(1).sum() == 0
+
+
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=3),
+    st.lists(st.integers(0, 7), min_size=3, max_size=3),
+    st.integers(0, 5),
+    st.sampled_from([torch.int8, torch.float32, torch.bfloat16]),
+)
+@example([4], [3, 0, 0], 1, torch.float32)  # 1-D
+@example([3, 4], [5, 2, 0], 2, torch.bfloat16)  # 2-D, inner stride 2
+@example([2, 3, 4], [7, 3, 1], 0, torch.int8)  # 3-D
+def test_byte_span_is_the_first_and_past_the_last_byte_an_element_touches(
+    shape: list[int], strides: list[int], offset: int, dtype: torch.dtype
+) -> None:
+    base = torch.zeros(256, dtype=dtype)
+    t = base.as_strided(shape, strides[: len(shape)], offset)
+    size = base.element_size()
+    offsets = [offset]
+    for n, stride in zip(shape, strides, strict=False):
+        offsets = [o + i * stride for o in offsets for i in range(n)]
+    expected = (
+        (0, 0) if t.numel() == 0 else (base.data_ptr() + offset * size, base.data_ptr() + (max(offsets) + 1) * size)
+    )
+    span = store_module.byte_span(t)
+    assert span == expected and all(type(end) is int for end in span)
+
+
+@given(st.integers(0, 6), st.integers(0, 6), st.integers(0, 6), st.integers(0, 6))
+@example(3, 3, 0, 6)  # an empty span overlaps nothing
+@example(0, 6, 3, 3)
+@example(2, 4, 0, 2)  # spans that only touch do not overlap
+@example(0, 2, 2, 4)
+def test_spans_overlap_when_they_share_a_byte(a0: int, a1: int, b0: int, b1: int) -> None:
+    assert store_module.spans_overlap((a0, a1), (b0, b1)) == bool(set(range(a0, a1)) & set(range(b0, b1)))
+
+
+def test_the_error_word_must_be_one_int32_on_the_caches_device() -> None:
+    from optimized.store import check_errors_word
+
+    word = torch.zeros(1, dtype=torch.int32)
+    assert check_errors_word(word, torch.device("cpu")) is word
+    for bad in (torch.zeros(1), torch.zeros(2, dtype=torch.int32), [0]):
+        with pytest.raises(InvalidTypeError) as raised:
+            check_errors_word(bad, torch.device("cpu"))
+        assert str(raised.value) == "errors must be a one-element int32 tensor (see MHAKVCache.store_errors)"
+    with pytest.raises(InvalidTypeError) as raised:
+        check_errors_word(word, torch.device("meta"))
+    assert str(raised.value) == "errors is on cpu, the caches on meta"
+
+
+def test_the_torch_index_check_says_ok_as_the_c_store_does() -> None:
+    assert find_first_bad_row(torch.tensor([], dtype=torch.int64), 4) == (StoreStatus.OK, -1)
+    assert find_first_bad_row(torch.tensor([3, 0, 1]), 4) == (StoreStatus.OK, -1)
+    assert find_first_bad_row(torch.tensor([3, 0, 3, 9]), 4) == (StoreStatus.DUPLICATE, 2)
+    assert find_first_bad_row(torch.tensor([3, 9, 3]), 4) == (StoreStatus.OUT_OF_RANGE, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_the_pool_holds_k_and_v_of_every_layer_and_nothing_more(dtype: torch.dtype) -> None:
+    pool = MHAKVCache(num_kv_heads=2, num_layers=3, head_dim=8, num_pages=4, page_size=2, dtype=dtype, device="cpu")
+    planes, item = 2, torch.empty(0, dtype=dtype).element_size()  # K and V
+    assert pool.k_cache(0).untyped_storage().nbytes() == planes * 3 * (4 * 2) * 2 * 8 * item
+    assert pool.k_cache(2).untyped_storage().data_ptr() == pool.v_cache(0).untyped_storage().data_ptr()
+
+
+def test_the_kv_store_command_says_what_force_does(capsys: pytest.CaptureFixture[str]) -> None:
+    from optimized.kv_store import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "--force rebuild the CUDA library even if cached" in " ".join(capsys.readouterr().out.split())

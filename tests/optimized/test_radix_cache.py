@@ -115,3 +115,74 @@ def test_a_leaf_extended_by_an_insert_is_evicted_after_its_new_child() -> None:
     cache.check_integrity()
     assert cache.evict(1).tolist() == [0]
     cache.check_integrity()
+
+
+def test_tree_stats_count_what_the_reference_tree_holds() -> None:
+    # two namespaces, a split, a locked path: every count against the reference tree's own
+    fast, slow = RadixPrefixCache(page_size=2), ReferenceCache(page_size=2)
+    for cache in (fast, slow):
+        cache.insert_prefix([1, 1, 2, 2, 3, 3], [0, 1, 2, 3, 4, 5])
+        cache.insert_prefix([1, 1, 2, 2, 4, 4], [0, 1, 2, 3, 6, 7])
+        cache.insert_prefix([5, 5], [8, 9], ("tenant",))
+        cache.lock(cache.match_prefix([1, 1, 2, 2, 4, 4]))
+    stats = fast.tree_stats()
+    leaves = [node for node in slow._iter_nodes() if not node.children]
+    assert (stats["evictable_size"], stats["protected_size"]) == (4, 6) == tuple(slow.size_info)
+    assert stats["nodes"] == len(list(slow._iter_nodes())) == 4
+    assert stats["pages"] == len(slow.abstract_state().entries) == 5
+    assert stats["roots"] == len(slow.roots) == 2
+    assert stats["fifo_entries"] + stats["heap_entries"] >= sum(1 for leaf in leaves if not leaf.ref_count) == 2
+    before = stats["memory_bytes"]
+    fast.insert_prefix([6, 6, 7, 7], [10, 11, 12, 13])
+    assert fast.tree_stats()["memory_bytes"] > before > 0
+
+
+def test_path_nodes_counts_the_nodes_up_to_the_root() -> None:
+    cache = RadixPrefixCache(page_size=1)
+    cache.insert_prefix([1, 2, 3], [0, 1, 2])
+    cache.insert_prefix([1, 2, 4], [0, 1, 3])  # splits (1 2 3) into (1 2) and (3)
+    cache.insert_prefix([1, 2, 4, 5], [0, 1, 3, 4])
+    # a match splits at its end: (1 2) becomes (1)(2) on the match of (1)
+    depths = [cache.path_nodes(cache.match_prefix(t)) for t in ([9], [1], [1, 2], [1, 2, 3], [1, 2, 4, 5])]
+    assert depths == [0, 1, 2, 3, 4]
+    stale = cache.match_prefix([1, 2, 3])
+    cache.match_prefix([1, 2, 4, 5])
+    cache.evict(1)  # the oldest leaf: (3)
+    with pytest.raises(StaleHandleError):
+        cache.path_nodes(stale)
+    with pytest.raises(InvalidTypeError):
+        cache.path_nodes(ReferenceCache(1).match_prefix([1]))
+
+
+@pytest.mark.parametrize("namespaces", [15, 16, 17, 40])
+def test_one_eviction_may_empty_more_namespaces_than_the_first_buffer_holds(namespaces: int) -> None:
+    """The C evict lists the roots it emptied in a buffer of 16, grown with the namespaces: none is lost."""
+    cache = RadixPrefixCache(page_size=1)
+    for n in range(namespaces):
+        cache.insert_prefix([n + 1], [n], ("t", n))
+    assert len(cache.roots) == namespaces
+    assert sorted(cache.evict(namespaces).tolist()) == list(range(namespaces))
+    assert cache.roots == {} and not cache.abstract_state().entries
+    cache.check_integrity()
+    cache.insert_prefix([1], [0], ("t", 0))  # a namespace emptied by eviction comes back as new
+    cache.check_integrity()
+
+
+def test_a_parent_made_a_leaf_by_an_eviction_waits_on_the_heap_in_lru_order() -> None:
+    cache = RadixPrefixCache(page_size=2)
+    cache.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3])
+    cache.insert_prefix([1, 2, 5, 6], [0, 1, 4, 5])  # splits (1 2); (1 2) and (5 6) stamped now
+    cache.insert_prefix([9, 9], [6, 7])  # the newest leaf: the FIFO's last stamp
+    assert cache.evict(4).tolist() == [2, 3, 4, 5]  # (1 2) is a leaf now, older than (9 9): it goes on the heap
+    stats = cache.tree_stats()
+    assert (stats["nodes"], stats["pages"], stats["fifo_entries"], stats["heap_entries"]) == (2, 2, 1, 1)
+    assert cache.evict(2).tolist() == [0, 1]  # the heap's leaf is the least recently used
+    cache.check_integrity()
+
+
+def test_an_empty_tensor_of_any_dtype_is_no_slots() -> None:
+    from optimized.inputs import as_slots
+
+    for dtype in (torch.float32, torch.int64, torch.bool):
+        slots = as_slots(torch.empty(0, dtype=dtype), torch.device("cpu"))
+        assert (slots.dtype, slots.numel()) == (torch.int32, 0)

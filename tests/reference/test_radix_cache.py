@@ -126,23 +126,49 @@ def broken(how: str) -> RadixPrefixCache:
         cache.cached_starts.add(8)
     elif how == "leaf stamps":
         leaf.timestamp = top.children[(3, 3)].timestamp
+    elif how == "short value":
+        leaf.value = [2]
+    elif how == "empty root":
+        cache.roots[("x",)] = RadixTreeNode(2, 0, 0)
+    elif how == "five empty roots":
+        for k in range(5):
+            cache.roots[(f"x{k}",)] = RadixTreeNode(2, 0, 0)
     return cache
 
 
 @pytest.mark.parametrize(
-    ("how", "name"),
+    ("how", "message"),
     [
-        ("detached", "tree_is_well_formed"),
-        ("odd length", "tree_is_well_formed"),
-        ("wrong child key", "tree_is_well_formed"),
-        ("misaligned value", "tree_is_well_formed"),
-        ("ref below children", "tree_is_well_formed"),
-        ("counters", "size_counters_match_tree"),
-        ("cached starts", "cached_starts_match_tree"),
-        ("leaf stamps", "leaf_stamps_are_distinct"),
+        ("detached", "tree_is_well_formed: detached node of 2 tokens is still in the tree"),
+        ("odd length", "tree_is_well_formed: node has 3 tokens and 3 slots, P=2"),
+        ("short value", "tree_is_well_formed: node has 2 tokens and 1 slots, P=2"),
+        ("wrong child key", "tree_is_well_formed: node of 2 tokens is not its parent's child under its key"),
+        ("misaligned value", "tree_is_well_formed: node slots [3, 4]... are not whole aligned pages"),
+        ("ref below children", "tree_is_well_formed: node ref_count 0 is below its children's 1"),
+        ("counters", "size_counters_match_tree: counters say (8, 0), the tree holds (6, 0)"),
+        ("cached starts", "cached_starts_match_tree: 4 starts recorded, 3 in the tree"),
+        ("leaf stamps", "leaf_stamps_are_distinct: "),
+        ("empty root", "roots_hold_pages: namespaces [('x',)] keep a root without pages"),
+        (
+            "five empty roots",
+            "roots_hold_pages: namespaces [('x0',), ('x1',), ('x2',), ('x3',)] keep a root without pages",
+        ),
     ],
 )
-def test_check_integrity_catches_a_broken_tree(how: str, name: str) -> None:
+def test_check_integrity_catches_a_broken_tree(how: str, message: str) -> None:
     broken("none").check_integrity()
-    with pytest.raises(IntegrityError, match=f"^{name}: "):
+    with pytest.raises(IntegrityError) as raised:
         broken(how).check_integrity()
+    assert str(raised.value).startswith(message) and (message.endswith(": ") or str(raised.value) == message)
+
+
+def test_a_long_node_shows_its_first_eight_slots() -> None:
+    cache = RadixPrefixCache(page_size=2)
+    cache.insert_prefix(list(range(1, 13)), list(range(12)))
+    node = cache.roots[None].children[(1, 2)]
+    node.value = [*range(10), 11, 10]
+    with pytest.raises(IntegrityError) as raised:
+        cache.check_integrity()
+    assert (
+        str(raised.value) == "tree_is_well_formed: node slots [0, 1, 2, 3, 4, 5, 6, 7]... are not whole aligned pages"
+    )

@@ -9,7 +9,7 @@ from reference.decode import DecodeManager
 from reference.prefill import PrefillAdder, PrefillManager
 from reference.table import TableManager
 from spec.errors import InvalidRequestError, InvalidSizeError, KVCorruptionError
-from spec.types import PendingReq, Req, SamplingParams, SchedulerConfig
+from spec.types import ChunkedReq, PendingReq, Req, SamplingParams, SchedulerConfig
 
 
 def scheduler(**overrides: object) -> Scheduler:
@@ -170,3 +170,11 @@ def test_shared_prefixes_give_the_same_tokens_as_no_sharing() -> None:
         if cache_type == "radix":
             assert s.stats.prefix_hit_tokens > 0
     assert outputs["radix"] == outputs["naive"]
+
+
+def test_a_chunk_that_is_not_the_last_is_never_decoded_nor_sampled() -> None:
+    chunk = ChunkedReq(input_ids=[1, 2, 3], table_idx=0, cache_handle=None)
+    assert not chunk.can_decode
+    with pytest.raises(AssertionError, match="^a ChunkedReq is never sampled$"):
+        chunk.append_host(7)
+    assert chunk.input_ids == [1, 2, 3]

@@ -51,3 +51,10 @@ def test_is_page_run_needs_an_aligned_consecutive_whole_page() -> None:
     assert not is_page_run([4, 6, 5, 7], 4)  # out of order
     assert not is_page_run([4, 5, 6], 4)  # short
     assert not is_page_run([-1], 1)  # negative
+
+
+def test_pages_to_finish_leave_out_the_last_token_and_what_is_allocated() -> None:
+    from spec.helpers import compute_pages_to_finish
+
+    cases = {(1, 0, 1): 0, (5, 0, 2): 2, (6, 0, 2): 3, (6, 4, 2): 1, (6, 6, 2): 0, (5, 8, 2): 0, (10, 4, 4): 2}
+    assert {case: compute_pages_to_finish(*case) for case in cases} == cases

@@ -102,3 +102,51 @@ def test_private_rows_must_be_whole_pages() -> None:
 def test_rows_must_match_their_handles() -> None:
     assert rows_match_handles({0: ([0, 1], [0, 1])}) is None
     assert rows_match_handles({0: ([0, 1], [2, 3])}) is not None
+
+
+def test_the_accounting_invariants_say_exactly_what_is_wrong_and_show_eight_pages_at_most() -> None:
+    state = healthy()
+    assert ref_counts_equal_outstanding_locks(state, {key(1, 1): 1}) == (
+        "page ending at token 2 has ref_count 0, 1 locks cover it"
+    )
+    locked = edit(healthy(), key(1, 1, 3, 3), ref_count=2)
+    assert ref_counts_equal_outstanding_locks(locked, {}) == "page ending at token 4 has ref_count 2, 0 locks cover it"
+    assert ref_counts_equal_outstanding_locks(locked, {key(1, 1, 3, 3): 2, key(1, 1): 0}) is None
+    assert ref_counts_equal_outstanding_locks(state, {key(5, 5): 0}) is None  # no lock: nothing missing
+    assert ref_counts_equal_outstanding_locks(state, {key(5, 5): 1, key(7, 7): 2}) == "2 locked pages are not cached"
+    odd = list(range(1, 21, 2))  # ten misaligned starts
+    assert free_slots_are_aligned_and_unique(odd, 2, 16) == (
+        "free list holds [1, 3, 5, 7, 9, 11, 13, 15], not page starts of a pool of 16 pages of 2"
+    )
+    twice = [2 * n for n in range(10)] * 2
+    assert free_slots_are_aligned_and_unique(twice, 2, 16) == (
+        "pages [0, 2, 4, 6, 8, 10, 12, 14] are on the free list twice (double free)"
+    )
+    assert pages_are_partitioned(20, 1, [], [], {}) == (
+        "free 0 + cached 0 + private 0 != num_pages 20: leaked pages [0, 1, 2, 3, 4, 5, 6, 7], unknown pages []"
+    )
+    assert pages_are_partitioned(1, 1, list(range(10)), [], {}) == (
+        "free 10 + cached 0 + private 0 != num_pages 1: leaked pages [], unknown pages [1, 2, 3, 4, 5, 6, 7, 8]"
+    )
+    assert pages_are_partitioned(3, 2, [0], [2], {1: [4, 5]}) is None
+    assert pages_are_partitioned(4, 2, [0], [2], {1: [4, 5]}) == (
+        "free 1 + cached 1 + private 1 != num_pages 4: leaked pages [6], unknown pages []"
+    )
+    assert private_rows_are_page_runs({3: [4, 5, 7, 6]}, 2) == "row 3: positions 2..3 map to [7, 6]"
+    assert private_rows_are_page_runs({3: [4, 5, 6]}, 2) == "row 3: private part of 3 slots is not whole pages"
+    assert rows_match_handles({2: (list(range(10)), list(range(1, 11)))}) == (
+        "row 2 maps its cached prefix to [0, 1, 2, 3, 4, 5, 6, 7]..., the tree to [1, 2, 3, 4, 5, 6, 7, 8]..."
+    )
+
+
+def test_a_page_of_the_wrong_size_or_a_stamp_of_now_breaks_its_invariant() -> None:
+    from spec.invariants import keys_are_whole_pages, stamps_are_in_the_past
+
+    state = healthy()
+    assert keys_are_whole_pages(state) is None and stamps_are_in_the_past(state) is None
+    # (1 1 2) then (2): 4 tokens, whole pages in length, but its pages are not of P = 2 tokens
+    odd = pc.Prefix.extend(pc.Prefix.extend(None, (1, 1, 2)), (2,))
+    state.entries[(None, odd)] = pc.Entry(slot_start=8, last_access=0, ref_count=0, generation=0)
+    assert keys_are_whole_pages(state) is not None
+    now = edit(healthy(), key(1, 1), last_access=healthy().clock)
+    assert stamps_are_in_the_past(now) is not None

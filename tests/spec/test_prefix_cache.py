@@ -168,3 +168,64 @@ def test_reset_returns_every_slot_ascending_and_is_refused_while_locked() -> Non
     pc.unlock(state, handle)
     assert pc.reset(state) == [0, 1, 6, 7]
     assert state.entries == {}
+
+
+def test_evictable_pages_are_the_unlocked_leaves() -> None:
+    state = pc.new_state(1)
+    pc.insert_prefix(state, [1, 2, 3], [0, 1, 2])
+    pc.insert_prefix(state, [1, 2, 4], [0, 1, 3])
+    pc.insert_prefix(state, [5], [4], ("t",))
+    pc.lock(state, pc.match_prefix(state, [1, 2, 4]))
+    keys = {tokens: key for key in state.entries for tokens in [key[1].tokens]}
+    leaf, locked, inner, other = keys[(1, 2, 3)], keys[(1, 2, 4)], keys[(1, 2)], keys[(5,)]
+    assert pc.get_keys_with_children(state) == {keys[(1,)], inner}
+    assert sorted(pc.get_evictable_leaves(state), key=repr) == sorted([leaf, other], key=repr)
+    with_children = pc.get_keys_with_children(state)
+    assert [pc.is_evictable(state, k, with_children) for k in (leaf, locked, inner, other)] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert [pc.is_evictable(state, k) for k in (leaf, locked, inner, other)] == [True, False, False, True]
+    assert [pc.has_cached_child(state, k) for k in (leaf, locked, inner, other)] == [False, False, True, False]
+
+
+def test_a_prefix_prints_its_tokens_or_both_ends_of_a_long_one() -> None:
+    short = pc.Prefix.extend(None, tuple(range(12)))
+    assert repr(short) == f"Prefix({list(range(12))})"
+    long = pc.Prefix.extend(short, (12,))
+    assert repr(long) == "Prefix([0, 1, 2, 3, '...', 9, 10, 11, 12])"
+
+
+def test_a_page_key_names_the_last_whole_page_only() -> None:
+    assert pc.page_key(("t",), [1, 2, 3, 4], 2) == (("t",), pc.Prefix.extend(pc.Prefix.extend(None, (1, 2)), (3, 4)))
+    for tokens in ([], [1, 2, 3]):
+        with pytest.raises(AssertionError, match="^a page key covers whole pages$"):
+            pc.page_key(None, tokens, 2)
+
+
+def test_prefixes_equal_by_their_tokens_even_when_not_one_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    first = pc.Prefix.extend(pc.Prefix.extend(None, (1, 2)), (3, 4))
+    monkeypatch.setattr(pc.Prefix, "_interned", {})  # as after the intern table was cleared at its limit
+    again = pc.Prefix.extend(pc.Prefix.extend(None, (1, 2)), (3, 4))
+    assert again is not first and again.parent is not first.parent
+    assert again == first and first == again and hash(again) == hash(first) and first == first
+    assert {first: "kept"}[again] == "kept"
+    assert first != pc.Prefix.extend(pc.Prefix.extend(None, (1, 9)), (3, 4))  # same last page, another parent
+    assert first != pc.Prefix.extend(pc.Prefix.extend(None, (1, 2)), (3, 5))
+    assert first != pc.Prefix.extend(None, (1, 2)) and pc.Prefix.extend(None, (1, 2)) != first
+    assert first != (1, 2, 3, 4) and first.__eq__((1, 2, 3, 4)) is NotImplemented
+
+
+def test_equal_prefixes_are_one_object_until_the_intern_table_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pc.Prefix, "_interned", {})
+    monkeypatch.setattr(pc.Prefix, "INTERN_LIMIT", 3)
+    first = pc.Prefix.extend(None, (1, 2))
+    assert pc.Prefix.extend(None, (1, 2)) is first and len(pc.Prefix._interned) == 1
+    second = pc.Prefix.extend(first, (3, 4))
+    pc.Prefix.extend(None, (5, 6))
+    assert len(pc.Prefix._interned) == 3 and pc.Prefix.extend(first, (3, 4)) is second
+    pc.Prefix.extend(None, (7, 8))  # the table was full: emptied, then this one kept
+    assert len(pc.Prefix._interned) == 1
+    assert pc.Prefix.extend(None, (1, 2)) == first and pc.Prefix.extend(None, (1, 2)) is not first

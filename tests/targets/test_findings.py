@@ -196,3 +196,50 @@ def test_vllm_a_lookup_does_not_refresh_recency_a_request_that_uses_it_does() ->
     assert cache.take_evicted() == [[0, 1]]  # [1, 1], looked up but not used
     cache.lock(cache.match_prefix([2, 2], None))  # used now
     assert cache.cached_pages() == {pc.page_key(None, (2, 2), 2): 2, pc.page_key(None, (3, 3), 2): 0}
+
+
+needs_events = pytest.mark.skipif(
+    importlib.util.find_spec("msgspec") is None or importlib.util.find_spec("zmq") is None,
+    reason="the peers' event modules need msgspec and pyzmq (pip install radixspec[events])",
+)
+
+
+@needs_sglang
+@needs_events
+def test_sglang_events_of_two_namespaces_with_the_same_tokens_carry_the_same_block_hash(sglang: Any) -> None:
+    """INTENDED DIFFERENCE, a drift for routers (profile: event_namespaces=False; strict mode reports it).
+
+    SGLang's event hashes omit the key's ``extra_key`` unless it names a
+    registered LoRA adapter (``compute_node_event_hash_values``: "omit
+    extra_key"). Two namespaces caching the same tokens publish the same
+    block hash twice; when one of them is evicted, a router that indexes
+    blocks by hash (vLLM's format) drops the block although the other
+    namespace still holds it. Campaign: ``--target sglang --lru strict``,
+    ``event 6 (PageStored): page ... is stored already``.
+    """
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
+
+    cache, _ = sglang_cache_with_events(sglang, page_size=1)
+    assert [type(e).__name__ for e in cache.take_events()] == ["AllBlocksCleared"]  # the constructor's reset
+    cache.insert(InsertParams(key=sglang.RadixKey(array("q", [1, 2]), "tenant-a"), value=torch.tensor([0, 1])))
+    cache.insert(InsertParams(key=sglang.RadixKey(array("q", [1, 2]), "tenant-b"), value=torch.tensor([2, 3])))
+    first, second = cache.take_events()
+    assert type(first).__name__ == type(second).__name__ == "BlockStored"
+    assert first.block_hashes == second.block_hashes  # one name for two namespaces' pages
+    # a router keeping the set of announced hashes
+    router = set(first.block_hashes) | set(second.block_hashes)
+    cache.evict(EvictParams(num_tokens=2))  # evicts one namespace's leaf
+    (removed,) = cache.take_events()
+    router -= set(removed.block_hashes)
+    assert cache.evictable_size() == 2  # the other namespace still caches its two pages
+    assert not router  # ... and the router believes nothing is cached
+
+
+def sglang_cache_with_events(module: Any, page_size: int) -> tuple[Any, Any]:
+    from fuzz.targets.sglang import RecordingAllocator
+
+    allocator = RecordingAllocator(page_size)
+    cache = module.RadixCache.create_simulated(
+        page_size=page_size, mock_allocator=allocator, enable_kv_cache_events=True
+    )
+    return cache, allocator

@@ -1,0 +1,540 @@
+"""``python -m fuzz.replay``: what hit rate would a request trace get with N pages, with this cache?
+
+    python -m fuzz.replay TRACE --impl all --pool-pages 256,1024,4096 [--page-size 16]
+                          [--target NAME] [--json rows.json] [--plot hit_rate.png]
+    python -m fuzz.replay --generate trace.jsonl --requests 100000 [--seed 0]
+
+Each request of the trace, in order, goes through the cache the way a
+serving engine's cache manager uses it for a prompt: match the prompt, lock
+the matched path, take pages for the rest (evicting LRU pages when the pool
+is short), insert the whole pages, unlock; the partial last page goes back to
+the pool. Per implementation and pool size it prints the token and request
+hit rates, the pages evicted and the pages in use (cached) at the end and at
+the peak. The spec, the reference and the optimized cache must give the
+same numbers (a differential at trace scale: ``--impl all`` checks it).
+
+Trace formats (``--format auto`` tells them apart by the first line):
+
+* JSONL: one request per line, ``{"tokens": [...]}``, optionally
+  ``"namespace"`` (a JSON list becomes a tuple, a string ``s`` becomes
+  ``(s,)``) and ``"timestamp"`` (requests are replayed in timestamp order,
+  ties in file order).
+* Mooncake (``hash_ids`` per block of ``--block-size`` tokens,
+  ``input_length``, ``output_length``, ``timestamp``): block ``h`` stands for
+  the tokens ``h * B ... h * B + B - 1``; the prompt is cut to
+  ``input_length``. Output tokens are not replayed (only prompts are cached).
+
+``--generate`` writes a synthetic JSONL trace: conversations that share one
+of a few system prompts, multi-turn chats whose every turn extends the
+previous prompt, and few-shot prompts that share their example blocks,
+spread over a few tenants (namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import random
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from spec import prefix_cache as pc
+from spec.errors import CacheError
+from spec.helpers import compute_page_starts, compute_page_to_token
+from spec.types import TOKEN_LIMIT, Namespace, check_namespace
+
+Request = tuple[list[int], Namespace]
+IMPLS = ("spec", "reference", "optimized")
+
+
+# ---------------------------------------------------------------- traces
+
+
+def namespace_of(value: Any) -> Namespace:
+    """A trace's namespace as the spec's domain: null, a JSON list (a tuple, nested), or a string s -> (s,)."""
+
+    def as_tuple(item: Any) -> Any:
+        return tuple(as_tuple(x) for x in item) if isinstance(item, list) else item
+
+    if value is None:
+        return None
+    return check_namespace(as_tuple(value) if isinstance(value, list) else (value,))
+
+
+def detect_format(path: Path) -> str:
+    """``jsonl`` or ``mooncake``, from the first request's fields."""
+    with path.open() as lines:
+        for line in lines:
+            if line.strip():
+                first = json.loads(line)
+                return "mooncake" if "hash_ids" in first else "jsonl"
+    raise ValueError(f"{path}: no request in the trace")
+
+
+def read_trace(path: Path, fmt: str = "auto", block_size: int = 512) -> Iterator[Request]:
+    """The requests of a trace, in replay order (by timestamp when the lines carry one; file order else)."""
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    stamped: list[tuple[float, int, int]] = []
+    with path.open() as lines:
+        for number, line in enumerate(lines):
+            if line.strip():
+                stamp = json.loads(line).get("timestamp") if '"timestamp"' in line else None
+                stamped.append((0.0 if stamp is None else float(stamp), number, 0))
+    order = {number for _, number, _ in stamped}
+    ranks = {number: rank for rank, (_, number, _) in enumerate(sorted(stamped))}
+    # two passes: the order from the stamps, then the requests (one line at a time: traces are big)
+    by_rank: dict[int, Request] = {}
+    next_rank = 0
+    with path.open() as lines:
+        for number, line in enumerate(lines):
+            if number not in order:
+                continue
+            by_rank[ranks[number]] = parse_request(json.loads(line), fmt, block_size, number + 1, path)
+            while next_rank in by_rank:
+                yield by_rank.pop(next_rank)
+                next_rank += 1
+
+
+def parse_request(record: dict[str, Any], fmt: str, block_size: int, line: int, path: Path) -> Request:
+    """One line of the trace as (tokens, namespace); ValueError naming the line when it is malformed."""
+    where = f"{path}:{line}"
+    if fmt == "mooncake":
+        try:
+            hash_ids, length = record["hash_ids"], int(record["input_length"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: a Mooncake request needs hash_ids and input_length ({exc})") from None
+        tokens = [(h * block_size + j) % TOKEN_LIMIT for h in hash_ids for j in range(block_size)][:length]
+        return tokens, namespace_of(record.get("namespace"))
+    ids = record.get("tokens")
+    if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < TOKEN_LIMIT for t in ids):
+        raise ValueError(f"{where}: 'tokens' must be a list of token ids in [0, 2**63)")
+    return ids, namespace_of(record.get("namespace"))
+
+
+def generate(out: Path, requests: int, seed: int = 0) -> None:
+    """A synthetic JSONL trace: shared system prompts, multi-turn chats, few-shot blocks, a few tenants."""
+    rng = random.Random(seed)
+    vocabulary = 32_000
+
+    def text(n: int) -> list[int]:
+        return [rng.randrange(vocabulary) for _ in range(n)]
+
+    system_prompts = [text(rng.randint(64, 512)) for _ in range(8)]
+    examples = [text(rng.randint(32, 128)) for _ in range(24)]
+    tenants: list[Any] = [None, ["tenant", "a"], ["tenant", "b"], ["lora", 1]]
+    chats: list[tuple[list[int], Any]] = []
+    with out.open("w") as sink:
+        for number in range(requests):
+            kind = rng.random()
+            if kind < 0.45 and chats and rng.random() < 0.7:
+                # the next turn of a running chat: the whole history, an answer, a new question
+                index = rng.randrange(len(chats))
+                history, tenant = chats[index]
+                prompt = history + text(rng.randint(16, 96)) + text(rng.randint(8, 64))
+                chats[index] = (prompt, tenant)
+                if len(prompt) > 4096:
+                    chats.pop(index)
+            elif kind < 0.8:
+                tenant = rng.choice(tenants)
+                prompt = rng.choice(system_prompts) + text(rng.randint(8, 128))
+                chats.append((prompt, tenant))
+                if len(chats) > 256:
+                    chats.pop(0)
+            else:
+                tenant = rng.choice(tenants)
+                shots = rng.sample(range(4), rng.randint(2, 4))
+                block = rng.randrange(6) * 4
+                prompt = [t for shot in shots for t in examples[block + shot]] + text(rng.randint(8, 64))
+            line = {"tokens": prompt, "timestamp": number}
+            if tenant is not None:
+                line["namespace"] = tenant
+            sink.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+
+# ---------------------------------------------------------------- the caches
+
+
+class Driver:
+    """One cache behind the replay's four calls; slots are page starts the replay hands out."""
+
+    name: str
+    allocates = False  # True: the cache takes its own pages (and evicts for them)
+
+    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, Any]:
+        """(cached tokens, a handle on the matched path)."""
+        raise NotImplementedError
+
+    def lock(self, handle: Any) -> None:
+        """Protect the matched path while the request is placed."""
+        raise NotImplementedError
+
+    def unlock(self, handle: Any) -> None:
+        """Release it."""
+        raise NotImplementedError
+
+    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
+        """Cache the whole pages (slots: the matched ones then the new pages'; None when the cache allocates)."""
+        raise NotImplementedError
+
+    def evict(self, tokens: int) -> list[int]:
+        """Free at least ``tokens`` tokens of LRU pages; their slots."""
+        raise NotImplementedError
+
+    def slots(self, handle: Any) -> list[int]:
+        """The matched path's slots."""
+        raise NotImplementedError
+
+    def cached_pages(self) -> int:
+        """Pages the cache holds now."""
+        raise NotImplementedError
+
+
+class OurDriver(Driver):
+    """The spec, the reference or the optimized cache."""
+
+    def __init__(self, impl: str, page_size: int) -> None:
+        import optimized
+        import reference
+
+        self.name = impl
+        self.page_size = page_size
+        self.state: pc.PrefixCacheState | None = None
+        if impl == "spec":
+            self.state = pc.new_state(page_size)
+        else:
+            self.cache: Any = (reference if impl == "reference" else optimized).RadixPrefixCache(page_size)
+
+    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, Any]:
+        if self.state is not None:
+            handle = pc.match_prefix(self.state, tokens, namespace)
+            return handle.cached_len, handle
+        handle = self.cache.match_prefix(tokens, namespace)
+        return handle.cached_len, handle
+
+    def lock(self, handle: Any) -> None:
+        pc.lock(self.state, handle) if self.state is not None else self.cache.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        pc.unlock(self.state, handle) if self.state is not None else self.cache.unlock(handle)
+
+    def slots(self, handle: Any) -> list[int]:
+        if self.state is not None:
+            return list(pc.get_matched_indices(self.state, handle))
+        return (
+            [int(s) for s in handle.get_matched_indices().tolist()]
+            if self.name == "optimized"
+            else list(handle.get_matched_indices())
+        )
+
+    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
+        if self.state is not None:
+            return pc.insert_prefix(self.state, tokens, slots or [], namespace)
+        return self.cache.insert_prefix(tokens, slots, namespace)
+
+    def evict(self, tokens: int) -> list[int]:
+        if self.state is not None:
+            return list(pc.evict(self.state, tokens))
+        out = self.cache.evict(tokens)
+        return out.tolist() if self.name == "optimized" else list(out)
+
+    def cached_pages(self) -> int:
+        info = tuple(pc.size_info(self.state)) if self.state is not None else tuple(self.cache.size_info)
+        return int(info[0] + info[1]) // self.page_size
+
+
+class TargetDriver(Driver):
+    """A target of the target API (``--target NAME``)."""
+
+    def __init__(self, name: str, page_size: int, pool_pages: int) -> None:
+        from .targets import resolve
+
+        info = resolve(name)
+        assert info.cache_factory is not None, f"target {name} has no prefix cache"
+        self.name = name
+        self.page_size = page_size
+        self.target: Any = info.cache_factory(page_size, pool_pages)
+        profile = self.target.profile
+        self.allocates = profile.slots == "target"
+        self.namespaces = profile.namespaces
+        self.evicted_by_allocation = 0
+
+    def ns(self, namespace: Namespace) -> Namespace:
+        return namespace if self.namespaces else None
+
+    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, Any]:
+        handle = self.target.match_prefix(tokens, self.ns(namespace))
+        return int(self.target.cached_len(handle)), handle
+
+    def lock(self, handle: Any) -> None:
+        self.target.lock(handle)
+
+    def unlock(self, handle: Any) -> None:
+        self.target.unlock(handle)
+
+    def slots(self, handle: Any) -> list[int]:
+        return list(self.target.matched_slots(handle))
+
+    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
+        _, handle = self.target.insert_prefix(tokens, slots, self.ns(namespace))
+        if self.allocates:
+            self.evicted_by_allocation += sum(len(group) for group in self.target.take_evicted()) // self.page_size
+        return handle
+
+    def evict(self, tokens: int) -> list[int]:
+        self.target.evict(tokens)
+        return [slot for group in self.target.take_evicted() for slot in group]
+
+    def cached_pages(self) -> int:
+        evictable, protected = self.target.size_info()
+        return int(evictable + protected) // self.page_size
+
+
+# ---------------------------------------------------------------- the replay
+
+
+@dataclass
+class Row:
+    """What one implementation did with one pool size."""
+
+    impl: str
+    pool_pages: int
+    page_size: int
+    requests: int
+    # requests longer than the whole pool (not replayed)
+    too_long: int
+    asked_tokens: int
+    hit_tokens: int
+    hit_rate: float
+    request_hit_rate: float
+    evicted_pages: int
+    pages_in_use: int
+    peak_pages_in_use: int
+    seconds: float
+
+
+def our_driver(impl: str, page_size: int, pool_pages: int) -> Driver:
+    """Our implementation ``impl`` (the pool size is the replay's: our caches have no capacity)."""
+    return OurDriver(impl, page_size)
+
+
+def replay_trace(driver: Driver, requests: Iterator[Request], pool_pages: int, page_size: int) -> Row:
+    """Every request through ``driver``, as a cache manager does for prompts; the figures."""
+    p = page_size
+    free: deque[int] = deque(range(0, pool_pages * p, p))
+    count = too_long = asked = hits = hit_requests = evicted = peak = 0
+    start = time.perf_counter()
+    for tokens, namespace in requests:
+        count += 1
+        needed = -(-len(tokens) // p)
+        if needed > pool_pages or not tokens:
+            too_long += needed > pool_pages
+            continue
+        cached, handle = driver.match(tokens, namespace)
+        asked += len(tokens)
+        hits += cached
+        hit_requests += cached > 0
+        driver.lock(handle)
+        if driver.allocates:
+            driver.insert(tokens, None, namespace)
+        else:
+            new = needed - cached // p
+            if new > len(free):
+                gone = driver.evict((new - len(free)) * p)
+                evicted += len(gone) // p
+                free.extend(compute_page_starts(gone, p))
+            pages = [free.popleft() for _ in range(new)]
+            slots = driver.slots(handle) + compute_page_to_token(pages, p)[: len(tokens) - cached]
+            driver.insert(tokens, slots, namespace)
+            if len(tokens) % p:
+                free.append(pages[-1])  # the partial last page is not cached
+        driver.unlock(handle)
+        peak = max(peak, driver.cached_pages())
+    if isinstance(driver, TargetDriver):
+        evicted += driver.evicted_by_allocation
+    return Row(
+        impl=driver.name,
+        pool_pages=pool_pages,
+        page_size=p,
+        requests=count,
+        too_long=too_long,
+        asked_tokens=asked,
+        hit_tokens=hits,
+        hit_rate=hits / asked if asked else 0.0,
+        request_hit_rate=hit_requests / max(count - too_long, 1),
+        evicted_pages=evicted,
+        pages_in_use=driver.cached_pages(),
+        peak_pages_in_use=peak,
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+def plot(rows: Sequence[Row], path: Path) -> None:
+    """Hit rate against pool size, one line per implementation (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    # identical curves (the differential's point) stay visible: each its own marker, size and dash
+    styles = [("o", 10, "-"), ("s", 7, "--"), ("^", 5, ":"), ("D", 4, "-."), ("v", 4, "-")]
+    for number, impl in enumerate(dict.fromkeys(row.impl for row in rows)):
+        mine = sorted((row.pool_pages, row.hit_rate) for row in rows if row.impl == impl)
+        marker, size, dash = styles[number % len(styles)]
+        axes.plot(
+            [x for x, _ in mine], [100 * y for _, y in mine], marker=marker, markersize=size, linestyle=dash, label=impl
+        )
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel(f"pool size (pages of {rows[0].page_size} tokens)")
+    axes.set_ylabel("token hit rate (%)")
+    axes.set_ylim(0, 100)
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def pool_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated page counts, each > 0."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated page counts, got {text!r}") from None
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"page counts must be > 0, got {text!r}")
+    return sizes
+
+
+def positive(text: str) -> int:
+    """An argparse type: an int > 0."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fuzz.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace", nargs="?", type=Path, help="the trace (JSONL or Mooncake)")
+    parser.add_argument("--impl", choices=(*IMPLS, "all"), default=None, help="our implementation(s) (default: all)")
+    parser.add_argument(
+        "--target", default=None, help="a target of the target API instead (python -m fuzz --list-targets)"
+    )
+    parser.add_argument("--pool-pages", type=pool_sizes, default=[256, 1024, 4096])
+    parser.add_argument("--page-size", type=positive, default=16)
+    parser.add_argument("--format", choices=("auto", "jsonl", "mooncake"), default="auto")
+    parser.add_argument("--block-size", type=positive, default=512, help="tokens per Mooncake hash id")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list")
+    parser.add_argument("--plot", type=Path, default=None, help="plot hit rate against pool size (PNG)")
+    parser.add_argument(
+        "--plot-with",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="ROWS_JSON",
+        help="also plot the rows of an earlier --json (another target, another trace); repeatable",
+    )
+    parser.add_argument("--generate", type=Path, default=None, help="write a synthetic JSONL trace here and stop")
+    parser.add_argument("--requests", type=positive, default=10_000, help="requests of the generated trace")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.generate is not None:
+        generate(args.generate, args.requests, args.seed)
+        print(f"wrote {args.requests} requests to {args.generate}")
+        return 0
+    if args.trace is None:
+        parser.error("name a trace (or --generate PATH)")
+    if not args.trace.is_file():
+        parser.error(f"no trace file {args.trace}")
+    if args.target and args.impl:
+        parser.error("--impl and --target exclude each other")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib (pip install radixspec[plot])")
+    earlier: list[Row] = []
+    for path in args.plot_with:
+        try:
+            earlier += [Row(**row) for row in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError) as exc:
+            parser.error(f"--plot-with {path}: not rows written by --json ({exc})")
+    try:
+        fmt = detect_format(args.trace) if args.format == "auto" else args.format
+        next(read_trace(args.trace, fmt, args.block_size))  # a malformed first request fails here, before any run
+    except (ValueError, CacheError) as exc:
+        parser.error(str(exc))
+    makers: list[Callable[[int], Driver]]
+    if args.target:
+        from .targets import TargetError, resolve
+
+        try:
+            resolve(args.target)
+        except TargetError as exc:
+            parser.error(str(exc))
+        target_name: str = args.target
+        makers = [lambda pages: TargetDriver(target_name, args.page_size, pages)]
+        profile = resolve(args.target).profile
+        if profile is not None and not profile.namespaces:
+            print(f"note: target {args.target} has no namespaces: every request is replayed in one namespace")
+    else:
+        impls = IMPLS if args.impl in (None, "all") else (args.impl,)
+        page_size: int = args.page_size
+        makers = [functools.partial(our_driver, impl, page_size) for impl in impls]
+    rows: list[Row] = []
+    print(
+        f"{'impl':<12} {'pool pages':>10} {'requests':>9} {'hit rate':>9} {'req hits':>9} {'evicted':>9}"
+        f" {'in use':>7} {'peak':>7} {'seconds':>8}"
+    )
+    for pages in args.pool_pages:
+        for make in makers:
+            try:
+                row = replay_trace(make(pages), read_trace(args.trace, fmt, args.block_size), pages, args.page_size)
+            except (ValueError, CacheError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            rows.append(row)
+            print(
+                f"{row.impl:<12} {row.pool_pages:>10} {row.requests:>9} {100 * row.hit_rate:>8.2f}%"
+                f" {100 * row.request_hit_rate:>8.2f}% {row.evicted_pages:>9} {row.pages_in_use:>7}"
+                f" {row.peak_pages_in_use:>7} {row.seconds:>8.2f}",
+                flush=True,
+            )
+    mismatch = differential(rows)
+    if mismatch:
+        print(f"DIFFERENTIAL FAILED: {mismatch}", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(row) for row in rows], indent=2) + "\n")
+        print(f"rows written to {args.json}")
+    if args.plot is not None:
+        plot(rows + earlier, args.plot)
+        print(f"plot written to {args.plot}")
+    return 1 if mismatch else 0
+
+
+def differential(rows: Sequence[Row]) -> str:
+    """Where our implementations disagree on a pool size (they must not): a sentence, or ''."""
+    ours = [row for row in rows if row.impl in IMPLS]
+    for pages in dict.fromkeys(row.pool_pages for row in ours):
+        same = [row for row in ours if row.pool_pages == pages]
+        figures = {
+            row.impl: (row.hit_tokens, row.asked_tokens, row.evicted_pages, row.pages_in_use, row.peak_pages_in_use)
+            for row in same
+        }
+        if len(set(figures.values())) > 1:
+            return f"pool of {pages} pages: {figures}"
+    return ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""``python -m fuzz.replay``: traces in, hit rates per pool size out, the same from spec, reference, optimized."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from fuzz import replay
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("trace") / "trace.jsonl"
+    replay.generate(path, requests=300, seed=3)
+    return path
+
+
+def test_the_generator_is_deterministic_and_shares_prefixes(trace: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again.jsonl"
+    replay.generate(again, requests=300, seed=3)
+    assert again.read_bytes() == trace.read_bytes()
+    requests = list(replay.read_trace(trace))
+    assert len(requests) == 300
+    assert {namespace for _, namespace in requests} >= {None, ("tenant", "a"), ("lora", 1)}
+
+
+def test_spec_reference_and_optimized_give_the_same_figures(trace: Path) -> None:
+    rows = []
+    for pages in (128, 2048):
+        for impl in replay.IMPLS:
+            rows.append(replay.replay_trace(replay.OurDriver(impl, 16), replay.read_trace(trace), pages, 16))
+    assert replay.differential(rows) == ""
+    small, large = rows[0], rows[3]
+    # a bigger pool hits more and evicts less; the small one is full at the end
+    assert 0 < small.hit_rate < large.hit_rate < 1 and small.evicted_pages > large.evicted_pages
+    assert small.pages_in_use <= small.peak_pages_in_use <= 128 and small.too_long < small.requests
+
+
+def test_the_differential_names_a_disagreement() -> None:
+    base = dict(
+        pool_pages=8,
+        page_size=1,
+        requests=1,
+        too_long=0,
+        asked_tokens=4,
+        hit_rate=0.5,
+        request_hit_rate=1.0,
+        evicted_pages=0,
+        pages_in_use=2,
+        peak_pages_in_use=2,
+        seconds=0.0,
+    )
+    rows = [replay.Row(impl="spec", hit_tokens=2, **base), replay.Row(impl="optimized", hit_tokens=3, **base)]
+    assert "pool of 8 pages" in replay.differential(rows)
+
+
+def test_jsonl_namespaces_timestamps_and_mooncake_blocks(tmp_path: Path) -> None:
+    jsonl = tmp_path / "t.jsonl"
+    jsonl.write_text(
+        '{"tokens": [1, 2], "timestamp": 2, "namespace": ["lora", 1]}\n'
+        '{"tokens": [3], "timestamp": 1, "namespace": "tenant"}\n\n'
+        '{"tokens": [4]}\n'
+    )
+    assert list(replay.read_trace(jsonl)) == [([4], None), ([3], ("tenant",)), ([1, 2], ("lora", 1))]
+    mooncake = tmp_path / "m.jsonl"
+    mooncake.write_text('{"timestamp": 0, "input_length": 5, "output_length": 9, "hash_ids": [0, 7]}\n')
+    assert replay.detect_format(mooncake) == "mooncake"
+    assert list(replay.read_trace(mooncake, block_size=3)) == [([0, 1, 2, 21, 22], None)]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"tokens": [1, -2]}', "token ids"),
+        ('{"tokens": "12"}', "token ids"),
+        ('{"tokens": [1], "namespace": [true]}', ""),
+    ],
+)
+def test_a_malformed_request_is_a_clean_error_naming_its_line(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        replay.main([str(path), "--impl", "spec"])
+    assert exit_info.value.code == 2
+
+
+def test_the_command_line_writes_rows_and_a_plot(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows_path, png = tmp_path / "rows.json", tmp_path / "hit.png"
+    argv = [str(trace), "--impl", "all", "--pool-pages", "16,64", "--page-size", "8", "--json", str(rows_path)]
+    if importlib.util.find_spec("matplotlib"):
+        argv += ["--plot", str(png)]
+    assert replay.main(argv) == 0
+    rows = json.loads(rows_path.read_text())
+    assert [(row["impl"], row["pool_pages"]) for row in rows] == [
+        (impl, pages) for pages in (16, 64) for impl in replay.IMPLS
+    ]
+    assert {"impl", "pool_pages", "hit_rate", "evicted_pages"} <= set(rows[0])
+    assert "optimized" in capsys.readouterr().out
+    if "--plot" in argv:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        # an earlier run's rows on the same plot; a file that is not rows is a clean error
+        assert replay.main([*argv[:-2], "--plot", str(png), "--plot-with", str(rows_path)]) == 0
+        with pytest.raises(SystemExit):
+            replay.main([*argv[:-2], "--plot", str(png), "--plot-with", str(trace)])
+
+
+@pytest.mark.parametrize("argv", [["missing.jsonl"], ["x", "--pool-pages", "0"], ["x", "--pool-pages", "a,b"], []])
+def test_bad_command_lines_are_clean_errors(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        replay.main(argv)
+    assert exit_info.value.code == 2
