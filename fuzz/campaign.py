@@ -36,13 +36,17 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TextIO
 
-from .adapters import CACHE_IMPLEMENTATIONS
+# light imports only: a usage error must not wait for torch (the machines, adapters and regression writer
+# import it, so they are imported where a campaign starts)
 from .batches import BatchResult, BatchSpec, FailureReport, database_for, database_key, run_batch
-from .machines import MACHINES, target_machines
+from .messages import bounded, cut, one_line
 from .profiles import CAMPAIGN_EXAMPLES, CAMPAIGN_STEPS
-from .regression import regression_source, write_regression_test
-from .stats import REACH, CampaignStats
+from .stats import REACH, CampaignStats, shown
 from .targets import TargetError, list_targets, resolve
+
+# our implementations (fuzz.adapters.CACHE_IMPLEMENTATIONS) and the machines (fuzz.machines.MACHINES), by name
+IMPLEMENTATIONS = ("reference", "optimized")
+MACHINE_NAMES = ("cache", "manager", "scheduler", "kv")
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
 # seconds a batch keeps free before the budget ends (its shrinking ends there), and the grace after it
@@ -75,13 +79,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m fuzz",
         description="Differential fuzz campaign: the spec against our implementations or any target.",
         epilog="Exit status: 0 clean, 1 failures found, 2 usage error, 3 the campaign broke.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--machine", choices=[*MACHINES, "all"], default="all", help="state machine(s) to run")
+    parser.add_argument("--machine", choices=[*MACHINE_NAMES, "all"], default="all", help="state machine(s) to run")
     parser.add_argument(
-        "--impl", choices=[*CACHE_IMPLEMENTATIONS, "all"], default="reference", help="our implementation(s) to drive"
+        "--impl",
+        choices=[*IMPLEMENTATIONS, "all"],
+        default=None,
+        help="our implementation(s) driven beside the spec; default: all (the three-way differential)",
     )
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--minutes", type=positive_float, default=None, help="time budget (default 1)")
+    budget.add_argument("--minutes", type=positive_float, default=None, help="time budget; default: 1")
     budget.add_argument("--examples", type=positive_int, default=None, help="stop after this many examples per machine")
     parser.add_argument("--seed", type=int, default=0, help="campaign seed (batches derive theirs from it)")
     parser.add_argument("--batch", type=positive_int, default=CAMPAIGN_EXAMPLES, help="examples per batch")
@@ -92,7 +100,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="after a failure, keep running that machine and report every distinct failure (to survey a target)",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines, and a short summary (no per-rule counts)"
+    )
     parser.add_argument("--device", default="cpu", help="torch device of the kv machine's pool (cpu, cuda)")
     parser.add_argument(
         "--target",
@@ -112,7 +122,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--workers",
         type=non_negative_int,
         default=os.cpu_count() or 1,
-        help="worker processes (default: every core; 0: run in this process)",
+        help="worker processes (every core; 0: run in this process)",
     )
     parser.add_argument(
         "--ray",
@@ -138,11 +148,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             args.target_info = resolve(args.target)
         except TargetError as exc:
             parser.error(str(exc))
+        from .machines import target_machines
+
+        if args.impl is not None:
+            parser.error(
+                "--impl drives our implementations; with --target the target is driven (name ours as"
+                " --target reference or --target optimized)"
+            )
         supported = target_machines(args.target_info)
         if args.machine != "all" and args.machine not in supported:
             parser.error(f"target {args.target!r} has no {args.machine} machine (it has: {', '.join(supported)})")
     elif args.lru is not None:
         parser.error("--lru applies to --target only")
+    if args.impl is None:
+        args.impl = "all"
     if args.ray is not None:
         try:
             import ray  # noqa: F401
@@ -211,13 +230,15 @@ class Campaign:
 
     @property
     def impls(self) -> tuple[str, ...]:
-        return tuple(CACHE_IMPLEMENTATIONS) if self.args.impl == "all" else (self.args.impl,)
+        return IMPLEMENTATIONS if self.args.impl == "all" else (self.args.impl,)
 
     def machine_names(self) -> list[str]:
+        from .machines import target_machines
+
         target = self.args.target_info
         if target is not None:
             return target_machines(target) if self.args.machine == "all" else [self.args.machine]
-        return list(MACHINES) if self.args.machine == "all" else [self.args.machine]
+        return list(MACHINE_NAMES) if self.args.machine == "all" else [self.args.machine]
 
     # ------------------------------------------------------------ scheduling
 
@@ -269,7 +290,7 @@ class Campaign:
         state.stopped = not self.args.keep_going
         shrink = "" if self.args.no_shrink else f" (shrinking, at most until {self.remaining_s():.0f} s from now)"
         self.print(f"\n[{at - self.start:6.1f} s] {machine}: failing example found (batch seed {seed}){shrink}:")
-        for line in message.splitlines()[:20]:
+        for line in bounded(message):
             self.print(f"    {line}")
 
     def remaining_s(self) -> float:
@@ -299,6 +320,8 @@ class Campaign:
                     f" failure); no regression file, seed {failure.seed} and the error are in the summary"
                 )
                 continue
+            from .regression import regression_source, write_regression_test
+
             source = regression_source(
                 failure.program,
                 state.name,
@@ -310,6 +333,7 @@ class Campaign:
                 failure.error,
                 failure.shrunk,
                 name,
+                failure.reproduce,
             )
             path: Path | None = None
             try:
@@ -415,22 +439,21 @@ class Campaign:
             f"   steps {s.steps} ({s.steps / max(elapsed, 1e-9):.0f} steps/s)   on {self.backend_name}"
         )
         p(
-            f"reach: largest tree {s.largest_tree_pages} pages, longest key {s.longest_key_tokens} tokens,"
-            f" deepest path {s.deepest_path_nodes} nodes, most evictable leaves {s.most_evictable_leaves},"
-            f" largest eviction {s.largest_evict_pages} pages, most namespaces {s.most_namespaces},"
-            f" largest KV store {s.largest_store_rows} rows"
+            f"reach: largest tree {shown(s.largest_tree_pages, ' pages')},"
+            f" longest key {shown(s.longest_key_tokens, ' tokens')},"
+            f" deepest path {shown(s.deepest_path_nodes, ' nodes')},"
+            f" most evictable leaves {shown(s.most_evictable_leaves)},"
+            f" largest eviction {shown(s.largest_evict_pages, ' pages')}, most namespaces {shown(s.most_namespaces)},"
+            f" largest KV store {shown(s.largest_store_rows, ' rows')}  (n/a: not observable by these machines)"
         )
         p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
-        p("rules hit:")
-        for rule_name, count in sorted(s.rules.items()):
-            p(f"  {rule_name:<52} {count:>9}")
-        p("rejected calls (same error class from every implementation, state unchanged):")
-        for error, count in sorted(s.rejected.items()):
-            p(f"  {error:<52} {count:>9}")
-        if s.skipped:
-            p("invalid calls not sent (the target does not validate; the spec rejects them):")
-            for label, count in sorted(s.skipped.items()):
-                p(f"  {label:<52} {count:>9}")
+        if self.args.quiet:
+            p(
+                f"rules hit: {len(s.rules)} distinct, {sum(s.rejected.values())} rejected calls,"
+                f" {sum(s.skipped.values())} invalid calls not sent (listed without --quiet, and in --json)"
+            )
+        else:
+            self.print_counts(s)
         failed = [(state, failure, path) for state in self.machines.values() for failure, path in state.failures]
         if not failed:
             p("failures: none")
@@ -443,18 +466,33 @@ class Campaign:
                 f" {'' if failure.shrunk else 'not '}shrunk and reported after {failure.reported_at - self.start:.1f} s"
                 f" (batch seed {failure.seed})"
             )
-            p(failure.error)
+            for line in bounded(failure.error):
+                p(line)
             if path is not None:
-                p(f"regression test: {path}  (python -m pytest {path})")
+                p(f"regression test: {path}  (python -m pytest {path}; it holds the whole message)")
             else:
                 p(f"regression test: none written (the program did not replay as Python); batch seed {failure.seed}")
             if state.extra_failures:
                 p(f"({state.extra_failures} more batches of this machine failed too)")
             p("shrunk program:" if failure.shrunk else "failing program (not shrunk):")
-            for line in failure.program:
-                p(f"    {line}")
-            if failure.reproduce:
-                p(f"    # {failure.reproduce}")
+            for statement in failure.program:
+                for line in one_line(statement).splitlines():
+                    p(f"    {cut(line)}")
+
+    def print_counts(self, s: CampaignStats) -> None:
+        """Every rule's steps, every rejection and every call not sent, by name."""
+        p = self.print
+        p("rules hit:")
+        for rule_name, count in sorted(s.rules.items()):
+            p(f"  {rule_name:<52} {count:>9}")
+        if s.rejected:
+            p("rejected calls (same error class from every implementation, state unchanged):")
+            for error, count in sorted(s.rejected.items()):
+                p(f"  {error:<52} {count:>9}")
+        if s.skipped:
+            p("invalid calls not sent (the target does not validate; the spec rejects them):")
+            for label, count in sorted(s.skipped.items()):
+                p(f"  {label:<52} {count:>9}")
 
     def write_json(self, elapsed: float) -> None:
         s = self.stats
@@ -515,10 +553,23 @@ class Progress:
         shrinking = [
             name for name, state in campaign.machines.items() if name in campaign.notified and state.failure is None
         ]
-        line = (
-            f"[{elapsed:5.0f}{of} s] examples {s.examples}  steps {s.steps}  largest tree {s.largest_tree_pages} pages"
-            f"  longest key {s.longest_key_tokens}  failures {sum(1 for m in campaign.machines.values() if m.failure)}"
-            + (f"  shrinking: {', '.join(shrinking)}" if shrinking else "")
+        reach = [
+            f"{what} {value}{unit}"
+            for what, value, unit in (
+                ("largest tree", s.largest_tree_pages, " pages"),
+                ("longest key", s.longest_key_tokens, ""),
+                ("largest KV store", s.largest_store_rows, " rows"),
+            )
+            if value is not None
+        ]
+        line = "  ".join(
+            [
+                f"[{elapsed:5.0f}{of} s] examples {s.examples}",
+                f"steps {s.steps}",
+                *reach,
+                f"failures {sum(1 for m in campaign.machines.values() if m.failure)}",
+                *([f"shrinking: {', '.join(shrinking)}"] if shrinking else []),
+            ]
         )
         print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=campaign.out, flush=True)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import optimized
 import reference
-from spec.types import RequestSpec, SchedulerConfig
+from spec.types import RequestSpec, SchedulerConfig, StepReport
 
 
 def shared_prompt_workload(requests: int, seed: int = 0) -> list[RequestSpec]:
@@ -33,16 +33,53 @@ def shared_prompt_workload(requests: int, seed: int = 0) -> list[RequestSpec]:
     return workload
 
 
+class RequestClock:
+    """Wall-clock times of every request, from the run's start: first token (TTFT) and last token (latency)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+
+    def on_step(self, report: StepReport) -> None:
+        now = time.perf_counter() - self.start
+        for uid, _token, _finished in report.processed:
+            self.first.setdefault(uid, now)
+            self.last[uid] = now
+
+
+def percentiles(values: list[float], points: Sequence[int] = (50, 90, 99)) -> str:
+    """'p50 X ms  p90 Y ms  p99 Z ms' of ``values`` in seconds (nearest rank)."""
+    ordered = sorted(values)
+    parts = []
+    for point in points:
+        rank = max(0, min(len(ordered) - 1, -(-point * len(ordered) // 100) - 1))
+        parts.append(f"p{point} {1000 * ordered[rank]:.1f} ms")
+    return "  ".join(parts)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.engine_run", description=__doc__)
-    parser.add_argument("--impl", choices=["reference", "optimized"], default="reference")
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--num-pages", type=int, default=512)
-    parser.add_argument("--max-running-reqs", type=int, default=32)
-    parser.add_argument("--overlap", action="store_true")
-    parser.add_argument("--cache", choices=["radix", "naive"], default="radix")
+    parser = argparse.ArgumentParser(
+        prog="python -m fuzz.engine_run", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--impl", choices=["reference", "optimized"], default="reference", help="which Engine runs")
+    parser.add_argument("--requests", type=positive_int, default=1000, help="requests in the workload (all at t=0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    parser.add_argument("--page-size", type=positive_int, default=16, help="tokens per page (P)")
+    parser.add_argument("--num-pages", type=positive_int, default=512, help="pages in the KV pool")
+    parser.add_argument(
+        "--max-running-reqs", type=positive_int, default=32, help="requests decoding at once (page-table rows)"
+    )
+    parser.add_argument("--overlap", action="store_true", help="the overlap loop (batch k+1 scheduled before k ends)")
+    parser.add_argument("--cache", choices=["radix", "naive"], default="radix", help="prefix cache (naive: no sharing)")
     args = parser.parse_args(argv)
     config = SchedulerConfig(
         page_size=args.page_size,
@@ -54,16 +91,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         overlap=args.overlap,
     )
     engine = reference.Engine(config) if args.impl == "reference" else optimized.Engine(config)
-    start = time.perf_counter()
-    result = engine.generate(shared_prompt_workload(args.requests, args.seed))
+    workload = shared_prompt_workload(args.requests, args.seed)
+    clock = RequestClock()
+    result = engine.generate(workload, on_step=clock.on_step)
+    elapsed = time.perf_counter() - clock.start
     s = result.stats
     print(
         f"{args.impl} {args.cache} P={args.page_size} pages={args.num_pages} overlap={args.overlap}:"
         f" requests {s.admitted}, steps {s.steps} (prefill {s.prefill_batches}, decode {s.decode_batches}),"
         f" prompt tokens {s.prompt_tokens}, prefix hits {s.prefix_hit_tokens} (hit rate {100 * s.hit_rate:.1f}%),"
         f" generated {s.generated_tokens}, evicted pages {result.evicted_pages},"
-        f" peak pages in use {s.peak_pages_in_use}/{args.num_pages}, {time.perf_counter() - start:.1f} s"
+        f" peak pages in use {s.peak_pages_in_use}/{args.num_pages}, {elapsed:.1f} s"
     )
+    print(
+        f"throughput: {s.prompt_tokens / elapsed:.0f} prompt tokens/s, {s.generated_tokens / elapsed:.0f} generated"
+        f" tokens/s, {len(clock.last) / elapsed:.1f} requests/s (wall clock of this process, CPU HashModel)"
+    )
+    print(f"time to first token: {percentiles(list(clock.first.values()))}  (all requests arrive at t=0)")
+    print(f"request latency:     {percentiles(list(clock.last.values()))}")
     c = result.cache.total
     print(
         f"cache: matches {c.match_requests} (hit {100 * c.request_hit_rate:.1f}%), tokens hit"

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -380,12 +381,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if not chosen:
         parser.error("no planted bug matches these options")
-    missed = 0
-    print(f"{'planted bug':<76} {'impl':<10} {'verdict':<8} {'found':>8} {'reported':>9}")
-    for bug in chosen:
+    caught = 0
+    began = time.monotonic()
+    print(
+        f"{len(chosen)} planted bugs, a campaign of at most {args.minutes:g} min each. Clocks: found / reported ="
+        " seconds from the campaign's start to the first failing example / to its report (the campaign's own"
+        " clock); wall = the whole run (copy, build, start-up, imports)",
+        flush=True,
+    )
+    print(f"{'planted bug':<76} {'impl':<10} {'verdict':<8} {'found':>8} {'reported':>9} {'wall':>8}", flush=True)
+    for number, bug in enumerate(chosen, 1):
+        # progress on stderr: the table on stdout stays a table
+        print(f"[{number}/{len(chosen)}] running {bug.name} ...", file=sys.stderr, flush=True)
+        start = time.monotonic()
         outcome, found_s, reported_s = run_one(bug, args.minutes, args.seed, args.shrink)
-        missed += outcome != "caught"
-        print(f"{bug.name:<76} {bug.impl:<10} {outcome:<8} {seconds(found_s):>8} {seconds(reported_s):>9}", flush=True)
+        wall = time.monotonic() - start
+        caught += outcome == "caught"
+        print(
+            f"{bug.name:<76} {bug.impl:<10} {outcome:<8} {seconds(found_s):>8} {seconds(reported_s):>9}"
+            f" {seconds(wall):>8}",
+            flush=True,
+        )
+    missed = len(chosen) - caught
+    print(f"{caught} of {len(chosen)} caught ({missed} not) in {time.monotonic() - began:.0f} s", flush=True)
     return 1 if missed else 0
 
 

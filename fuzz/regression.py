@@ -17,6 +17,7 @@ from pathlib import Path
 from hypothesis.stateful import RuleBasedStateMachine
 
 from .machines import machine_for
+from .messages import one_line
 from .targets import resolve
 
 HEADER = '''"""{title}
@@ -59,6 +60,7 @@ def regression_source(
     error: str,
     shrunk: bool,
     name: str,
+    reproduce: str = "",
 ) -> str:
     """The text of a pytest file replaying ``program`` (Hypothesis's printed steps)."""
     args = f"{machine!r}, impls={impls!r}, target={target!r}, lru={lru!r}, device={device!r}"
@@ -67,7 +69,7 @@ def regression_source(
         if re.fullmatch(r"state = \w+\(\)", statement.strip()):
             steps.append(f"state = build_machine({args})()")
         else:
-            steps.append(statement)
+            steps.append(one_line(statement))
     first_line = error.splitlines()[0] if error else "a failure"
     driven = f"target {target} (LRU {lru or 'default'})" if target else f"implementations {', '.join(impls)}"
     header = HEADER.format(
@@ -76,13 +78,20 @@ def regression_source(
         machine=machine,
         driven=driven,
         seed=seed,
-        error=textwrap.indent(textwrap.shorten(error, 600), "    "),
+        error=textwrap.indent(docstring_safe(error), "    "),
         kind="shrunk" if shrunk else "unshrunk",
         name=name,
         function=re.sub(r"\W", "_", Path(name).stem.removeprefix("test_")),
     )
+    if reproduce:
+        steps.append(f"# Hypothesis replays the same example with: {reproduce}")
     body = textwrap.indent("\n".join(steps), "    ")
     return f"{header}{body}\n"
+
+
+def docstring_safe(text: str) -> str:
+    """``text`` as it may stand inside a triple-quoted docstring: backslashes and quotes escaped."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
 
 
 def write_regression_test(directory: Path, name: str, source: str) -> Path:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, fields
 
-# reach counters: the campaign keeps the maximum over batches
+# reach counters: the campaign keeps the maximum over batches; None until a machine records one (a figure a
+# machine or target cannot observe is "n/a" in the summary, never a 0 that reads as "reached nothing")
 REACH = (
     "largest_tree_pages",
     "longest_key_tokens",
@@ -38,19 +39,19 @@ class CampaignStats:
     # KV events replayed against the cache they describe (ours and the targets' that emit them)
     events_replayed: int = 0
     # reach
-    largest_tree_pages: int = 0
+    largest_tree_pages: int | None = None
     # tokens of the longest sequence matched or inserted
-    longest_key_tokens: int = 0
+    longest_key_tokens: int | None = None
     # radix nodes on the longest root path of a tree (when an implementation can tell)
-    deepest_path_nodes: int = 0
+    deepest_path_nodes: int | None = None
     # evictable leaf pages at once, when an eviction ran (the eviction heap's load)
-    most_evictable_leaves: int = 0
-    # pages one evict() call took
-    largest_evict_pages: int = 0
+    most_evictable_leaves: int | None = None
+    # pages one evict() call (or one allocation that evicted, for targets that evict on reuse) took
+    largest_evict_pages: int | None = None
     # rows of the largest KV store batch driven
-    largest_store_rows: int = 0
+    largest_store_rows: int | None = None
     # namespaces holding pages at once
-    most_namespaces: int = 0
+    most_namespaces: int | None = None
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""
@@ -63,25 +64,24 @@ class CampaignStats:
 
     def record_tree(self, pages: int) -> None:
         """Note the size of a tree seen after a step."""
-        self.largest_tree_pages = max(self.largest_tree_pages, pages)
+        self.record_reach(largest_tree_pages=pages)
 
     def record_store(self, rows: int) -> None:
         """Note the size of a KV store batch."""
-        self.largest_store_rows = max(self.largest_store_rows, rows)
+        self.record_reach(largest_store_rows=rows)
 
     def record_reach(self, **values: int) -> None:
-        """Raise any reach counter to ``values`` (names from REACH)."""
+        """Raise any reach counter to ``values`` (names from REACH); the first value recorded sets it."""
         for name, value in values.items():
             assert name in REACH, name
-            if value > getattr(self, name):
-                setattr(self, name, value)
+            setattr(self, name, larger(getattr(self, name), value))
 
     def merge(self, other: CampaignStats) -> None:
         """Add ``other``'s counts; keep the larger reach."""
         for item in fields(self):
             mine, theirs = getattr(self, item.name), getattr(other, item.name)
             if item.name in REACH:
-                setattr(self, item.name, max(mine, theirs))
+                setattr(self, item.name, larger(mine, theirs))
             elif isinstance(mine, Counter):
                 mine.update(theirs)
             else:
@@ -90,6 +90,18 @@ class CampaignStats:
     def reset(self) -> None:
         """Zero every counter."""
         self.__init__()  # type: ignore[misc]
+
+
+def larger(mine: int | None, theirs: int | None) -> int | None:
+    """The larger of two reach figures, either of which may be unrecorded (None)."""
+    if mine is None or theirs is None:
+        return theirs if mine is None else mine
+    return max(mine, theirs)
+
+
+def shown(value: int | None, unit: str = "") -> str:
+    """A reach figure for a human: "n/a" when no machine recorded it."""
+    return "n/a" if value is None else f"{value}{unit}"
 
 
 # One collector per process; a batch resets it and hands a copy back.

@@ -47,6 +47,7 @@ from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
 from spec.invariants import check_invariants
 from spec.types import SLOT_LIMIT, Namespace
 
+from .messages import brief, list_diff
 from .sequences import bad_namespaces, build_sequence, namespaces, page_choices, page_sizes, tail_choices
 from .stats import STATS
 from .targets.api import PageKey, TargetInfo
@@ -244,9 +245,13 @@ class TargetCacheMachine(RuleBasedStateMachine):
         if prediction is not None:
             predicted_new, predicted_evicted = prediction
             evicted = [start for group in groups for start in compute_page_starts(group, self.page_size)]
-            assert (new_starts, evicted) == (predicted_new, predicted_evicted), (
-                f"allocation took pages {new_starts} evicting {evicted};"
-                f" the profile's LRU model predicts pages {predicted_new} evicting {predicted_evicted}"
+            assert new_starts == predicted_new, (
+                f"allocation took other pages than the profile's LRU model predicts (taken, predicted):"
+                f" {list_diff(new_starts, predicted_new)}"
+            )
+            assert evicted == predicted_evicted, (
+                f"allocation evicted other pages than the profile's LRU model predicts (evicted, predicted):"
+                f" {list_diff(evicted, predicted_evicted)}"
             )
         indices = slots + [SLOT_LIMIT - 1] * (len(tokens) - len(slots))
         expected = pc.insert_prefix(self.model, tokens, indices, ns).handle
@@ -333,7 +338,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
         self.expect_no_frees("reset")
         held = sorted(compute_page_to_token(self.model_starts(), self.page_size))
         if self.profile.reset == "returns":
-            assert sorted(returned) == held, f"reset returned {sorted(returned)[:16]}, the cache held {held[:16]}"
+            assert sorted(returned) == held, (
+                f"reset returned other slots than the cache held: {list_diff(sorted(returned), held)}"
+            )
         self.free.extend(sorted(self.model_starts()))
         pc.reset(self.model)
         self.epoch += 1
@@ -513,6 +520,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
                 assert total < needed, f"{label}: evicted {total} pages before its last unit; {needed} were asked"
             total += len(keys)
             STATS.evicted_pages += len(keys)
+        if total:
+            # the pages one call gave back (an evict(), or an allocation that reused cached pages)
+            STATS.record_reach(largest_evict_pages=total)
         if needed is not None:
             if self.profile.eviction_unit == "page":
                 assert total == needed, f"{label}: evicted {total} pages, the spec evicts exactly {needed}"
@@ -526,7 +536,7 @@ class TargetCacheMachine(RuleBasedStateMachine):
             oldest = min(leaves, key=lambda key: plan.entries[key].last_access)
             assert oldest in group, (
                 f"{label}: strict LRU: the spec evicts {describe(oldest)} (last access"
-                f" {plan.entries[oldest].last_access}); the target evicted {', '.join(describe(k) for k in group)}"
+                f" {plan.entries[oldest].last_access}); the target evicted {brief([describe(k) for k in group], 4)}"
             )
             del plan.entries[oldest]
 
@@ -546,7 +556,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
         assert len(slots) % p == 0, f"{label}: gave back {len(slots)} slots, not whole pages of {p}"
         starts = compute_page_starts(slots, p)
         for start, page in zip(starts, (slots[i : i + p] for i in range(0, len(slots), p)), strict=True):
-            assert start % p == 0 and list(page) == list(range(start, start + p)), f"{label}: gave back {page}"
+            assert start % p == 0 and list(page) == list(range(start, start + p)), (
+                f"{label}: gave back {brief(list(page))}, not one whole page"
+            )
         assert len(set(starts)) == len(starts), f"{label}: gave back the same page twice in one call"
         return starts
 
@@ -554,7 +566,7 @@ class TargetCacheMachine(RuleBasedStateMachine):
         """Calls other than evict (and, for allocating targets, insert) give nothing back."""
         assert self.target is not None
         groups = self.target.take_evicted()
-        assert not groups, f"{label}: gave back slots {groups[:2]} (only an eviction may)"
+        assert not groups, f"{label}: gave back slots {brief([brief(g) for g in groups], 2)} (only an eviction may)"
 
     def stamps_if_sync(self) -> dict[PageKey, Any] | None:
         """The target's clock before an eviction, when sync mode checks the oldest-first rule."""
@@ -594,7 +606,9 @@ class TargetCacheMachine(RuleBasedStateMachine):
         assert got == expected.cached_len, f"{label}: cached_len {got}, the spec {expected.cached_len}"
         slots = self.target.matched_slots(handle)
         want = pc.get_matched_indices(self.model, expected)
-        assert slots == want, f"{label}: slots {slots[:16]}, the cache holds {want[:16]} for that prefix"
+        assert slots == want, (
+            f"{label}: other slots than the cache holds for that prefix (got, held): {list_diff(slots, want)}"
+        )
 
     def cached_pages_of(self, keys: list[PageKey]) -> int:
         """How many leading pages of ``keys`` the model holds."""
@@ -621,4 +635,4 @@ class TargetCacheMachine(RuleBasedStateMachine):
         """Everything the machine locked is unlocked; then all is evictable and size info says so."""
         if self.target is None:
             return
-        STATS.largest_tree_pages = max(STATS.largest_tree_pages, len(self.model.entries))
+        STATS.record_tree(len(self.model.entries))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from spec.metrics import CacheStats, stats_of
-from spec.types import RequestSpec, SchedulerConfig, SchedulerStats
+from spec.types import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
 
 from .model import HashModel
 from .scheduler import Scheduler
@@ -35,11 +36,18 @@ class Engine:
         )
         self.scheduler = Scheduler(config, self.model, device)
 
-    def generate(self, requests: list[RequestSpec], check_every: int = 0) -> EngineResult:
+    def generate(
+        self,
+        requests: list[RequestSpec],
+        check_every: int = 0,
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> EngineResult:
         for spec in requests:
             self.scheduler.add_request(spec.uid, spec.input_ids, spec.max_tokens, spec.ignore_eos, spec.namespace)
         while not self.scheduler.idle:
-            self.scheduler.step()
+            report = self.scheduler.step()
+            if on_step is not None:
+                on_step(report)
             if check_every and self.scheduler.stats.steps % check_every == 0:
                 self.scheduler.check_integrity()
         self.scheduler.check_integrity()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spec.metrics import CacheStats, stats_of
-from spec.types import RequestSpec, SchedulerConfig, SchedulerStats
+from spec.types import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
 
 from .model import HashModel
 from .scheduler import Scheduler
@@ -40,12 +41,20 @@ class Engine:
         self.model = model or HashModel(eos_token_id=config.eos_token_id)
         self.scheduler = Scheduler(config, self.model)
 
-    def generate(self, requests: list[RequestSpec], check_every: int = 0) -> EngineResult:
-        """Run every request to completion; ``check_every`` > 0 runs check_integrity every that many steps."""
+    def generate(
+        self,
+        requests: list[RequestSpec],
+        check_every: int = 0,
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> EngineResult:
+        """Run every request to completion; ``check_every`` > 0 runs check_integrity every that many steps;
+        ``on_step`` sees each step's report (the tokens it produced), e.g. to time requests."""
         for spec in requests:
             self.scheduler.add_request(spec.uid, spec.input_ids, spec.max_tokens, spec.ignore_eos, spec.namespace)
         while not self.scheduler.idle:
-            self.scheduler.step()
+            report = self.scheduler.step()
+            if on_step is not None:
+                on_step(report)
             if check_every and self.scheduler.stats.steps % check_every == 0:
                 self.scheduler.check_integrity()
         self.scheduler.check_integrity()

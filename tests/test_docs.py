@@ -4,7 +4,10 @@ every ``python -m`` command names a runnable module."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,3 +51,37 @@ def test_every_python_dash_m_command_names_a_runnable_module(path: Path) -> None
 
 def test_the_readme_never_points_outside_the_repository() -> None:
     assert "../shared" not in (ROOT / "README.md").read_text()
+
+
+def target_examples() -> list[tuple[str, str]]:
+    """(class name, source) of every Python block in docs/targets.md that defines a target class."""
+    examples = []
+    for source in blocks(ROOT / "docs" / "targets.md", "python"):
+        for name in re.findall(r"^class (\w+)[:(]", source, flags=re.MULTILINE):
+            if re.search(r"^\s+profile = ", source, flags=re.MULTILINE):
+                examples.append((name, source))
+    return examples
+
+
+def run_fuzz(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    command = [sys.executable, "-m", "fuzz", "--workers", "0", "--quiet", "--out", str(tmp_path / "out"), *args]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("name, source", target_examples(), ids=lambda x: x if len(x) < 40 else "source")
+def test_every_target_example_in_the_docs_passes_its_own_campaign(tmp_path: Path, name: str, source: str) -> None:
+    (tmp_path / "mycache.py").write_text(source)
+    run = run_fuzz(tmp_path, "--target", f"mycache:{name}", "--examples", "10", "--steps", "30")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_a_target_without_a_method_its_profile_promises_is_a_usage_error(tmp_path: Path) -> None:
+    [(name, source), *_] = target_examples()
+    without_reset = re.sub(r"\n    def reset\(self\).*?\n\n", "\n", source, flags=re.DOTALL)
+    assert "def reset" not in without_reset
+    (tmp_path / "mycache.py").write_text(without_reset)
+    run = run_fuzz(tmp_path, "--target", f"mycache:{name}", "--examples", "1")
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "has no reset" in run.stderr and "reset='returns'" in run.stderr

@@ -81,6 +81,7 @@ def resolve(name: str, check: bool = True) -> TargetInfo:
         raise TargetError(f"unknown target {name!r}; choose from {', '.join(known)}, or give module:attribute")
     if check:
         check_requirements(info)
+        check_methods(info)
     return info
 
 
@@ -128,6 +129,43 @@ def check_requirements(info: TargetInfo) -> None:
             raise TargetError(f"target {info.name!r} is installed but does not import here: {exc!r}") from None
 
 
+def promised_methods(protocol: type, profile: Profile) -> list[str]:
+    """The methods a target of ``protocol`` must have under ``profile``: the protocol's, and the optional ones
+    the profile promises (``evict`` when pages leave through evict(), ``reset`` unless reset is "none")."""
+    methods = [name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")]
+    if protocol is PrefixCacheTarget:
+        methods += ["evict"] if profile.eviction_trigger == "evict" else []
+        methods += ["reset"] if profile.reset != "none" else []
+    return methods
+
+
+def check_methods(info: TargetInfo) -> None:
+    """Build one small instance of each of the target's factories and check that it has every method its
+    profile promises; TargetError naming what is missing (a command-line error, never a fuzz failure)."""
+    p = info.page_sizes[0] if info.page_sizes else 1
+    made: list[tuple[str, type, Callable[[], Any]]] = []
+    if info.cache_factory is not None:
+        cache_factory = info.cache_factory
+        made.append((f"cache_factory({p}, 16)", PrefixCacheTarget, lambda: cache_factory(p, 16)))
+    if info.manager_factory is not None:
+        manager_factory = info.manager_factory
+        made.append((f"manager_factory(16, {p}, 4, 64)", CacheManagerTarget, lambda: manager_factory(16, p, 4, 64)))
+    for call, protocol, make in made:
+        try:
+            target = make()
+        except Exception as exc:  # a user's factory that cannot build: a setup problem, reported as such
+            raise TargetError(f"target {info.name!r}: {call} raised {exc!r}") from None
+        profile = getattr(target, "profile", info.profile)
+        missing = [name for name in promised_methods(protocol, profile) if not callable(getattr(target, name, None))]
+        missing += [name for name in ("profile", "page_size") if not hasattr(target, name)]
+        if missing:
+            raise TargetError(
+                f"target {info.name!r} ({type(target).__name__}) has no {', '.join(missing)}, which its profile"
+                f" {profile.name!r} promises (eviction_trigger={profile.eviction_trigger!r},"
+                f" reset={profile.reset!r}); add them, or declare a Profile without them (docs/targets.md)"
+            )
+
+
 def list_targets() -> list[str]:
     """Lines of ``python -m fuzz --list-targets``: every target, what it checks, what it needs, whether it is ready."""
     lines = []
@@ -173,7 +211,9 @@ __all__ = [
     "TargetError",
     "TargetInfo",
     "as_target_info",
+    "check_methods",
     "check_requirements",
     "list_targets",
+    "promised_methods",
     "resolve",
 ]

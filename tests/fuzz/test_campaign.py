@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -44,6 +45,51 @@ def test_a_clean_campaign_passes_and_prints_a_summary(tmp_path: Path) -> None:
         assert key in summary, key
     assert any(rule.startswith("cache.match_prefix") for rule in summary["rules"])
     assert any(rule.startswith("manager.admit") for rule in summary["rules"])
+    # --quiet: a short summary, no line per rule
+    assert "distinct" in text and "  cache.match_prefix" not in text
+
+
+def test_figures_no_machine_recorded_are_not_shown_as_zeros() -> None:
+    status, text = run("--machine", "kv", "--examples", "2", "--batch", "2", "--steps", "5", "--quiet")
+    assert status == 0, text
+    reach = next(line for line in text.splitlines() if line.startswith("reach:"))
+    assert "largest tree n/a" in reach and "deepest path n/a" in reach
+    assert re.search(r"largest KV store \d+ rows", reach), reach
+
+
+def test_the_counts_list_no_empty_heading() -> None:
+    out = io.StringIO()
+    counts = campaign.CampaignStats()
+    counts.record_rule("cache.match_prefix")
+    campaign.Campaign(campaign.parse_args([]), out).print_counts(counts)
+    assert "cache.match_prefix" in out.getvalue() and "rejected calls" not in out.getvalue()
+    counts.record_rejection(ValueError)
+    campaign.Campaign(campaign.parse_args([]), out).print_counts(counts)
+    assert "rejected calls" in out.getvalue()
+
+
+def test_by_default_the_campaign_is_the_differential_of_every_implementation() -> None:
+    args = campaign.parse_args([])
+    assert args.impl == "all" and args.machine == "all"
+    from fuzz.adapters import CACHE_IMPLEMENTATIONS
+    from fuzz.machines import MACHINES
+
+    assert tuple(CACHE_IMPLEMENTATIONS) == campaign.IMPLEMENTATIONS
+    assert tuple(MACHINES) == campaign.MACHINE_NAMES
+
+
+def test_a_usage_error_does_not_wait_for_torch() -> None:
+    probe = (
+        "import sys\n"
+        "from fuzz import campaign\n"
+        "try:\n"
+        "    campaign.parse_args(['--machine', 'nope'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 2\n"
+        "assert 'torch' not in sys.modules, 'torch was imported before the arguments were parsed'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_failure_is_reported_with_its_difference_and_a_regression_file_that_fails(
@@ -72,6 +118,9 @@ def test_a_failure_is_reported_with_its_difference_and_a_regression_file_that_fa
     )
     assert status == 1
     assert "failing example found" in text and "failures: 1" in text
+    # bounded output: the summary and the program fit a terminal; the file holds the rest
+    assert max(len(line) for line in text.splitlines()) <= 420
+    assert "@reproduce_failure" not in text
     # the difference itself is printed, not only its class
     assert "size_info: spec" in text or "differs from spec" in text or "ref_count" in text
     (failure,) = json.loads((tmp_path / "s.json").read_text())["failures"]
@@ -102,6 +151,7 @@ def test_a_failure_is_reported_with_its_difference_and_a_regression_file_that_fa
         ["--target", "nope"],
         ["--lru", "sync"],
         ["--minutes", "1", "--examples", "3"],
+        ["--impl", "optimized", "--target", "reference"],
     ],
 )
 def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
