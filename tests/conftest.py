@@ -1,12 +1,26 @@
 """Load the Hypothesis profile named by HYPOTHESIS_PROFILE (``ci`` under CI) before any test class is built;
-run every test in its own temporary directory, so that the suite writes nothing into the checkout (a campaign's
-default ``--out fuzz-failures``, a wheel's ``build/``) and nothing into the user's CUDA build cache."""
+let the suite write nothing into the checkout or the user's caches: every test runs in a temporary directory of
+its own (a campaign's default ``--out fuzz-failures``, a wheel's ``build/``), the CUDA build cache is a
+temporary one, and so are Hypothesis's storage (``.hypothesis/``) and pytest-benchmark's (``.benchmarks/``)
+unless a run names its own (``make bench`` saves under ``.benchmarks/``)."""
+
+import tempfile
 
 import pytest
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from fuzz.profiles import load_from_env
 
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="radixspec-hypothesis-"))
 load_from_env()
+
+BENCHMARK_STORAGE_DEFAULT = "file://./.benchmarks"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # runs before pytest-benchmark's own (trylast), which creates its storage folder
+    if config.getoption("benchmark_storage", None) == BENCHMARK_STORAGE_DEFAULT:
+        config.option.benchmark_storage = f"file://{tempfile.mkdtemp(prefix='radixspec-benchmarks-')}"
 
 
 @pytest.fixture(autouse=True)
