@@ -365,18 +365,37 @@ def expand(
     machine, page_size, path = job
     out: list[tuple[Any, tuple[Op, ...]]] = []
     transitions = 0
-    enabled = run_ops(page_size, path, check=False, machine=machine).enabled
-    for op in alphabet_of(machine, page_size):
-        if not enabled(op):
-            continue
+    world = run_ops(page_size, path, check=False, machine=machine)
+    key = world.key()
+    enabled = [op for op in alphabet_of(machine, page_size) if world.enabled(op)]
+    # operations applied to ``world`` since its replay, each of which left it in the state ``path`` leads to
+    # (equal keys: the states the search itself takes for one); None once it must be replayed again
+    since: list[Op] | None = []
+    for op in enabled:
         transitions += 1
+        if since is None:
+            world, since = run_ops(page_size, path, check=False, machine=machine), []
         try:
-            world = run_ops(page_size, path, check=False, machine=machine)
             world.apply(op)
         except Exception as exc:  # any escape is a finding: a failed check, a crash
-            return out, transitions, f"{type(exc).__name__}: {exc}", (*path, op)
-        out.append((world.key(), (*path, op)))
+            return out, transitions, *shortest_failure(machine, page_size, path, since, op, exc)
+        after = world.key()
+        out.append((after, (*path, op)))
+        since = [*since, op] if after == key else None
     return out, transitions, None, ()
+
+
+def shortest_failure(
+    machine: str, page_size: int, path: tuple[Op, ...], since: list[Op], op: Op, exc: Exception
+) -> tuple[str, tuple[Op, ...]]:
+    """The failure of ``op`` and the sequence that shows it: ``path + op`` when that fails alone (a shortest
+    one), else with the operations the world had run since its replay (they left its key unchanged)."""
+    if since:
+        try:
+            run_ops(page_size, path, check=False, machine=machine).apply(op)
+        except Exception as alone:  # the failure without them: the shortest sequence
+            return f"{type(alone).__name__}: {alone}", (*path, op)
+    return f"{type(exc).__name__}: {exc}", (*path, *since, op)
 
 
 def one_thread() -> None:

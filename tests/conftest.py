@@ -5,6 +5,7 @@ temporary one, and so are Hypothesis's storage (``.hypothesis/``) and pytest-ben
 unless a run names its own (``make bench`` saves under ``.benchmarks/``)."""
 
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
@@ -24,8 +25,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _write_only_under_tmp_path(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a directory of its own (the test's tmp_path stays empty for the test)
+def _write_only_under_tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # a directory of its own (the test's tmp_path stays empty for the test), through a MonkeyPatch of its own
+    # (a test's monkeypatch.undo() must not take the test back into the checkout)
     cwd = tmp_path_factory.mktemp("cwd")
-    monkeypatch.chdir(cwd)
-    monkeypatch.setenv("RADIXSPEC_CACHE", str(cwd / "radixspec-cache"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        patch.setenv("RADIXSPEC_CACHE", str(cwd / "radixspec-cache"))
+        yield

@@ -88,7 +88,7 @@ def test_a_usage_error_does_not_wait_for_torch() -> None:
         "    assert exc.code == 2\n"
         "assert 'torch' not in sys.modules, 'torch was imported before the arguments were parsed'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -162,9 +162,7 @@ def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFix
 
 
 def test_the_planted_demo_rejects_an_unknown_machine() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "fuzz.planted", "--machine", "foo"], cwd=ROOT, capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-m", "fuzz.planted", "--machine", "foo"], capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
@@ -181,7 +179,6 @@ def test_worker_processes_run_a_campaign_within_its_budget(tmp_path: Path) -> No
             *(sys.executable, "-m", "fuzz", "--machine", "cache", "--minutes", "0.25", "--workers", "2", "--quiet"),
             *("--json", str(tmp_path / "s.json")),
         ],
-        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,

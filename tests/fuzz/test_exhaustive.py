@@ -76,3 +76,31 @@ def test_bad_command_lines_are_clean_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         exhaustive.main(argv)
     assert exit_info.value.code == 2
+
+
+def test_a_failure_after_key_preserving_operations_keeps_them_in_its_sequence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a world reused after operations that left its key unchanged: the failure is reported with them, unless
+    # the operation also fails on a fresh replay of the path (then that shorter sequence)
+    class Fresh:
+        def apply(self, op: exhaustive.Op, check: bool = True) -> None:
+            if op == ("fails", "alone"):
+                raise AssertionError("alone")
+
+    monkeypatch.setattr(exhaustive, "run_ops", lambda *args, **kwargs: Fresh())
+    path = (("insert", "0"),)
+    since = [("evict", "negative")]
+    error = AssertionError("after the rejection")
+    assert exhaustive.shortest_failure("cache", 1, path, since, ("fails", "alone"), error) == (
+        "AssertionError: alone",
+        (("insert", "0"), ("fails", "alone")),
+    )
+    assert exhaustive.shortest_failure("cache", 1, path, since, ("fails", "after"), error) == (
+        "AssertionError: after the rejection",
+        (("insert", "0"), ("evict", "negative"), ("fails", "after")),
+    )
+    assert exhaustive.shortest_failure("cache", 1, path, [], ("fails", "after"), error)[1] == (
+        ("insert", "0"),
+        ("fails", "after"),
+    )
