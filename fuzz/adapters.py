@@ -1,7 +1,8 @@
 """One calling convention for every implementation, so a state machine can drive them side by side.
 
 Adapters take and return plain Python lists and ints; the spec is always
-present as the oracle. ``IMPLEMENTATIONS`` names what ``--impl`` selects.
+present as the oracle. ``CACHE_IMPLEMENTATIONS`` and ``MANAGER_IMPLEMENTATIONS`` name what ``--impl``
+selects (``fuzz.campaign.IMPLEMENTATIONS`` holds the same names for the command line).
 """
 
 from __future__ import annotations

@@ -632,7 +632,7 @@ class TargetCacheMachine(RuleBasedStateMachine):
         return [entry.slot_start for entry in self.model.entries.values()]
 
     def teardown(self) -> None:
-        """Everything the machine locked is unlocked; then all is evictable and size info says so."""
+        """The example's reach (the largest tree the model held) into the campaign's stats."""
         if self.target is None:
             return
         STATS.record_tree(len(self.model.entries))

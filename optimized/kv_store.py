@@ -21,7 +21,7 @@ import torch
 
 from spec.errors import UnavailableError
 
-from .radix_kernel import _load
+from ._c import load_c
 from .store import build_store_library, cuda_sources, find_nvcc, has_cuda_kernel
 
 
@@ -29,7 +29,7 @@ def report(force: bool) -> tuple[list[str], int]:
     """The lines to print and the exit status."""
     lines = []
     try:
-        _load()
+        load_c()
         lines.append("CPU store:    C (optimized._radix_c) loaded")
     except UnavailableError as exc:
         lines.append(f"CPU store:    UNAVAILABLE: {exc}")

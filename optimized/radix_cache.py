@@ -52,25 +52,16 @@ from spec.types import (
     check_token_ids,
 )
 
+from ._c import load_c
 from .inputs import as_insert_args, as_slots, as_tokens, device_of
-from .radix_kernel import _load
 
-# statuses of csrc/tree.h (enum radix_tree_status)
-_ROOTS_EMPTIED = 1
-(
-    _OK,
-    _BAD_ARGS,
-    _MISALIGNED,
-    _DUPLICATE,
-    _NO_MEMORY,
-    _STALE,
-    _NOT_LOCKED,
-    _NOT_EVICTABLE,
-    _BUSY,
-    _CORRUPT,
-    _BAD_TOKEN,
-    _BAD_SLOT,
-) = range(0, -12, -1)
+# the statuses of csrc/tree.h (enum radix_tree_status), by name from the compiled module
+_C = load_c()[1]
+_OK, _ROOTS_EMPTIED, _BAD_ARGS = _C.RADIX_TREE_OK, _C.RADIX_TREE_ROOTS_EMPTIED, _C.RADIX_TREE_BAD_ARGS
+_MISALIGNED, _DUPLICATE, _NO_MEMORY = _C.RADIX_TREE_MISALIGNED, _C.RADIX_TREE_DUPLICATE, _C.RADIX_TREE_NO_MEMORY
+_STALE, _NOT_LOCKED, _NOT_EVICTABLE = _C.RADIX_TREE_STALE, _C.RADIX_TREE_NOT_LOCKED, _C.RADIX_TREE_NOT_EVICTABLE
+_BUSY, _CORRUPT = _C.RADIX_TREE_BUSY, _C.RADIX_TREE_CORRUPT
+_BAD_TOKEN, _BAD_SLOT = _C.RADIX_TREE_BAD_TOKEN, _C.RADIX_TREE_BAD_SLOT
 _T = TypeVar("_T")
 # the node of a handle that matched nothing: the namespace's root, which never goes stale
 _ROOT = -1
@@ -119,7 +110,7 @@ class RadixPrefixCache(ev.EmitsEvents):
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
         self.device = device_of(device)
-        self._ffi, self._lib = _load()
+        self._ffi, self._lib = load_c()
         tree = self._lib.radix_tree_new(self.page_size)
         if tree == self._ffi.NULL:
             raise MemoryError("radix_tree_new: out of memory")

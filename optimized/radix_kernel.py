@@ -7,26 +7,13 @@ otherwise; the C side checks its own arguments and returns -1 if invalid.
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import torch
 
-from spec.errors import InvalidTypeError, UnavailableError
+from spec.errors import InvalidTypeError
+
+from ._c import load_c
 
 _C_NAMES = {torch.int32: ("int32_t *", "radix_compare_i32"), torch.int64: ("int64_t *", "radix_compare_i64")}
-
-
-@functools.cache
-def _load() -> tuple[Any, Any]:
-    """The compiled cffi module (built by ``pip install``; ``python csrc/build_ffi.py`` rebuilds it)."""
-    try:
-        from . import _radix_c  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise UnavailableError(
-            f"the C helpers are not built ({exc}); run `pip install -e .` or `python csrc/build_ffi.py`"
-        ) from None
-    return _radix_c.ffi, _radix_c.lib
 
 
 def check_key(t: object, what: str) -> torch.Tensor:
@@ -54,7 +41,7 @@ def fast_compare_key(key: torch.Tensor, input_ids: torch.Tensor) -> int:
 
 def compare_raw(dtype: torch.dtype, a_ptr: int, b_ptr: int, n: int) -> int:
     """The C compare on raw data pointers (for callers that validated once and index by offset)."""
-    ffi, lib = _load()
+    ffi, lib = load_c()
     c_type, fn = _C_NAMES[dtype]
     result = int(getattr(lib, fn)(ffi.cast(c_type, a_ptr), ffi.cast(c_type, b_ptr), n))
     if result < 0:
@@ -66,7 +53,7 @@ def first_outside(t: torch.Tensor, max_value: int) -> int:
     """Index of the first value of a 1-D int32/int64 tensor outside ``[0, max_value]``, or its length if none."""
     if t.device.type != "cpu" or not t.is_contiguous():
         return first_outside_torch(t, max_value)
-    ffi, lib = _load()
+    ffi, lib = load_c()
     if t.dtype == torch.int32:
         result = int(lib.radix_first_outside_i32(ffi.cast("int32_t *", t.data_ptr()), t.numel(), max_value))
     else:
@@ -80,7 +67,7 @@ def first_bad_page(slots: torch.Tensor, page_size: int) -> int:
     """Index of the first page of ``slots`` (int32, whole pages) that is not an aligned run; #pages if none."""
     if slots.device.type != "cpu" or not slots.is_contiguous():
         return first_bad_page_torch(slots, page_size)
-    ffi, lib = _load()
+    ffi, lib = load_c()
     npages = slots.numel() // page_size
     result = int(lib.radix_first_bad_page_i32(ffi.cast("int32_t *", slots.data_ptr()), npages, page_size))
     if result < 0:

@@ -54,8 +54,8 @@ from spec.errors import (
     UnavailableError,
 )
 
+from ._c import load_c
 from .cdefs import csrc_dir, read_cdef
-from .radix_kernel import _load
 
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-Wall,-Wextra,-Werror"]
 
@@ -294,7 +294,7 @@ def store_cache(
     num_slots = k_cache.shape[0]
     # UPDATE
     if k_cache.device.type == "cpu":
-        ffi, lib = _load()
+        ffi, lib = load_c()
         bad = ffi.new("int64_t *")
         status = lib.radix_store_rows(*_c_args(ffi, k_cache, v_cache, indices, k, v), bad)
         raise_for_status(status, int(bad[0]), indices, num_slots)
@@ -328,7 +328,7 @@ def store_cache_fast(
     indices = indices.contiguous()
     # UPDATE
     if k_cache.device.type == "cpu":
-        ffi, lib = _load()
+        ffi, lib = load_c()
         status = lib.radix_store_rows_fast(
             *_c_args(ffi, k_cache, v_cache, indices, k, v), ffi.cast("int32_t *", errors.data_ptr())
         )

@@ -504,10 +504,10 @@ class _LibWith:
 
 def test_a_c_tree_out_of_memory_or_corrupted_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     import optimized.radix_cache as module
-    from optimized.radix_kernel import _load
+    from optimized._c import load_c
 
-    ffi, lib = _load()
-    monkeypatch.setattr(module, "_load", lambda: (ffi, _LibWith(lib, radix_tree_new=lambda p: ffi.NULL)))
+    ffi, lib = load_c()
+    monkeypatch.setattr(module, "load_c", lambda: (ffi, _LibWith(lib, radix_tree_new=lambda p: ffi.NULL)))
     assert says(MemoryError, lambda: OptimizedCache(2)) == "radix_tree_new: out of memory"
 
     def corrupt(tree: Any, message: Any, capacity: int) -> int:
@@ -515,7 +515,7 @@ def test_a_c_tree_out_of_memory_or_corrupted_says_so(monkeypatch: pytest.MonkeyP
         ffi.memmove(message, text + b"\0", len(text) + 1)
         return int(module._CORRUPT)
 
-    monkeypatch.setattr(module, "_load", lambda: (ffi, _LibWith(lib, radix_tree_check=corrupt)))
+    monkeypatch.setattr(module, "load_c", lambda: (ffi, _LibWith(lib, radix_tree_check=corrupt)))
     cache = OptimizedCache(2)
     cache.insert_prefix([1, 2], [0, 1])
     assert says(IntegrityError, cache.check_integrity) == "tree_is_well_formed: planted"

@@ -598,7 +598,7 @@ class TestKvStoreReport:
         def missing() -> None:
             raise UnavailableError("no _radix_c")
 
-        monkeypatch.setattr(kv_store, "_load", missing)
+        monkeypatch.setattr(kv_store, "load_c", missing)
         assert kv_store.report(False) == (["CPU store:    UNAVAILABLE: no _radix_c"], 1)
 
     def test_main_prints_the_report_and_passes_force(

@@ -309,8 +309,8 @@ class FailingStores:
 def test_a_status_from_the_c_stores_is_raised_with_its_row(
     monkeypatch: pytest.MonkeyPatch, status: int, error: type, checked: str, fast: str
 ) -> None:
-    ffi, _ = store_module._load()
-    monkeypatch.setattr(store_module, "_load", lambda: (ffi, FailingStores(status)))
+    ffi, _ = store_module.load_c()
+    monkeypatch.setattr(store_module, "load_c", lambda: (ffi, FailingStores(status)))
     args = good()
     with pytest.raises(error) as raised:
         store_cache(*args)

@@ -1,0 +1,22 @@
+"""The compiled C helpers: ``optimized._radix_c``, built by cffi from ``csrc/`` (csrc/build_ffi.py) at
+``pip install``. One loader for the whole package (the radix tree, the compare kernel, the CPU store); the
+enum constants and structs declared in the headers are read from it by name."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from spec.errors import UnavailableError
+
+
+@functools.cache
+def load_c() -> tuple[Any, Any]:
+    """(ffi, lib) of the compiled module; UnavailableError saying how to build it when it is missing."""
+    try:
+        from . import _radix_c  # type: ignore[attr-defined]
+    except ImportError as exc:
+        raise UnavailableError(
+            f"the C helpers are not built ({exc}); run `pip install -e .` or `python csrc/build_ffi.py`"
+        ) from None
+    return _radix_c.ffi, _radix_c.lib
