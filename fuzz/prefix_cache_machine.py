@@ -267,7 +267,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             lambda impl, i: impl.insert_prefix(list(seq), indices, namespace),
             lambda impl, r: (r[0], impl.cached_len(r[1]), impl.get_matched_indices(r[1])),
         )
-        return HandleSet([r[1] for r in out.results]) if out.ok else multiple()
+        if not out.ok:
+            return multiple()
+        handles = HandleSet([r[1] for r in out.results])
+        self.note_depth(handles)
+        return handles
 
     @rule(handle=handles)
     def lock(self, handle: HandleSet) -> None:

@@ -44,6 +44,8 @@ def test_a_clean_campaign_passes_and_prints_a_summary(tmp_path: Path) -> None:
     for key in ("steps", "steps_per_s", "largest_tree_pages", "longest_key_tokens", "rules", "rejected"):
         assert key in summary, key
     assert any(rule.startswith("cache.match_prefix") for rule in summary["rules"])
+    # the radix depth is observed on every insert, not only by the deep-chain rule
+    assert summary["deepest_path_nodes"] >= 1 and summary["largest_tree_pages"] >= 1
     assert any(rule.startswith("manager.admit") for rule in summary["rules"])
     # --quiet: a short summary, no line per rule
     assert "distinct" in text and "  cache.match_prefix" not in text
