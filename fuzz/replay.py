@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from spec import prefix_cache as pc
 from spec.errors import CacheError
@@ -323,14 +323,28 @@ def our_driver(impl: str, page_size: int, pool_pages: int) -> Driver:
     return OurDriver(impl, page_size)
 
 
-def replay_trace(driver: Driver, requests: Iterator[Request], pool_pages: int, page_size: int) -> Row:
-    """Every request through ``driver``, as a cache manager does for prompts; the figures."""
+# seconds between two progress lines of a long replay (on stderr)
+PROGRESS_S = 10.0
+
+
+def replay_trace(
+    driver: Driver, requests: Iterator[Request], pool_pages: int, page_size: int, progress: TextIO | None = None
+) -> Row:
+    """Every request through ``driver``, as a cache manager does for prompts; the figures. With ``progress``,
+    a line every PROGRESS_S seconds says how far a long replay got."""
     p = page_size
     free: deque[int] = deque(range(0, pool_pages * p, p))
     count = too_long = asked = hits = hit_requests = evicted = peak = 0
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     for tokens, namespace in requests:
         count += 1
+        if progress is not None and count % 256 == 0 and time.perf_counter() - last >= PROGRESS_S:
+            last = time.perf_counter()
+            print(
+                f"  ... {driver.name} at {pool_pages} pages: {count} requests in {last - start:.0f} s",
+                file=progress,
+                flush=True,
+            )
         needed = -(-len(tokens) // p)
         if needed > pool_pages or not tokens:
             too_long += needed > pool_pages
@@ -499,7 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for pages in args.pool_pages:
         for make in makers:
             try:
-                row = replay_trace(make(pages), read_trace(args.trace, fmt, args.block_size), pages, args.page_size)
+                requests = read_trace(args.trace, fmt, args.block_size)
+                row = replay_trace(make(pages), requests, pages, args.page_size, progress=sys.stderr)
             except (ValueError, CacheError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2

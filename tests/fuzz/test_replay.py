@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 from pathlib import Path
 
@@ -114,3 +115,11 @@ def test_bad_command_lines_are_clean_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         replay.main(argv)
     assert exit_info.value.code == 2
+
+
+def test_a_long_replay_says_how_far_it_got(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replay, "PROGRESS_S", 0.0)
+    out = io.StringIO()
+    replay.replay_trace(replay.OurDriver("reference", 16), replay.read_trace(trace), 128, 16, progress=out)
+    lines = out.getvalue().splitlines()
+    assert lines and lines[0].startswith("  ... reference at 128 pages: 256 requests in")
