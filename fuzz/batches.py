@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, Unsatisfiable
-from hypothesis.internal.conjecture import engine as hypothesis_engine
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from . import profiles  # noqa: F401  (registers the settings profiles in worker processes too)
+from .hypothesis_compat import bound_shrinking, seed_machine, set_database_key
 from .stats import STATS, CampaignStats
 
 # a failure's first example has ended: (machine, batch seed, error text, time.time())
@@ -111,7 +111,7 @@ def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
     STATS.reset()
     Stop.deadline = spec.deadline
     machine = machine_class(spec)
-    machine._hypothesis_internal_use_seed = spec.seed  # type: ignore[attr-defined]
+    seed_machine(machine, spec.seed)
     base = settings.get_profile("campaign")
     database = database_for(spec.database)
     batch_settings = settings(
@@ -123,13 +123,12 @@ def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
     )
     test = get_state_machine_test(machine, settings=batch_settings)
     key = database_key(spec)
-    test._hypothesis_internal_database_key = key  # type: ignore[attr-defined]
+    set_database_key(test, key)
     replayed = len(list(database.fetch(key))) if database is not None else 0
     FailureClock.first = FailureClock.first_wall = None
     FailureClock.notify = (lambda message: notify(spec.machine, spec.seed, message, time.time())) if notify else None
-    # shrinking ends by the deadline (Hypothesis reads this constant when it starts to shrink)
-    remaining = spec.deadline - time.time()
-    hypothesis_engine.MAX_SHRINKING_SECONDS = 300 if remaining == float("inf") else max(1, int(remaining))  # type: ignore[misc]
+    # shrinking ends by the deadline
+    bound_shrinking(spec.deadline - time.time())
     reported: list[str] = []
     failures: list[FailureReport] = []
     try:
