@@ -19,7 +19,7 @@ operation and the law.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import prefix_cache as pc
@@ -392,30 +392,29 @@ def get_private_rows(state: ManagerState, live_reqs: Sequence[Req]) -> dict[int,
 
 
 def check_manager_invariants(state: ManagerState, live_reqs: Sequence[Req]) -> None:
-    """Raise IntegrityError naming the first broken accounting invariant (live requests hold spec handles)."""
-    raise_first([("live_requests_hold_distinct_rows", live_requests_hold_distinct_rows(live_reqs))])
+    """Raise IntegrityError naming the first broken accounting invariant (live requests hold spec handles):
+    the live requests first (the others read their handles), then the prefix cache's invariants with the
+    requests' locks, then the rest of ``MANAGER_INVARIANTS`` in order."""
+    (name, first), *rest = MANAGER_INVARIANTS
+    raise_first([(name, first(state, live_reqs))])
     check_invariants(state.cache, locks=count_locks(state.cache, [req.cache_handle for req in live_reqs]))
-    p = state.page_size
-    free = state.free_slots + (state.lazy_frees or [])
-    raise_first([("free_slots_are_aligned_and_unique", free_slots_are_aligned_and_unique(free, p, state.num_pages))])
-    private = get_private_rows(state, live_reqs)
-    matched = {
+    raise_first((name, holds(state, live_reqs)) for name, holds in rest)
+
+
+def get_free_pages(state: ManagerState) -> list[int]:
+    """Page starts on the free list or held by the open lazy free region (a list: duplicates are a finding)."""
+    return state.free_slots + (state.lazy_frees or [])
+
+
+def get_matched_rows(state: ManagerState, live_reqs: Sequence[Req]) -> dict[int, tuple[list[int], list[int]]]:
+    """For each live request, its row's cached part and the slots its handle's path holds in the cache."""
+    return {
         req.table_idx: (
             state.page_table[req.table_idx][: req.cache_handle.cached_len],
             pc.get_matched_indices(state.cache, req.cache_handle),
         )
         for req in live_reqs
     }
-    raise_first(
-        [
-            ("private_rows_are_page_runs", private_rows_are_page_runs(private, p)),
-            (
-                "pages_are_partitioned",
-                pages_are_partitioned(state.num_pages, p, free, get_cached_pages(state), private),
-            ),
-            ("rows_match_handles", rows_match_handles(matched)),
-        ]
-    )
 
 
 def live_requests_hold_distinct_rows(live_reqs: Sequence[Req]) -> str | None:
@@ -425,3 +424,29 @@ def live_requests_hold_distinct_rows(live_reqs: Sequence[Req]) -> str | None:
         return f"live requests share rows: {sorted(rows)}"
     released = [req.uid for req in live_reqs if req.cache_handle is None]
     return f"requests {released} are live but were released" if released else None
+
+
+# the manager's accounting invariants, by name, each a predicate of (state, live requests): None when it holds,
+# else what is wrong; check_manager_invariants runs them in this order (tests/spec/test_invariants.py breaks each)
+MANAGER_INVARIANTS: tuple[tuple[str, Callable[[ManagerState, Sequence[Req]], str | None]], ...] = (
+    ("live_requests_hold_distinct_rows", lambda state, live: live_requests_hold_distinct_rows(live)),
+    (
+        "free_slots_are_aligned_and_unique",
+        lambda state, live: free_slots_are_aligned_and_unique(get_free_pages(state), state.page_size, state.num_pages),
+    ),
+    (
+        "private_rows_are_page_runs",
+        lambda state, live: private_rows_are_page_runs(get_private_rows(state, live), state.page_size),
+    ),
+    (
+        "pages_are_partitioned",
+        lambda state, live: pages_are_partitioned(
+            state.num_pages,
+            state.page_size,
+            get_free_pages(state),
+            get_cached_pages(state),
+            get_private_rows(state, live),
+        ),
+    ),
+    ("rows_match_handles", lambda state, live: rows_match_handles(get_matched_rows(state, live))),
+)
