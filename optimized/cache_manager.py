@@ -21,8 +21,6 @@ from spec.errors import (
     InvalidRequestError,
     InvalidSizeError,
     InvalidTypeError,
-    OutOfPagesError,
-    UnlockError,
 )
 from spec.helpers import div_ceil
 from spec.types import Prompted, Req, check_page_size
@@ -93,28 +91,17 @@ class CacheManager:
         lengths: list[int] = []
         for req in reqs:
             self._check_req(req)
-            if not req.cached_len <= req.device_len <= self.page_table.shape[1]:
-                raise InvalidRequestError(
-                    f"request {req.uid}: need cached_len {req.cached_len} <= device_len {req.device_len}"
-                    f" <= max_seq_len {self.page_table.shape[1]}"
-                )
-            first_page = div_ceil(req.cached_len, p)
-            last_page = div_ceil(req.device_len, p)
-            if req.alloc_len != first_page * p:
-                raise InvalidRequestError(
-                    f"request {req.uid}: row holds pages up to position {req.alloc_len},"
-                    f" cached_len {req.cached_len} needs {first_page * p}"
-                )
+            first_page, last_page = spec_manager.check_allocation(
+                req.uid, req.cached_len, req.device_len, req.alloc_len, self.page_table.shape[1], p
+            )
             if last_page > first_page:
                 rows.append(req.table_idx)
                 firsts.append(first_page * p)
                 lengths.append((last_page - first_page) * p)
         needed_pages = sum(lengths) // p
-        if needed_pages * p > self.available_size:
-            raise OutOfPagesError(
-                f"need {needed_pages} pages, have {self.free_slots.numel()} free"
-                f" + {self.prefix_cache.size_info.evictable_size // p} evictable"
-            )
+        spec_manager.check_pages_available(
+            needed_pages, self.free_slots.numel(), self.prefix_cache.size_info.evictable_size, p
+        )
         if needed_pages == 0:
             return
         # UPDATE
@@ -133,11 +120,7 @@ class CacheManager:
         """Insert the request's computed prefix; free what the cache already had (see the reference's map)."""
         # CHECK
         old_handle = self._check_req(req)
-        if not old_handle.cached_len <= req.cached_len <= min(req.alloc_len, len(req.input_ids)):
-            raise InvalidRequestError(
-                f"request {req.uid}: need handle {old_handle.cached_len} <= cached_len {req.cached_len}"
-                f" <= min(alloc_len {req.alloc_len}, tokens {len(req.input_ids)})"
-            )
+        spec_manager.check_cache_req(req.uid, old_handle.cached_len, req.cached_len, req.alloc_len, len(req.input_ids))
         row = self.page_table[req.table_idx]
         # UPDATE
         cached_len, new_handle = self.prefix_cache.insert_prefix(
@@ -227,13 +210,10 @@ class CacheManager:
 
     def _check_req(self, req: Req) -> Any:
         """The request's locked handle, after checking its row; raise otherwise."""
-        if not 0 <= req.table_idx < self.page_table.shape[0]:
-            raise InvalidRequestError(f"request {req.uid}: table_idx {req.table_idx} outside the page table")
         handle = req.cache_handle
-        if handle is None:
-            raise InvalidRequestError(f"request {req.uid} was already released by cache_req(finished=True)")
-        if not self.prefix_cache.is_handle_locked(handle):
-            raise UnlockError(f"request {req.uid}: its handle is stale or not locked")
-        if req.alloc_len % self.page_size or req.alloc_len > self.page_table.shape[1]:
-            raise InvalidRequestError(f"request {req.uid}: alloc_len {req.alloc_len} is not a page boundary of the row")
+        locked = handle is not None and self.prefix_cache.is_handle_locked(handle)
+        rows, row_len = self.page_table.shape
+        spec_manager.check_request(
+            req.uid, req.table_idx, rows, row_len, handle is None, locked, req.alloc_len, self.page_size
+        )
         return handle

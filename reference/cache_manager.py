@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from spec import cache_manager as spec_manager
-from spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError, OutOfPagesError, UnlockError
-from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
+from spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError
+from spec.helpers import compute_page_starts, compute_page_to_token
 from spec.types import Prompted, Req, check_page_size
 
 from .base import BaseCacheHandle, BasePrefixCache
@@ -37,6 +37,8 @@ class CacheManager:
             raise InvalidSizeError(f"num_pages must be >= 1, got {num_pages}")
         if type not in ("radix", "naive"):
             raise InvalidRequestError(f"prefix cache type must be 'radix' or 'naive', got {type!r}")
+        if not page_table or len({len(row) for row in page_table}) != 1:
+            raise InvalidSizeError("page_table must be rows of one length (see make_page_table)")
         # UPDATE
         self.num_pages = num_pages
         self.page_size = page_size
@@ -58,6 +60,11 @@ class CacheManager:
             raise InvalidRequestError("a request needs at least one input token")
         # WALK
         return self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Positions of a page-table row."""
+        return len(self.page_table[0])
 
     @property
     def available_size(self) -> int:
@@ -84,26 +91,15 @@ class CacheManager:
         allocation_info: list[tuple[Req, int, int]] = []
         for req in reqs:
             self._check_req(req)
-            if not req.cached_len <= req.device_len <= len(self.page_table[req.table_idx]):
-                raise InvalidRequestError(
-                    f"request {req.uid}: need cached_len {req.cached_len} <= device_len {req.device_len}"
-                    f" <= max_seq_len {len(self.page_table[req.table_idx])}"
-                )
-            first_page = div_ceil(req.cached_len, p)
-            last_page = div_ceil(req.device_len, p)
-            if req.alloc_len != first_page * p:
-                raise InvalidRequestError(
-                    f"request {req.uid}: row holds pages up to position {req.alloc_len},"
-                    f" cached_len {req.cached_len} needs {first_page * p}"
-                )
+            first_page, last_page = spec_manager.check_allocation(
+                req.uid, req.cached_len, req.device_len, req.alloc_len, self.max_seq_len, p
+            )
             if last_page > first_page:
                 needed_pages += last_page - first_page
                 allocation_info.append((req, first_page, last_page))
-        if needed_pages * p > self.available_size:
-            raise OutOfPagesError(
-                f"need {needed_pages} pages, have {len(self.free_slots)} free"
-                f" + {self.prefix_cache.size_info.evictable_size // p} evictable"
-            )
+        spec_manager.check_pages_available(
+            needed_pages, len(self.free_slots), self.prefix_cache.size_info.evictable_size, p
+        )
         # UPDATE
         allocated = self._page_to_token(self._allocate(needed_pages))
         offset = 0
@@ -129,11 +125,7 @@ class CacheManager:
         """
         # CHECK
         old_handle = self._check_req(req)
-        if not old_handle.cached_len <= req.cached_len <= min(req.alloc_len, len(req.input_ids)):
-            raise InvalidRequestError(
-                f"request {req.uid}: need handle {old_handle.cached_len} <= cached_len {req.cached_len}"
-                f" <= min(alloc_len {req.alloc_len}, tokens {len(req.input_ids)})"
-            )
+        spec_manager.check_cache_req(req.uid, old_handle.cached_len, req.cached_len, req.alloc_len, len(req.input_ids))
         row = self.page_table[req.table_idx]
         # UPDATE (insert_prefix checks its own input first and raises before any change)
         cached_len, new_handle = self.prefix_cache.insert_prefix(
@@ -217,13 +209,17 @@ class CacheManager:
 
     def _check_req(self, req: Req) -> BaseCacheHandle:
         """The request's locked handle, after checking its row; raise otherwise."""
-        if not 0 <= req.table_idx < len(self.page_table):
-            raise InvalidRequestError(f"request {req.uid}: table_idx {req.table_idx} outside the page table")
         handle: BaseCacheHandle | None = req.cache_handle
-        if handle is None:
-            raise InvalidRequestError(f"request {req.uid} was already released by cache_req(finished=True)")
-        if not self.prefix_cache.is_handle_locked(handle):
-            raise UnlockError(f"request {req.uid}: its handle is stale or not locked")
-        if req.alloc_len % self.page_size or req.alloc_len > len(self.page_table[req.table_idx]):
-            raise InvalidRequestError(f"request {req.uid}: alloc_len {req.alloc_len} is not a page boundary of the row")
+        locked = handle is not None and self.prefix_cache.is_handle_locked(handle)
+        spec_manager.check_request(
+            req.uid,
+            req.table_idx,
+            len(self.page_table),
+            self.max_seq_len,
+            handle is None,
+            locked,
+            req.alloc_len,
+            self.page_size,
+        )
+        assert handle is not None
         return handle

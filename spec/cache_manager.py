@@ -186,6 +186,76 @@ def unlock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None
     _law("unlock", sorted(after.free_slots) == sorted(before.free_slots), "changed the free pages")
 
 
+# ---------------------------------------------------------------- the request checks, shared by every manager
+#
+# Pure functions of a request's numbers: each raises the error a manager must raise, with its message, in the
+# order the checks run. The reference and the optimized managers call them; the relations below take their
+# guards from them, so the three can never disagree on which call is rejected or why.
+
+
+def check_request(
+    uid: int, table_idx: int, rows: int, row_len: int, released: bool, locked: bool, alloc_len: int, page_size: int
+) -> None:
+    """A request a manager may act on: its row in the table (``rows`` rows of ``row_len`` positions), still
+    live (not ``released``), its path ``locked``, and its row's pages ending on a page boundary."""
+    if not 0 <= table_idx < rows:
+        raise InvalidRequestError(f"request {uid}: table_idx {table_idx} outside the page table")
+    if released:
+        raise InvalidRequestError(f"request {uid} was already released by cache_req(finished=True)")
+    if not locked:
+        raise UnlockError(f"request {uid}: its handle is stale or not locked")
+    if alloc_len % page_size or alloc_len > row_len:
+        raise InvalidRequestError(f"request {uid}: alloc_len {alloc_len} is not a page boundary of the row")
+
+
+def check_allocation(
+    uid: int, cached_len: int, device_len: int, alloc_len: int, row_len: int, page_size: int
+) -> tuple[int, int]:
+    """The pages ``[first, last)`` of the row an allocation gives a request for ``[cached_len, device_len)``."""
+    if not cached_len <= device_len <= row_len:
+        raise InvalidRequestError(
+            f"request {uid}: need cached_len {cached_len} <= device_len {device_len} <= max_seq_len {row_len}"
+        )
+    first_page, last_page = div_ceil(cached_len, page_size), div_ceil(device_len, page_size)
+    if alloc_len != first_page * page_size:
+        raise InvalidRequestError(
+            f"request {uid}: row holds pages up to position {alloc_len}, cached_len {cached_len} needs"
+            f" {first_page * page_size}"
+        )
+    return first_page, last_page
+
+
+def check_pages_available(needed_pages: int, free_pages: int, evictable_tokens: int, page_size: int) -> None:
+    """An allocation of ``needed_pages`` fits in the free pages and the evictable cache."""
+    if needed_pages * page_size > evictable_tokens + free_pages * page_size:
+        raise OutOfPagesError(
+            f"need {needed_pages} pages, have {free_pages} free + {evictable_tokens // page_size} evictable"
+        )
+
+
+def check_cache_req(uid: int, locked_len: int, cached_len: int, alloc_len: int, tokens: int) -> None:
+    """``cache_req`` may insert ``[0, cached_len)``: past the locked path, within the row's pages and the tokens."""
+    if not locked_len <= cached_len <= min(alloc_len, tokens):
+        raise InvalidRequestError(
+            f"request {uid}: need handle {locked_len} <= cached_len {cached_len}"
+            f" <= min(alloc_len {alloc_len}, tokens {tokens})"
+        )
+
+
+def _error_of(check: Callable[[], object]) -> type[CacheError] | None:
+    """The class of the CacheError ``check`` raises, or None."""
+    try:
+        check()
+    except CacheError as exc:
+        return type(exc)
+    return None
+
+
+def _row_len(state: ManagerState) -> int:
+    """Positions of a row (page tables are rectangular)."""
+    return len(state.page_table[0]) if state.page_table else 0
+
+
 def allocate_paged_guard(before: ManagerState, batch: Sequence[RequestView]) -> type[CacheError] | None:
     """The error allocate_paged must raise for this batch, in the order the checks run; None to accept it."""
     p = before.page_size
@@ -196,25 +266,30 @@ def allocate_paged_guard(before: ManagerState, batch: Sequence[RequestView]) -> 
         guard = request_guard(before, req)
         if guard is not None:
             return guard
-        if not req.cached_len <= req.device_len <= len(before.page_table[req.table_idx]):
-            return InvalidRequestError
-        if req.alloc_len != div_ceil(req.cached_len, p) * p:
-            return InvalidRequestError
-        needed += max(0, div_ceil(req.device_len, p) - div_ceil(req.cached_len, p))
-    return OutOfPagesError if needed * p > available_size(before) else None
+        try:
+            first, last = check_allocation(req.uid, req.cached_len, req.device_len, req.alloc_len, _row_len(before), p)
+        except CacheError as exc:
+            return type(exc)
+        needed += max(0, last - first)
+    free = len(before.free_slots)
+    return _error_of(lambda: check_pages_available(needed, free, pc.size_info(before.cache).evictable_size, p))
 
 
 def request_guard(state: ManagerState, req: RequestView) -> type[CacheError] | None:
     """A request the manager may act on: its row in the table, still live, its path locked, its row whole pages."""
-    if not 0 <= req.table_idx < len(state.page_table):
-        return InvalidRequestError
-    if req.handle is None:
-        return InvalidRequestError
-    if not pc.is_handle_locked(state.cache, req.handle):
-        return UnlockError
-    if req.alloc_len % state.page_size or req.alloc_len > len(state.page_table[req.table_idx]):
-        return InvalidRequestError
-    return None
+    locked = req.handle is not None and pc.is_handle_locked(state.cache, req.handle)
+    return _error_of(
+        lambda: check_request(
+            req.uid,
+            req.table_idx,
+            len(state.page_table),
+            _row_len(state),
+            req.handle is None,
+            locked,
+            req.alloc_len,
+            state.page_size,
+        )
+    )
 
 
 def allocate_paged(
@@ -283,9 +358,8 @@ def cache_req_guard(before: ManagerState, req: RequestView) -> type[CacheError] 
     if guard is not None:
         return guard
     assert req.handle is not None
-    if not req.handle.cached_len <= req.cached_len <= min(req.alloc_len, len(req.input_ids)):
-        return InvalidRequestError
-    return None
+    locked_len = req.handle.cached_len
+    return _error_of(lambda: check_cache_req(req.uid, locked_len, req.cached_len, req.alloc_len, len(req.input_ids)))
 
 
 def cache_req(

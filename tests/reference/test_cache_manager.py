@@ -2,7 +2,7 @@
 
 import pytest
 
-from spec.errors import CacheBusyError, IntegrityError, InvalidRequestError, OutOfPagesError
+from spec.errors import CacheBusyError, IntegrityError, InvalidRequestError, InvalidSizeError, OutOfPagesError
 from tests.lifecycle import admit, decode, new_manager, prefill
 
 
@@ -184,3 +184,11 @@ def test_the_naive_manager_frees_every_page_when_requests_finish() -> None:
     manager.cache_req(req, finished=True)
     assert sorted(manager.free_slots) == [0, 1, 2, 3]
     assert admit(manager, [1, 2, 3], 0).cache_handle.cached_len == 0
+
+
+@pytest.mark.parametrize("table", [[], [[0, 0], [0]]])
+def test_a_page_table_must_be_rows_of_one_length(table: list[list[int]]) -> None:
+    import reference
+
+    with pytest.raises(InvalidSizeError, match="rows of one length"):
+        reference.CacheManager(4, 2, table)
