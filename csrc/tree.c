@@ -769,20 +769,19 @@ FIRST_NEGATIVE(first_negative_i64, int64_t)
 FIRST_NEGATIVE(first_negative_i32, int32_t)
 
 int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t checked,
-                     int64_t stamp, int64_t *node, int64_t *version, int64_t *matched, int64_t *bad) {
+                     int64_t stamp, radix_tree_walk *out) {
     if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < 0 ||
-        ((n > 0 || checked > 0) && tokens == NULL) || node == NULL || version == NULL || matched == NULL ||
-        bad == NULL) {
+        ((n > 0 || checked > 0) && tokens == NULL) || out == NULL) {
         return RADIX_TREE_BAD_ARGS;
     }
     /* CHECK */
-    if ((*bad = first_negative_i64(tokens, checked)) < checked) {
+    if ((out->bad = first_negative_i64(tokens, checked)) < checked) {
         return RADIX_TREE_BAD_TOKEN;
     }
-    *bad = NONE;
+    out->bad = NONE;
     /* WALK + UPDATE */
-    int status = walk(tree, root, tokens, n, stamp, node, matched, 1);
-    *version = N(*node).version;
+    int status = walk(tree, root, tokens, n, stamp, &out->node, &out->length, 1);
+    out->version = N(out->node).version;
     return status;
 }
 
@@ -838,23 +837,21 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
 }
 
 int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
-                      int64_t checked, int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len,
-                      int64_t *bad) {
+                      int64_t checked, int64_t stamp, radix_tree_walk *out) {
     if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < n ||
-        (checked > 0 && (tokens == NULL || slots == NULL)) || node == NULL || version == NULL ||
-        cached_len == NULL || bad == NULL) {
+        (checked > 0 && (tokens == NULL || slots == NULL)) || out == NULL) {
         return RADIX_TREE_BAD_ARGS;
     }
     /* CHECK: every token, every slot, then every new page, before anything changes */
-    if ((*bad = first_negative_i64(tokens, checked)) < checked) {
+    if ((out->bad = first_negative_i64(tokens, checked)) < checked) {
         return RADIX_TREE_BAD_TOKEN;
     }
-    if ((*bad = first_negative_i32(slots, checked)) < checked) {
+    if ((out->bad = first_negative_i32(slots, checked)) < checked) {
         return RADIX_TREE_BAD_SLOT;
     }
-    *bad = NONE;
+    out->bad = NONE;
     int64_t cached = find(tree, root, tokens, n);
-    int status = check_new_pages(tree, slots, cached, n, bad);
+    int status = check_new_pages(tree, slots, cached, n, &out->bad);
     if (status != RADIX_TREE_OK) {
         return status;
     }
@@ -894,9 +891,9 @@ int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, con
         tree->segment_bytes -= (int64_t)sizeof *seg + seg->length * 12;
         free(seg);
     }
-    *node = last;
-    *version = N(last).version;
-    *cached_len = cached;
+    out->node = last;
+    out->version = N(last).version;
+    out->length = cached;
     return status;
 }
 
@@ -1134,22 +1131,18 @@ int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity) {
     return taken * p;
 }
 
-void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *protected_, int64_t *nodes, int64_t *pages,
-                      int64_t *roots) {
-    *evictable = tree->evictable;
-    *protected_ = tree->protected_;
-    *nodes = tree->node_count;
-    *pages = tree->page_count;
-    *roots = tree->root_count;
+void radix_tree_counts(const radix_tree *tree, radix_tree_counters *out) {
+    out->evictable = tree->evictable;
+    out->protected_ = tree->protected_;
+    out->nodes = tree->node_count;
+    out->pages = tree->page_count;
+    out->roots = tree->root_count;
+    out->fifo = tree->fifo_length;
+    out->heap = tree->heap_length;
 }
 
 int64_t radix_tree_evicted_stamp_sum(const radix_tree *tree) {
     return tree->evicted_stamp_sum;
-}
-
-void radix_tree_queues(const radix_tree *tree, int64_t *fifo, int64_t *heap) {
-    *fifo = tree->fifo_length;
-    *heap = tree->heap_length;
 }
 
 int64_t radix_tree_memory(const radix_tree *tree) {

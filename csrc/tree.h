@@ -41,6 +41,28 @@ enum radix_tree_status {
 
 typedef struct radix_tree radix_tree;
 
+/* What radix_tree_match and radix_tree_insert report: the last node of the path (the root when nothing
+ * matched) and its version, the tokens matched (match) or already cached before the call (insert), and on
+ * a rejected input the index of the bad token or slot, or of the bad page (its index in tokens / P). */
+typedef struct {
+    int64_t node;
+    int64_t version;
+    int64_t length;
+    int64_t bad;
+} radix_tree_walk;
+
+/* The tree's counters: evictable and protected tokens, nodes, cached pages, roots, and the entries of
+ * the leaf queues (stale ones included): the in-order FIFO and the heap. */
+typedef struct {
+    int64_t evictable;
+    int64_t protected_;
+    int64_t nodes;
+    int64_t pages;
+    int64_t roots;
+    int64_t fifo;
+    int64_t heap;
+} radix_tree_counters;
+
 /* One node of radix_tree_export: its parent's index in the export (-1 under a root), its root, its
  * pages, and the offsets of its tokens and page starts in the export's buffers. */
 typedef struct {
@@ -63,20 +85,19 @@ int64_t radix_tree_new_root(radix_tree *tree);
 int radix_tree_drop_root(radix_tree *tree, int64_t root);
 
 /* Follow tokens[0..n) (whole pages) down from root, stamping every node passed with stamp and
- * splitting the node the match ends in. *node, *version: the last node (the root when nothing
- * matched); *matched: matched tokens. tokens[0..checked) are checked first (not negative, else
- * RADIX_TREE_BAD_TOKEN and *bad, with nothing changed): the caller's whole input, whole pages or not. */
+ * splitting the node the match ends in. walk: the last node and the matched tokens (length).
+ * tokens[0..checked) are checked first (not negative, else RADIX_TREE_BAD_TOKEN and walk->bad, with
+ * nothing changed): the caller's whole input, whole pages or not. */
 int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t checked,
-                     int64_t stamp, int64_t *node, int64_t *version, int64_t *matched, int64_t *bad);
+                     int64_t stamp, radix_tree_walk *walk);
 
 /* Cache tokens[0..n) (whole pages): pages already cached keep their slots, new ones take
  * slots[...]. Checked first, in the reference's order, with nothing changed on error: every token
- * and slot of [0..checked) (not negative: RADIX_TREE_BAD_TOKEN, RADIX_TREE_BAD_SLOT, *bad their
- * index), then every new page (an aligned run, not cached, not given twice; *bad the page's index
- * in tokens). *cached_len: tokens already cached; *node, *version: the last node of the whole path. */
+ * and slot of [0..checked) (not negative: RADIX_TREE_BAD_TOKEN, RADIX_TREE_BAD_SLOT, walk->bad their
+ * index), then every new page (an aligned run, not cached, not given twice; walk->bad the page's index
+ * in tokens). walk: the last node of the whole path, and the tokens already cached (length). */
 int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
-                      int64_t checked, int64_t stamp, int64_t *node, int64_t *version, int64_t *cached_len,
-                      int64_t *bad);
+                      int64_t checked, int64_t stamp, radix_tree_walk *walk);
 
 /* +1 / -1 lock on every node from node up to its root. unlock needs a lock of this very path. */
 int radix_tree_lock(radix_tree *tree, int64_t node, int64_t version);
@@ -108,12 +129,8 @@ int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity);
  * eviction; the difference is the eviction age). */
 int64_t radix_tree_evicted_stamp_sum(const radix_tree *tree);
 
-/* Counters: evictable and protected tokens, nodes, cached pages, roots. */
-void radix_tree_sizes(const radix_tree *tree, int64_t *evictable, int64_t *protected_, int64_t *nodes, int64_t *pages,
-                      int64_t *roots);
-
-/* Entries in the leaf queues, stale ones included: the in-order FIFO and the heap. */
-void radix_tree_queues(const radix_tree *tree, int64_t *fifo, int64_t *heap);
+/* The counters, into out. */
+void radix_tree_counts(const radix_tree *tree, radix_tree_counters *out);
 
 /* Check every structural invariant; RADIX_TREE_CORRUPT with a message naming the broken one. */
 int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity);

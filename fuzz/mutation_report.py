@@ -213,8 +213,8 @@ CLASSES: list[tuple[str, str, Callable[[str, str, str], bool]]] = [
     ),
     (
         "equivalent: outputs the check does not read",
-        "radix_tree_sizes writes five counters; the check reads only the number of roots, written last",
-        _argued(r"RadixPrefixCacheǁcheck_integrity", r"radix_tree_sizes\("),
+        "radix_tree_counts writes seven counters; the check reads only the number of roots",
+        _argued(r"RadixPrefixCacheǁcheck_integrity", r"radix_tree_(sizes|counts)\("),
     ),
     (
         "equivalent: the root handle's version is never read",

@@ -119,8 +119,9 @@ class RadixPrefixCache(ev.EmitsEvents):
         self.roots: dict[Namespace, int] = {}
         self._namespace_of: dict[int, Namespace] = {}
         self.clock = 0
-        # out-parameters of the C calls, allocated once
-        self._out = self._ffi.new("int64_t[8]")
+        # out-parameters of the C calls, allocated once: a walk's result and the counters (csrc/tree.h)
+        self._walk = self._ffi.new("radix_tree_walk *")
+        self._counters = self._ffi.new("radix_tree_counters *")
         # roots an evict emptied: C reports them here (room for every root), and says so by a status
         self._emptied_room = 16
         self._emptied = self._ffi.new("int64_t[]", self._emptied_room)
@@ -165,17 +166,15 @@ class RadixPrefixCache(ev.EmitsEvents):
             self.counter.matched(namespace, n, 0)
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
         # WALK + UPDATE: stamp the path, split the node the match ends in
-        out = self._out
-        status = self._lib.radix_tree_match(
-            self._tree, root, tokens, n - n % self.page_size, n, self.clock, out, out + 1, out + 2, out + 3
-        )
+        walk = self._walk
+        status = self._lib.radix_tree_match(self._tree, root, tokens, n - n % self.page_size, n, self.clock, walk)
         if status != _OK:
-            self._raise_for(status, tokens=tokens, bad=out[3])
+            self._raise_for(status, tokens=tokens, bad=walk.bad)
         self.clock += 1
-        self.counter.matched(namespace, n, out[2])
-        if out[2] == 0:
+        self.counter.matched(namespace, n, walk.length)
+        if walk.length == 0:
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
-        return RadixCacheHandle(out[2], out[0], out[1], namespace, self)
+        return RadixCacheHandle(walk.length, walk.node, walk.version, namespace, self)
 
     def insert_prefix(
         self,
@@ -201,20 +200,20 @@ class RadixPrefixCache(ev.EmitsEvents):
         new_root = found is None
         root = self._new_root(namespace) if found is None else found
         # WALK + UPDATE (C checks first and changes nothing on error)
-        out = self._out
-        status = self._lib.radix_tree_insert(
-            self._tree, root, tokens, slots, end, n, self.clock, out, out + 1, out + 2, out + 3
-        )
+        walk = self._walk
+        status = self._lib.radix_tree_insert(self._tree, root, tokens, slots, end, n, self.clock, walk)
         if status != _OK:
             if new_root:
                 self._drop_root(root)
-            self._raise_for(status, tokens=tokens, slots=keep_slots, bad=out[3])
+            self._raise_for(status, tokens=tokens, slots=keep_slots, bad=walk.bad)
         self.clock += 1
-        if out[2] < end:
-            self.counter.stored(namespace, (end - out[2]) // self.page_size)
+        cached_len = walk.length
+        handle = RadixCacheHandle(end, walk.node, walk.version, namespace, self)
+        if cached_len < end:
+            self.counter.stored(namespace, (end - cached_len) // self.page_size)
             if self.events is not None:
-                self._announce_stored(namespace, tokens, slots, out[2], end)
-        return InsertResult(out[2], RadixCacheHandle(end, out[0], out[1], namespace, self))
+                self._announce_stored(namespace, tokens, slots, cached_len, end, handle)
+        return InsertResult(cached_len, handle)
 
     def lock(self, handle: RadixCacheHandle) -> None:
         """+1 ref on every node from the handle's node up to the root. O(depth)."""
@@ -305,9 +304,9 @@ class RadixPrefixCache(ev.EmitsEvents):
     @property
     def size_info(self) -> SizeInfo:
         """Evictable and protected tokens, kept as running counters in C."""
-        out = self._out
-        self._lib.radix_tree_sizes(self._tree, out, out + 1, out + 5, out + 6, out + 7)
-        return SizeInfo(evictable_size=out[0], protected_size=out[1])
+        counters = self._counters
+        self._lib.radix_tree_counts(self._tree, counters)
+        return SizeInfo(evictable_size=counters.evictable, protected_size=counters.protected_)
 
     # ------------------------------------------------------------ checks and views
 
@@ -323,10 +322,12 @@ class RadixPrefixCache(ev.EmitsEvents):
         empty = [namespace for namespace in self.roots if namespace not in holding]
         if empty:
             raise IntegrityError(f"roots_hold_pages: namespaces {empty[:4]} keep a root without pages")
-        out = self._out
-        self._lib.radix_tree_sizes(self._tree, out, out + 1, out + 5, out + 6, out + 7)
-        if out[7] != len(self.roots):
-            raise IntegrityError(f"roots_hold_pages: the tree holds {out[7]} roots, {len(self.roots)} namespaces")
+        counters = self._counters
+        self._lib.radix_tree_counts(self._tree, counters)
+        if counters.roots != len(self.roots):
+            raise IntegrityError(
+                f"roots_hold_pages: the tree holds {counters.roots} roots, {len(self.roots)} namespaces"
+            )
         stray = set(self._namespace_of) ^ set(self.roots.values())
         if stray:
             raise IntegrityError(f"roots_hold_pages: roots {sorted(stray)[:4]} are named by one root table only")
@@ -406,13 +407,18 @@ class RadixPrefixCache(ev.EmitsEvents):
 
         ``memory_bytes`` counts nodes, token and slot segments, the children and slot tables and the leaf queues.
         """
-        out = self._out
-        self._lib.radix_tree_sizes(self._tree, out, out + 1, out + 2, out + 3, out + 4)
-        self._lib.radix_tree_queues(self._tree, out + 5, out + 6)
-        names = ("evictable_size", "protected_size", "nodes", "pages", "roots", "fifo_entries", "heap_entries")
-        stats = {name: int(out[k]) for k, name in enumerate(names)}
-        stats["memory_bytes"] = int(self._lib.radix_tree_memory(self._tree))
-        return stats
+        c = self._counters
+        self._lib.radix_tree_counts(self._tree, c)
+        return {
+            "evictable_size": c.evictable,
+            "protected_size": c.protected_,
+            "nodes": c.nodes,
+            "pages": c.pages,
+            "roots": c.roots,
+            "fifo_entries": c.fifo,
+            "heap_entries": c.heap,
+            "memory_bytes": int(self._lib.radix_tree_memory(self._tree)),
+        }
 
     # ------------------------------------------------------------ internals
 
@@ -481,13 +487,16 @@ class RadixPrefixCache(ev.EmitsEvents):
             self._raise_for(min(written, 0), handle=checked)
         return slots if self._on_host else slots.to(self.device)
 
-    def _announce_stored(self, namespace: Namespace, tokens: Any, slots: Any, cached: int, end: int) -> None:
-        """PageStored events of an insert's new pages (and what each page is, by its first slot)."""
+    def _announce_stored(
+        self, namespace: Namespace, tokens: Any, slots: Any, cached: int, end: int, handle: RadixCacheHandle
+    ) -> None:
+        """PageStored events of an insert's new pages (and what each page is, by its first slot); ``handle``
+        is the insert's whole path."""
         p = self.page_size
         parent_hash = None
         if cached:
             # the cached page before the new ones: its slot is the tree's, not the caller's
-            path = self._path_slots(RadixCacheHandle(end, self._out[0], self._out[1], namespace, self))
+            path = self._path_slots(handle)
             parent_hash = self._announced[int(path[cached - p])][1]
         starts = self._ffi.unpack(slots, end)[cached:end:p]
         new_tokens = self._ffi.unpack(tokens, end)[cached:end]
