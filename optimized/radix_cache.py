@@ -28,7 +28,6 @@ from spec.errors import (
     CacheBusyError,
     CacheError,
     DuplicateSlotError,
-    EvictionError,
     IntegrityError,
     InvalidInputError,
     InvalidSizeError,
@@ -270,8 +269,7 @@ class RadixPrefixCache(ev.EmitsEvents):
     def _after_evict(self, status: int, size: int) -> None:
         """After a C evict that did not simply succeed: drop the roots it emptied; raise its error, if any."""
         if status == _NOT_EVICTABLE:
-            evictable = self.size_info.evictable_size
-            raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
+            pc.check_evict_size(size, self.size_info.evictable_size)  # raises the spec's EvictionError
         self._drop_emptied_roots()
         if status != _ROOTS_EMPTIED:
             self._raise_for(status)

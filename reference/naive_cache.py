@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from spec import prefix_cache as pc
 from spec.errors import (
     DuplicateSlotError,
-    EvictionError,
     IntegrityError,
-    InvalidSizeError,
     InvalidTypeError,
     LengthMismatchError,
     MisalignedPageError,
@@ -47,6 +45,9 @@ class NaiveCacheHandle(BaseCacheHandle):
 
 class NaivePrefixCache(BasePrefixCache):
     """No sharing: caches nothing, evicts nothing; keeps the logical clock like every cache."""
+
+    # the handles this cache makes and accepts
+    HANDLE: type[NaiveCacheHandle] = NaiveCacheHandle
 
     def __init__(self, page_size: int = 1) -> None:
         self.page_size = check_page_size(page_size)
@@ -100,12 +101,7 @@ class NaivePrefixCache(BasePrefixCache):
     def evict(self, size: int) -> list[int]:
         """Only evict(0) succeeds: nothing is ever evictable."""
         # CHECK
-        if not isinstance(size, int) or isinstance(size, bool):
-            raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
-        if size < 0:
-            raise InvalidSizeError(f"cannot evict a negative size ({size})")
-        if size > 0:
-            raise EvictionError(f"cannot evict {size} tokens, only 0 are evictable")
+        pc.check_evict_size(size, 0)
         return []
 
     def reset(self) -> list[int]:
@@ -132,6 +128,6 @@ class NaivePrefixCache(BasePrefixCache):
 
     def _check_handle(self, handle: object) -> NaiveCacheHandle:
         """``handle`` if it is a naive handle, else raise InvalidTypeError."""
-        if not isinstance(handle, NaiveCacheHandle):
+        if type(handle) is not self.HANDLE:  # exactly: the twin's handles are not this cache's
             raise InvalidTypeError(f"expected a NaiveCacheHandle, got {type(handle).__name__}")
         return handle

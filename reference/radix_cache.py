@@ -16,9 +16,7 @@ from spec import prefix_cache as pc
 from spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
-    EvictionError,
     IntegrityError,
-    InvalidSizeError,
     InvalidTypeError,
     LengthMismatchError,
     MisalignedPageError,
@@ -257,12 +255,7 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
     def evict(self, size: int) -> list[int]:
         """Evict exactly ceil(size / P) pages, each time the last page of the LRU evictable leaf."""
         # CHECK
-        if not isinstance(size, int) or isinstance(size, bool):
-            raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
-        if size < 0:
-            raise InvalidSizeError(f"cannot evict a negative size ({size})")
-        if size > self.evictable_size:
-            raise EvictionError(f"cannot evict {size} tokens, only {self.evictable_size} are evictable")
+        pc.check_evict_size(size, self.evictable_size)
         # WALK
         leaves = [(node.timestamp, id(node), node) for node in self._iter_nodes() if self._is_evictable_leaf(node)]
         heapq.heapify(leaves)

@@ -385,13 +385,7 @@ def evict(state: PrefixCacheState, size: int) -> list[int]:
     Returns the evicted slots, ascending.
     """
     # CHECK
-    if not isinstance(size, int) or isinstance(size, bool):
-        raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
-    if size < 0:
-        raise InvalidSizeError(f"cannot evict a negative size ({size})")
-    evictable = size_info(state).evictable_size
-    if size > evictable:
-        raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
+    check_evict_size(size, size_info(state).evictable_size)
     # UPDATE: one page at a time, the oldest evictable leaf; taking a page may make its parent a leaf.
     # (The leaves sit in a heap by last_access so that big evictions stay fast; the rule is the one above.)
     children = Counter(parent for key in state.entries if (parent := get_parent_key(key)) is not None)
@@ -425,6 +419,19 @@ def reset(state: PrefixCacheState) -> list[int]:
     starts = [entry.slot_start for entry in state.entries.values()]
     state.entries.clear()
     return sorted(compute_page_to_token(starts, state.page_size))
+
+
+def check_evict_size(size: object, evictable: int) -> None:
+    """An eviction of ``size`` tokens may run when ``evictable`` tokens are evictable; else raise, in this order:
+    InvalidTypeError (not an int, or a bool), InvalidSizeError (negative), EvictionError (more than evictable).
+    Every cache's ``evict`` calls it (the optimized tree leaves the last test to C, then calls it for the message).
+    """
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
+    if size < 0:
+        raise InvalidSizeError(f"cannot evict a negative size ({size})")
+    if size > evictable:
+        raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
 
 
 def check_type(handle: object) -> Handle:
