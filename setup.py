@@ -3,7 +3,7 @@
 * ``cffi_modules``: csrc/radix.c and csrc/store.c become ``optimized._radix_c``.
 * ``build_py`` also copies the CUDA sources into ``optimized/csrc/`` of the
   built package, so an installed wheel can still build its store kernel with
-  nvcc (``python -m optimized.kv_store``); a checkout reads them from csrc/.
+  nvcc (``python -m optimized.build_cuda``); a checkout reads them from csrc/.
 """
 
 from pathlib import Path

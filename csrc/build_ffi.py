@@ -3,7 +3,7 @@
 ``pip install .`` runs it through setup.py's ``cffi_modules``; by hand,
 ``python csrc/build_ffi.py`` builds the module in place. The declarations are
 read from the headers (``optimized/cdefs.py``), never written twice. (The CUDA
-store kernel, csrc/store.cu, is built by nvcc instead: ``python -m optimized.kv_store``.)
+store kernel, csrc/store.cu, is built by nvcc instead: ``python -m optimized.build_cuda``.)
 
 ``RADIXSPEC_SANITIZE=1`` builds with AddressSanitizer and UndefinedBehaviorSanitizer
 (run Python with ``LD_PRELOAD=$(gcc -print-file-name=libasan.so)``).

@@ -2,10 +2,10 @@
 //
 // One warp per token row, 16-byte vector copies when every pointer, stride and the
 // row length allow it, narrower words otherwise. int32 or int64 indices. Launched on
-// the caller's stream (torch's current stream), loaded through cffi ABI mode
-// (optimized/kv_store.py; its declarations are csrc/store_cuda.h). The kernel guards
-// its range itself (skip and flag), so it needs no pre-pass and no host sync; the
-// checked mode validates indices before launching (kv_store.py).
+// the caller's stream (torch's current stream). optimized/build_cuda.py builds it with nvcc;
+// optimized/store.py loads it through cffi ABI mode (its declarations are csrc/store_cuda.h).
+// The kernel guards its range itself (skip and flag), so it needs no pre-pass and no host
+// sync; the checked mode validates indices before launching (optimized/store.py).
 #include <cuda_runtime.h>
 #include <stdint.h>
 

@@ -1,4 +1,4 @@
-/* KV store on CUDA (csrc/store.cu), loaded through cffi's ABI mode by optimized/kv_store.py, which
+/* KV store on CUDA (csrc/store.cu), loaded through cffi's ABI mode by optimized/store.py, which
  * reads the lines between the cdef markers as its declarations: one source for both. */
 #ifndef RADIXSPEC_STORE_CUDA_H
 #define RADIXSPEC_STORE_CUDA_H

@@ -1,5 +1,5 @@
 /* Status codes of the KV store (CPU and CUDA), shared with Python: the lines between the cdef
- * markers are cffi declarations too, so optimized/kv_store.py reads the same names and values. */
+ * markers are cffi declarations too, so optimized/store.py reads the same names and values. */
 #ifndef RADIXSPEC_STORE_STATUS_H
 #define RADIXSPEC_STORE_STATUS_H
 

@@ -18,7 +18,7 @@ status=0
 } 2>&1 | tee "$OUT/env.txt"
 # the C helpers (CPU path) in place, if cffi is there; the CUDA path needs only cffi's ABI mode
 python3 csrc/build_ffi.py >"$OUT/build_cffi.log" 2>&1 || echo "cffi module not built (CPU path unavailable here)"
-python3 -m optimized.kv_store 2>&1 | tee "$OUT/build_cuda.log" || status=1
+python3 -m optimized.build_cuda 2>&1 | tee "$OUT/build_cuda.log" || status=1
 if python3 -c "import pytest" 2>/dev/null; then
   python3 -m pytest --noconftest -p no:cacheprovider -q tests/optimized/test_kv_store.py -k "cuda" 2>&1 | tee "$OUT/cuda_tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -530,29 +530,29 @@ def test_a_built_wheel_carries_the_cuda_sources(tmp_path: Path) -> None:
 
 
 class TestKvStoreReport:
-    """``python -m optimized.kv_store``: each machine it can meet, each line it prints and its exit status."""
+    """``python -m optimized.build_cuda``: each machine it can meet, each line it prints and its exit status."""
 
     @staticmethod
     def fake(
         monkeypatch: pytest.MonkeyPatch, *, gpu: bool, nvcc: bool, builds: bool = True, kernel: bool = True
     ) -> None:
-        from optimized import kv_store
+        from optimized import build_cuda
 
         def no(*args: object, **kwargs: object) -> None:
             raise UnavailableError("not here")
 
-        monkeypatch.setattr(kv_store.torch.cuda, "is_available", lambda: gpu)
-        monkeypatch.setattr(kv_store.torch.cuda, "get_device_name", lambda: "Fake H200")
-        monkeypatch.setattr(kv_store, "find_nvcc", (lambda: "/fake/nvcc") if nvcc else no)
+        monkeypatch.setattr(build_cuda.torch.cuda, "is_available", lambda: gpu)
+        monkeypatch.setattr(build_cuda.torch.cuda, "get_device_name", lambda: "Fake H200")
+        monkeypatch.setattr(build_cuda, "find_nvcc", (lambda: "/fake/nvcc") if nvcc else no)
         monkeypatch.setattr(
-            kv_store, "build_store_library", (lambda force: Path("/fake/libstore.so")) if builds else no
+            build_cuda, "build_store_library", (lambda force: Path("/fake/libstore.so")) if builds else no
         )
-        monkeypatch.setattr(kv_store, "has_cuda_kernel", lambda: kernel)
+        monkeypatch.setattr(build_cuda, "has_cuda_kernel", lambda: kernel)
 
     def run(self, force: bool = False) -> tuple[dict[str, str], int]:
-        from optimized import kv_store
+        from optimized import build_cuda
 
-        lines, status = kv_store.report(force)
+        lines, status = build_cuda.report(force)
         return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in lines}, status
 
     def test_this_machine_without_a_gpu_nor_nvcc(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -593,23 +593,23 @@ class TestKvStoreReport:
         assert (status, lines["CUDA stores"]) == (1, "torch fallback: the library was built but does not load")
 
     def test_no_c_module_fails_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from optimized import kv_store
+        from optimized import build_cuda
 
         def missing() -> None:
             raise UnavailableError("no _radix_c")
 
-        monkeypatch.setattr(kv_store, "load_c", missing)
-        assert kv_store.report(False) == (["CPU store:    UNAVAILABLE: no _radix_c"], 1)
+        monkeypatch.setattr(build_cuda, "load_c", missing)
+        assert build_cuda.report(False) == (["CPU store:    UNAVAILABLE: no _radix_c"], 1)
 
     def test_main_prints_the_report_and_passes_force(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        from optimized import kv_store
+        from optimized import build_cuda
 
         seen: list[bool] = []
-        monkeypatch.setattr(kv_store, "report", lambda force: (seen.append(force) or ["a", "b"], 3))
-        assert kv_store.main(["--force"]) == 3
-        assert kv_store.main([]) == 3
+        monkeypatch.setattr(build_cuda, "report", lambda force: (seen.append(force) or ["a", "b"], 3))
+        assert build_cuda.main(["--force"]) == 3
+        assert build_cuda.main([]) == 3
         assert seen == [True, False]
         assert capsys.readouterr().out == "a\nb\na\nb\n"
 
@@ -724,31 +724,32 @@ def test_the_sources_are_the_packages_own_in_a_wheel_else_the_checkouts(
 
 
 def test_the_report_names_a_missing_source_the_cuda_build_and_passes_force(monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimized import kv_store
+    from optimized import build_cuda
 
     forced: list[bool] = []
-    monkeypatch.setattr(kv_store, "cuda_sources", lambda: (Path("/nowhere/store.cu"),))
-    monkeypatch.setattr(kv_store.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(kv_store.torch.version, "cuda", "12.4")
-    monkeypatch.setattr(kv_store, "find_nvcc", lambda: "/fake/nvcc")
-    monkeypatch.setattr(kv_store, "build_store_library", lambda force: forced.append(force) or Path("/lib.so"))
-    lines, status = kv_store.report(True)
+    monkeypatch.setattr(build_cuda, "cuda_sources", lambda: (Path("/nowhere/store.cu"),))
+    monkeypatch.setattr(build_cuda.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(build_cuda.torch.version, "cuda", "12.4")
+    monkeypatch.setattr(build_cuda, "find_nvcc", lambda: "/fake/nvcc")
+    monkeypatch.setattr(build_cuda, "build_store_library", lambda force: forced.append(force) or Path("/lib.so"))
+    lines, status = build_cuda.report(True)
     assert lines[1:3] == [
         "CUDA source:  /nowhere/store.cu (MISSING)",
         f"GPU:          none visible to torch {torch.__version__} (CUDA 12.4)",
     ]
-    monkeypatch.setattr(kv_store.torch.version, "cuda", None)
-    assert kv_store.report(False)[0][2] == f"GPU:          none visible to torch {torch.__version__} (a CPU-only build)"
+    monkeypatch.setattr(build_cuda.torch.version, "cuda", None)
+    expected = f"GPU:          none visible to torch {torch.__version__} (a CPU-only build)"
+    assert build_cuda.report(False)[0][2] == expected
     assert forced == [True, False] and status == 0
 
 
 def test_the_command_names_itself_and_its_option(capsys: pytest.CaptureFixture[str]) -> None:
-    from optimized import kv_store
+    from optimized import build_cuda
 
     with pytest.raises(SystemExit):
-        kv_store.main(["--help"])
+        build_cuda.main(["--help"])
     out = capsys.readouterr().out
-    assert out.startswith("usage: python -m optimized.kv_store [-h] [--force]")
+    assert out.startswith("usage: python -m optimized.build_cuda [-h] [--force]")
     assert "build the CUDA store kernel now" in out and "rebuild the CUDA library even if cached" in out
 
 
@@ -976,8 +977,8 @@ def test_the_pool_holds_k_and_v_of_every_layer_and_nothing_more(dtype: torch.dty
     assert pool.k_cache(2).untyped_storage().data_ptr() == pool.v_cache(0).untyped_storage().data_ptr()
 
 
-def test_the_kv_store_command_says_what_force_does(capsys: pytest.CaptureFixture[str]) -> None:
-    from optimized.kv_store import main
+def test_the_build_cuda_command_says_what_force_does(capsys: pytest.CaptureFixture[str]) -> None:
+    from optimized.build_cuda import main
 
     with pytest.raises(SystemExit):
         main(["--help"])

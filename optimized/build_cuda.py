@@ -1,4 +1,4 @@
-"""``python -m optimized.kv_store``: build the CUDA store kernel now and say what this machine's stores will use.
+"""``python -m optimized.build_cuda``: build the CUDA store kernel now and say what this machine's stores will use.
 
 Prints where the C (CPU) store and the CUDA sources are, whether nvcc and a GPU
 are present, and builds ``store.cu`` when nvcc is there (cached; the first CUDA
@@ -70,7 +70,7 @@ def report(force: bool) -> tuple[list[str], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optimized.kv_store", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m optimized.build_cuda", description=__doc__)
     parser.add_argument("--force", action="store_true", help="rebuild the CUDA library even if cached")
     args = parser.parse_args(argv)
     lines, status = report(args.force)
