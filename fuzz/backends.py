@@ -1,0 +1,173 @@
+"""Where a campaign's batches run: in this process, in worker processes (a fork server that imported the
+machines once), or as Ray tasks. Each backend takes batch specs and hands back batch results; a backend that
+breaks (a worker died, Ray unreachable) raises BackendError, and the campaign exits 3."""
+
+from __future__ import annotations
+
+import argparse
+import queue
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+from typing import Any
+
+from .batches import BatchResult, BatchSpec, run_batch
+
+
+class BackendError(RuntimeError):
+    """The campaign's own machinery failed (a worker died, Ray is unreachable)."""
+
+
+class InProcessBackend:
+    """Batches one at a time in this process (``--workers 0``)."""
+
+    name = "this process"
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.pending: list[BatchSpec] = []
+
+    def has_room(self) -> bool:
+        return not self.pending
+
+    def submit(self, spec: BatchSpec) -> None:
+        self.pending.append(spec)
+
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    def collect(self, timeout: float, notify: Any) -> list[BatchResult]:
+        spec = self.pending.pop()
+        return [run_batch(spec, notify)]
+
+    def cancel(self) -> None:
+        self.pending.clear()
+
+    def close(self) -> None:
+        pass
+
+
+_NOTIFY_QUEUE: Any = None
+
+
+def _init_worker(notify_queue: Any) -> None:
+    """A worker process: keep the queue failures are announced on; one torch thread (the cores are the workers)."""
+    global _NOTIFY_QUEUE
+    _NOTIFY_QUEUE = notify_queue
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _run_batch_in_worker(spec: BatchSpec) -> BatchResult:
+    return run_batch(spec, lambda *event: _NOTIFY_QUEUE.put(event))
+
+
+class ProcessBackend:
+    """Batches in worker processes, one per core by default (``--workers N``)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        # a fork server that imported the machines once: each worker starts in milliseconds, not seconds
+        context = get_context("forkserver")
+        context.set_forkserver_preload(["fuzz.batches", "fuzz.machines"])
+        self.workers: int = args.workers
+        self.name = f"{self.workers} worker processes"
+        self.notify_queue = context.Queue()
+        self.pool = ProcessPoolExecutor(
+            max_workers=self.workers, mp_context=context, initializer=_init_worker, initargs=(self.notify_queue,)
+        )
+        self.futures: set[Future[BatchResult]] = set()
+
+    def has_room(self) -> bool:
+        return len(self.futures) < int(self.workers)
+
+    def submit(self, spec: BatchSpec) -> None:
+        self.futures.add(self.pool.submit(_run_batch_in_worker, spec))
+
+    def busy(self) -> bool:
+        return bool(self.futures)
+
+    def collect(self, timeout: float, notify: Any) -> list[BatchResult]:
+        done, self.futures = wait(self.futures, timeout=timeout, return_when=FIRST_COMPLETED)
+        self.drain(notify)
+        results = []
+        for future in done:
+            try:
+                results.append(future.result())
+            except Exception as exc:  # a worker that died takes its batch with it: the campaign is broken
+                raise BackendError(f"a worker process failed: {exc!r}") from exc
+        return results
+
+    def drain(self, notify: Any) -> None:
+        while True:
+            try:
+                event = self.notify_queue.get_nowait()
+            except queue.Empty:
+                return
+            notify(*event)
+
+    def cancel(self) -> None:
+        for future in self.futures:
+            future.cancel()
+        for process in list(getattr(self.pool, "_processes", {}).values()):
+            process.terminate()
+        self.futures.clear()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RayBackend:
+    """Batches as Ray tasks on a cluster (``--ray ADDRESS|auto``) or a local one (``--ray local``)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import ray
+
+        self.ray = ray
+        address = args.ray
+        try:
+            if address == "local":
+                ray.init(num_cpus=max(1, args.workers), include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except Exception as exc:
+            raise RuntimeError(f"cannot reach Ray at {address!r}: {exc}") from exc
+        self.capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
+        self.name = f"Ray ({address}, {self.capacity} CPUs)"
+        self.remote = ray.remote(num_cpus=1)(run_batch)
+        self.refs: dict[Any, BatchSpec] = {}
+
+    def has_room(self) -> bool:
+        return len(self.refs) < self.capacity
+
+    def submit(self, spec: BatchSpec) -> None:
+        self.refs[self.remote.remote(spec)] = spec
+
+    def busy(self) -> bool:
+        return bool(self.refs)
+
+    def collect(self, timeout: float, notify: Any) -> list[BatchResult]:
+        done, _ = self.ray.wait(list(self.refs), num_returns=1, timeout=timeout)
+        results = []
+        for ref in done:
+            del self.refs[ref]
+            try:
+                results.append(self.ray.get(ref))
+            except Exception as exc:
+                raise BackendError(f"a Ray task failed: {exc!r}") from exc
+        return results
+
+    def cancel(self) -> None:
+        for ref in self.refs:
+            self.ray.cancel(ref, force=True)
+        self.refs.clear()
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+def make_backend(args: argparse.Namespace) -> InProcessBackend | ProcessBackend | RayBackend:
+    """Where the campaign's batches run: Ray tasks (--ray), this process (--workers 0), or worker processes."""
+    if args.ray is not None:
+        return RayBackend(args)
+    if args.workers == 0:
+        return InProcessBackend(args)
+    return ProcessBackend(args)
