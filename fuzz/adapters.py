@@ -17,8 +17,9 @@ import optimized
 import reference
 from spec import cache_manager as sm
 from spec import prefix_cache as pc
+from spec.domains import Namespace
 from spec.invariants import check_invariants
-from spec.types import Namespace, Req
+from spec.requests import Req
 
 
 class CacheAdapter(Protocol):
@@ -188,7 +189,7 @@ class ManagerAdapter(Protocol):
 
 
 class ListReqMixin:
-    """Requests as ``spec.types.Req`` with list token ids (spec and reference)."""
+    """Requests as ``spec.requests.Req`` with list token ids (spec and reference)."""
 
     def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
         return Req(input_ids=list(prompt), table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)

@@ -27,8 +27,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from spec import cache_manager as sm
 from spec import events as ev
+from spec.domains import Namespace
 from spec.errors import CacheBusyError
-from spec.types import Namespace
 
 from .adapters import MANAGER_IMPLEMENTATIONS, ManagerAdapter
 from .differential import apply_all, describe_difference

@@ -32,7 +32,7 @@ from typing import Any
 from spec import cache_manager as sm
 from spec.contracts import sequence
 from spec.errors import CacheError
-from spec.types import Req
+from spec.requests import Req
 
 from .adapters import ManagerAdapter, ReferenceManager
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import optimized
 import reference
-from spec.types import RequestSpec, SchedulerConfig, StepReport
+from spec.requests import RequestSpec, SchedulerConfig, StepReport
 
 
 def shared_prompt_workload(requests: int, seed: int = 0) -> list[RequestSpec]:

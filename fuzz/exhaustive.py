@@ -48,9 +48,9 @@ from typing import Any
 
 from spec import events as ev
 from spec import prefix_cache as pc
+from spec.domains import Namespace
 from spec.helpers import compute_page_to_token
 from spec.invariants import check_invariants
-from spec.types import Namespace
 
 from .adapters import CACHE_IMPLEMENTATIONS, SpecCache
 from .differential import apply_all, describe_difference

@@ -211,7 +211,7 @@ BUGS: tuple[PlantedBug, ...] = (
     ),
     PlantedBug(
         "EOS ignored by the stop rule (shared by every scheduler and baseline)",
-        "spec/types.py",
+        "spec/requests.py",
         "    return sampled >= params.max_tokens or (not params.ignore_eos and token == eos_token_id)\n",
         "    return sampled >= params.max_tokens\n",
         "scheduler",

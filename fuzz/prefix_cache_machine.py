@@ -22,10 +22,10 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from spec import events as ev
 from spec import prefix_cache as pc
+from spec.domains import SLOT_LIMIT, Namespace
 from spec.errors import InvalidTypeError
 from spec.helpers import align_down
 from spec.invariants import check_invariants
-from spec.types import SLOT_LIMIT, Namespace
 
 from .adapters import CACHE_IMPLEMENTATIONS, CacheAdapter, SpecCache
 from .differential import apply_all, describe_difference

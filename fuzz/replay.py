@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from spec import prefix_cache as pc
+from spec.domains import TOKEN_LIMIT, Namespace, check_namespace
 from spec.errors import CacheError
 from spec.helpers import compute_page_starts, compute_page_to_token
-from spec.types import TOKEN_LIMIT, Namespace, check_namespace
 
 Request = tuple[list[int], Namespace]
 IMPLS = ("spec", "reference", "optimized")

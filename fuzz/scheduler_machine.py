@@ -23,8 +23,9 @@ import reference
 from optimized.model import HashModel as OptimizedHashModel
 from reference.model import HashModel as ReferenceHashModel
 from spec import scheduler as laws
+from spec.domains import Namespace
 from spec.errors import CacheError
-from spec.types import Namespace, SchedulerConfig
+from spec.requests import SchedulerConfig
 
 from .differential import describe_difference
 from .sequences import bad_namespaces, build_sequence, namespaces, page_sizes

@@ -33,6 +33,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from spec import events as ev
 from spec import prefix_cache as pc
+from spec.domains import SLOT_LIMIT, Namespace
 from spec.errors import (
     CacheBusyError,
     CacheError,
@@ -45,7 +46,6 @@ from spec.errors import (
 )
 from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
 from spec.invariants import check_invariants
-from spec.types import SLOT_LIMIT, Namespace
 
 from .messages import brief, list_diff
 from .sequences import bad_namespaces, build_sequence, namespaces, page_choices, page_sizes, tail_choices

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, multiple
 
+from spec.domains import Namespace
 from spec.helpers import compute_page_starts, div_ceil
-from spec.types import Namespace
 
 from .cache_manager_machine import MAX_PAGES_PER_REQ, ROWS, CacheManagerMachine, LiveReq
 from .sequences import build_sequence, page_choices, page_sizes, tail_choices

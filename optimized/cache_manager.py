@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from spec import cache_manager as spec_manager
+from spec.domains import check_page_size
 from spec.errors import (
     CacheBusyError,
     InvalidRequestError,
@@ -23,7 +24,7 @@ from spec.errors import (
     InvalidTypeError,
 )
 from spec.helpers import div_ceil
-from spec.types import Prompted, Req, check_page_size
+from spec.requests import Prompted, Req
 
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache

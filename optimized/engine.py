@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spec.metrics import CacheStats, stats_of
-from spec.types import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
+from spec.requests import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
 
 from .model import HashModel
 from .scheduler import Scheduler

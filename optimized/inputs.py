@@ -1,6 +1,6 @@
 """Input checks of the optimized implementation: token ids and slot indices as tensors.
 
-Twins of ``spec.types.check_token_ids`` / ``check_slot_indices`` and of the
+Twins of ``spec.domains.check_token_ids`` / ``check_slot_indices`` and of the
 spec's devices: the same errors for the same bad input (InvalidTypeError for a
 wrong type, InvalidInputError for a token outside ``[0, 2**63)``,
 SlotOutOfRangeError for a slot outside ``[0, 2**31)``), checked on the whole
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from spec.domains import SLOT_LIMIT, TOKEN_LIMIT, Namespace, check_namespace, check_slot_indices, check_token_ids
 from spec.errors import InvalidInputError, InvalidTypeError, LengthMismatchError, SlotOutOfRangeError, UnavailableError
-from spec.types import SLOT_LIMIT, TOKEN_LIMIT, Namespace, check_namespace, check_slot_indices, check_token_ids
 
 from .radix_kernel import first_outside
 

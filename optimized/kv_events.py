@@ -31,8 +31,8 @@ from typing import Any
 import msgspec
 
 from spec import events as ev
+from spec.domains import Namespace
 from spec.errors import InvalidTypeError
-from spec.types import Namespace
 
 MEDIUM_GPU = "GPU"
 

@@ -19,7 +19,7 @@ import torch
 
 from spec.errors import IntegrityError, KVCorruptionError
 from spec.hashing import WORD_BITS, WORD_MASK, compute_namespace_seed, compute_next_token, extend_prefix_hashes, mix64
-from spec.types import Batch, Req
+from spec.requests import Batch, Req
 
 from .kv_pool import MHAKVCache
 

@@ -10,9 +10,10 @@ import torch
 from reference.naive_cache import NaiveCacheHandle as _ReferenceHandle
 from reference.naive_cache import NaivePrefixCache as _ReferencePrefixCache
 from spec import prefix_cache as pc
+from spec.domains import Namespace, check_namespace
 from spec.errors import DuplicateSlotError, MisalignedPageError
 from spec.helpers import align_down
-from spec.types import InsertResult, Namespace, check_namespace
+from spec.types import InsertResult
 
 from .inputs import as_insert_args, as_tokens, device_of
 from .radix_kernel import first_bad_page

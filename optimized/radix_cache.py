@@ -24,6 +24,7 @@ import torch
 
 from spec import events as ev
 from spec import prefix_cache as pc
+from spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from spec.errors import (
     CacheBusyError,
     CacheError,
@@ -41,15 +42,7 @@ from spec.errors import (
 )
 from spec.invariants import check_invariants
 from spec.metrics import CacheStats, StatsCounter
-from spec.types import (
-    InsertResult,
-    Namespace,
-    SizeInfo,
-    check_namespace,
-    check_page_size,
-    check_slot_indices,
-    check_token_ids,
-)
+from spec.types import InsertResult, SizeInfo
 
 from ._c import load_c
 from .inputs import as_insert_args, as_slots, as_tokens, device_of
@@ -423,7 +416,7 @@ class RadixPrefixCache(ev.EmitsEvents):
     def _tokens(self, input_ids: object) -> tuple[Any, int, object]:
         """Token ids as a C int64 pointer, their count, and the object that owns the buffer.
 
-        Twin of ``spec.types.check_token_ids``. The fast path, a contiguous 1-D int64 CPU tensor, is
+        Twin of ``spec.domains.check_token_ids``. The fast path, a contiguous 1-D int64 CPU tensor, is
         used as it is: its range (no negative id) is checked in C by the call that reads it. Anything
         else (int32, a sequence of ints) is converted and checked here.
         """
@@ -444,7 +437,7 @@ class RadixPrefixCache(ev.EmitsEvents):
     def _slots(self, indices: object) -> tuple[Any, int, object]:
         """Slot indices as a C int32 pointer on the host, their count, and the object that owns the buffer.
 
-        Twin of ``spec.types.check_slot_indices``. The fast path, a contiguous 1-D int32 tensor on the
+        Twin of ``spec.domains.check_slot_indices``. The fast path, a contiguous 1-D int32 tensor on the
         cache's CPU device, is checked in C (no negative slot); a tensor on the cache's GPU is copied to
         the host once; int64 and sequences are converted and checked here.
         """

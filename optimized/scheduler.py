@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from reference.scheduler import Scheduler as _Core
-from spec.types import Batch, SchedulerConfig
+from spec.requests import Batch, SchedulerConfig
 
 from .cache_manager import CacheManager, make_page_table
 from .table import TableManager

@@ -6,7 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from spec import prefix_cache as pc
-from spec.types import InsertResult, Namespace, SizeInfo
+from spec.domains import Namespace
+from spec.types import InsertResult, SizeInfo
 
 
 class BaseCacheHandle(ABC):

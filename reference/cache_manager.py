@@ -11,9 +11,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from spec import cache_manager as spec_manager
+from spec.domains import check_page_size
 from spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError
 from spec.helpers import compute_page_starts, compute_page_to_token
-from spec.types import Prompted, Req, check_page_size
+from spec.requests import Prompted, Req
 
 from .base import BaseCacheHandle, BasePrefixCache
 from .naive_cache import NaivePrefixCache

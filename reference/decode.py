@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spec.helpers import compute_pages_to_finish
-from spec.types import Batch, Req
+from spec.requests import Batch, Req
 
 
 class DecodeManager:

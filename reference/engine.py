@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from spec.metrics import CacheStats, stats_of
-from spec.types import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
+from spec.requests import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
 
 from .model import HashModel
 from .scheduler import Scheduler

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from spec.errors import IntegrityError, KVCorruptionError
 from spec.hashing import compute_kv_words, compute_next_token, compute_prefix_hashes
-from spec.types import Batch
+from spec.requests import Batch
 
 
 class Model(Protocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spec import prefix_cache as pc
+from spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from spec.errors import (
     DuplicateSlotError,
     IntegrityError,
@@ -18,15 +19,7 @@ from spec.errors import (
     MisalignedPageError,
 )
 from spec.helpers import align_down, is_page_run
-from spec.types import (
-    InsertResult,
-    Namespace,
-    SizeInfo,
-    check_namespace,
-    check_page_size,
-    check_slot_indices,
-    check_token_ids,
-)
+from spec.types import InsertResult, SizeInfo
 
 from .base import BaseCacheHandle, BasePrefixCache
 

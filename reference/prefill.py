@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from spec.helpers import compute_pages_to_finish
-from spec.types import Batch, ChunkedReq, PendingReq, Req
+from spec.requests import Batch, ChunkedReq, PendingReq, Req
 
 from .base import BaseCacheHandle
 from .decode import DecodeManager

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Iterator, Sequence
 
 from spec import events as ev
 from spec import prefix_cache as pc
+from spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
@@ -26,15 +27,7 @@ from spec.errors import (
 from spec.helpers import align_down, compute_match_len, div_ceil, is_page_run
 from spec.invariants import check_invariants
 from spec.metrics import CacheStats, StatsCounter
-from spec.types import (
-    InsertResult,
-    Namespace,
-    SizeInfo,
-    check_namespace,
-    check_page_size,
-    check_slot_indices,
-    check_token_ids,
-)
+from spec.types import InsertResult, SizeInfo
 
 from .base import BaseCacheHandle, BasePrefixCache
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from spec.domains import Namespace
 from spec.errors import IntegrityError, InvalidRequestError
-from spec.types import (
+from spec.requests import (
     Batch,
     ChunkedReq,
-    Namespace,
     PendingReq,
     Req,
     SamplingParams,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import prefix_cache as pc
+from .domains import Namespace
 from .errors import (
     CacheError,
     InvalidRequestError,
@@ -40,7 +41,7 @@ from .invariants import (
     raise_first,
     rows_match_handles,
 )
-from .types import Namespace, Req
+from .requests import Req
 
 
 @dataclass

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .domains import Namespace
 from .errors import CacheBusyError, EventStreamError
 from .hashing import compute_namespace_seed
 from .prefix_cache import PageKey, Prefix
-from .types import Namespace
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .types import Namespace
+from .domains import Namespace
 
 MASK64 = (1 << 64) - 1
 WORD_BITS = 24  # a K/V word fits a float32 mantissa exactly

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .types import Namespace
+from .domains import Namespace
 
 
 @dataclass

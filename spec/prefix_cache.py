@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
+from .domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from .errors import (
     CacheBusyError,
     DuplicateSlotError,
@@ -30,15 +31,7 @@ from .errors import (
     UnlockError,
 )
 from .helpers import align_down, compute_page_to_token, div_ceil, is_page_run
-from .types import (
-    InsertResult,
-    Namespace,
-    SizeInfo,
-    check_namespace,
-    check_page_size,
-    check_slot_indices,
-    check_token_ids,
-)
+from .types import InsertResult, SizeInfo
 
 
 class Prefix:

@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import prefix_cache as pc
+from .domains import Namespace
 from .errors import SchedulingLawError
 from .hashing import compute_next_token, compute_prefix_hashes
-from .types import Namespace, SchedulerConfig, StepReport
+from .requests import SchedulerConfig, StepReport
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reference import CacheManager, make_page_table
-from spec.types import Namespace, Req
+from spec.domains import Namespace
+from spec.requests import Req
 
 
 def new_manager(

@@ -16,8 +16,9 @@ import torch
 import optimized
 import reference
 from spec import prefix_cache as pc
+from spec.domains import check_namespace
 from spec.errors import InvalidInputError, InvalidTypeError, SlotOutOfRangeError
-from spec.types import RequestSpec, SchedulerConfig, check_namespace
+from spec.requests import RequestSpec, SchedulerConfig
 
 
 class Flavor(IntEnum):

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from spec.domains import Namespace
 from spec.prefix_cache import PageKey, Prefix, page_key
-from spec.types import Namespace
 
 # a page is named by the spec's key: (namespace, Prefix); build one from tokens with page_key(namespace, tokens, P)
 __all__ = ["PageKey", "Prefix", "page_key"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spec import prefix_cache as pc
-from spec.types import Namespace
+from spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
 from .shims import LogicalClock, bare

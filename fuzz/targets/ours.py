@@ -11,7 +11,7 @@ from typing import Any
 import optimized
 import reference
 from spec import prefix_cache as pc
-from spec.types import Namespace
+from spec.domains import Namespace
 
 from ..adapters import OptimizedManager, ReferenceManager
 from .api import EXACT, PageKey, Profile, TargetInfo

@@ -34,7 +34,7 @@ from typing import Any
 
 from spec import events as ev
 from spec import prefix_cache as pc
-from spec.types import Namespace
+from spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
 from .shims import Recorded, bare, never, package_root, stub, stub_any

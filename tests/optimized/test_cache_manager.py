@@ -6,7 +6,7 @@ import torch
 import optimized
 import reference
 from spec.errors import InvalidTypeError
-from spec.types import Req
+from spec.requests import Req
 
 
 def admit(manager: object, prompt: list[int], row: int) -> Req:

@@ -29,7 +29,8 @@ from spec.errors import (
     UnavailableError,
     UnlockError,
 )
-from spec.types import Req, SizeInfo
+from spec.requests import Req
+from spec.types import SizeInfo
 
 MANAGERS = {"reference": ref_manager, "optimized": opt_manager}
 CACHES = {"reference": ReferenceCache, "optimized": OptimizedCache}
@@ -343,7 +344,7 @@ def test_page_sizes_namespaces_and_devices_are_checked_in_the_same_words_everywh
     import torch
 
     from optimized.inputs import device_of
-    from spec.types import check_namespace
+    from spec.domains import check_namespace
 
     makers = [pc.new_state, *CACHES.values()]
     for make in makers:

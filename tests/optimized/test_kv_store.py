@@ -281,7 +281,7 @@ def test_the_pool_in_fast_mode_reports_skipped_rows_once_then_clears() -> None:
 
 def test_the_engine_stores_in_fast_mode_with_the_same_outputs() -> None:
     from optimized import Engine
-    from spec.types import RequestSpec, SchedulerConfig
+    from spec.requests import RequestSpec, SchedulerConfig
 
     engine = Engine(SchedulerConfig(page_size=2, num_pages=32, max_seq_len=64))
     assert engine.model.pool.store_mode == "fast"

@@ -9,7 +9,7 @@ import torch
 import optimized
 import reference
 from spec.errors import IntegrityError, InvalidRequestError, KVCorruptionError
-from spec.types import RequestSpec, SchedulerConfig
+from spec.requests import RequestSpec, SchedulerConfig
 
 
 def workload() -> list[RequestSpec]:

@@ -9,7 +9,7 @@ from reference.decode import DecodeManager
 from reference.prefill import PrefillAdder, PrefillManager
 from reference.table import TableManager
 from spec.errors import InvalidRequestError, InvalidSizeError, KVCorruptionError
-from spec.types import ChunkedReq, PendingReq, Req, SamplingParams, SchedulerConfig
+from spec.requests import ChunkedReq, PendingReq, Req, SamplingParams, SchedulerConfig
 
 
 def scheduler(**overrides: object) -> Scheduler:

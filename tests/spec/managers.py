@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fuzz.adapters import ReferenceManager
 from spec import cache_manager as sm
-from spec.types import Req
+from spec.requests import Req
 
 PROMPT = [1, 1, 2, 2, 3, 3, 4]
 

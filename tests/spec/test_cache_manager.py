@@ -10,7 +10,7 @@ import pytest
 from fuzz.adapters import ReferenceManager
 from spec import cache_manager as sm
 from spec.errors import InvalidRequestError, OutOfPagesError
-from spec.types import Req
+from spec.requests import Req
 
 from .managers import PROMPT, admitted, manager_with_a_cached_prefix, observe
 

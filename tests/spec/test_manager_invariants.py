@@ -10,7 +10,7 @@ import pytest
 
 from spec import cache_manager as sm
 from spec.errors import IntegrityError
-from spec.types import Req
+from spec.requests import Req
 
 from .managers import manager_with_a_cached_prefix
 

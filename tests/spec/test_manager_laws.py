@@ -15,7 +15,7 @@ from fuzz.adapters import ReferenceManager
 from spec import cache_manager as sm
 from spec import prefix_cache as pc
 from spec.errors import IntegrityError, InvalidRequestError, OutOfPagesError
-from spec.types import Req
+from spec.requests import Req
 
 from .managers import PROMPT, admitted, manager_with_a_cached_prefix, observe
 

@@ -7,7 +7,7 @@ import pytest
 from spec import prefix_cache as pc
 from spec import scheduler as laws
 from spec.errors import SchedulingLawError
-from spec.types import SchedulerConfig, StepReport
+from spec.requests import SchedulerConfig, StepReport
 
 CONFIG = SchedulerConfig(page_size=2, num_pages=16, max_running_reqs=4, max_seq_len=32, max_extend_tokens=100)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from fuzz.targets.api import EXACT, PageKey, Profile
 from spec import prefix_cache as pc
-from spec.types import Namespace
+from spec.domains import Namespace
 
 
 class ToyCache:

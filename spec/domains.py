@@ -1,0 +1,87 @@
+"""The input domains every implementation accepts, exactly: page sizes, namespaces, token ids, slots.
+
+A value outside its domain is rejected with the spec's error (``InvalidTypeError`` for a wrong type,
+``InvalidInputError`` / ``SlotOutOfRangeError`` for a value out of range) before anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import TypeAlias
+
+from .errors import InvalidInputError, InvalidTypeError, SlotOutOfRangeError
+
+# A namespace isolates cache lines (LoRA id, tenant salt). ``None`` is the
+# default namespace; any other namespace is a tuple, never a joined string
+# (its domain: ``check_namespace``).
+Namespace: TypeAlias = "tuple[Hashable, ...] | None"
+
+
+def check_page_size(page_size: object) -> int:
+    """``page_size`` as an int >= 1, or raise."""
+    if not isinstance(page_size, int) or isinstance(page_size, bool):
+        raise InvalidTypeError(f"page_size must be an int, got {type(page_size).__name__}")
+    if page_size < 1:
+        raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
+    return page_size
+
+
+# Slots index the KV pool through int32 page tables, as every engine's kernels do.
+SLOT_LIMIT = 2**31
+# Token ids are kept as int64.
+TOKEN_LIMIT = 2**63
+# What a namespace tuple may hold, besides nested tuples: exactly these types (not bool, not a
+# subclass such as IntEnum, not float), so that two namespaces are equal only when they are the same value.
+NAMESPACE_ITEM_TYPES = (str, bytes, int)
+
+
+def check_namespace(namespace: object) -> Namespace:
+    """``namespace`` if it lies in the namespace domain, else raise InvalidTypeError.
+
+    The domain: ``None``, or a tuple whose items are ``str``, ``bytes`` or ``int``
+    (exactly those types) or tuples of the same, nested to any depth. Python calls
+    ``("lora", 1)``, ``("lora", True)`` and ``("lora", 1.0)`` equal; only the first is
+    in the domain, so two cache lines never alias by a coincidence of ``==``.
+    """
+    if namespace is None:
+        return None
+    if type(namespace) is not tuple:
+        raise InvalidTypeError(f"namespace must be None or a tuple (e.g. ('lora', 7)), got {type(namespace).__name__}")
+    # an explicit stack: nesting depth is the caller's choice, not the interpreter's recursion limit
+    stack: list[tuple[str, object]] = [("namespace", namespace)]
+    while stack:
+        where, value = stack.pop()
+        if type(value) is tuple:
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif type(value) not in NAMESPACE_ITEM_TYPES:
+            raise InvalidTypeError(
+                f"{where} is a {type(value).__name__}: namespace items must be str, bytes, int"
+                " (not bool, float or a subclass) or tuples of those"
+            )
+    return namespace
+
+
+def check_token_ids(values: object, what: str = "input_ids") -> tuple[int, ...]:
+    """``values`` as a tuple of token ids, each ``0 <= token < TOKEN_LIMIT``, or raise (names ``what``)."""
+    return _check_ints(values, what, TOKEN_LIMIT, InvalidInputError)
+
+
+def check_slot_indices(values: object, what: str = "indices") -> tuple[int, ...]:
+    """``values`` as a tuple of slots, each ``0 <= slot < SLOT_LIMIT``, or raise SlotOutOfRangeError."""
+    return _check_ints(values, what, SLOT_LIMIT, SlotOutOfRangeError)
+
+
+def _check_ints(values: object, what: str, limit: int, out_of_range: type[InvalidInputError]) -> tuple[int, ...]:
+    """``values`` as a tuple of ints in ``[0, limit)``; InvalidTypeError for a non-int, ``out_of_range`` else."""
+    if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
+        raise InvalidTypeError(f"{what} must be a sequence of ints, got {type(values).__name__}")
+    out = tuple(values)
+    # the common case at C speed: every value an int (not a bool) inside the range
+    if not out or (set(map(type, out)) == {int} and min(out) >= 0 and max(out) < limit):
+        return out
+    for i, v in enumerate(out):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise InvalidTypeError(f"{what}[{i}] must be an int, got {type(v).__name__}")
+        if not 0 <= v < limit:
+            raise out_of_range(f"{what}[{i}] = {v} is outside [0, 2**{limit.bit_length() - 1})")
+    return out
