@@ -17,14 +17,20 @@ step checks what must hold of any manager:
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, multiple
 
 from spec.domains import Namespace
-from spec.helpers import compute_page_starts, div_ceil
+from spec.helpers import div_ceil
+from spec.invariants import (
+    free_slots_are_aligned_and_unique,
+    pages_are_partitioned,
+    private_rows_are_page_runs,
+    raise_first,
+    rows_match_handles,
+)
 
 from .cache_manager_machine import MAX_PAGES_PER_REQ, ROWS, CacheManagerMachine, LiveReq
 from .sequences import build_sequence, page_choices, page_sizes, tail_choices
@@ -103,7 +109,8 @@ class TargetManagerMachine(CacheManagerMachine):
 
     @invariant()
     def implementations_agree(self) -> None:
-        """Page accounting of any manager: partition, rows match handles, no freed page reachable."""
+        """Page accounting of any manager, by the spec's own invariants (spec/invariants.py): the free list, the
+        private rows, the partition of the pool, rows that match their handles; and no freed page reachable."""
         if not self.impls:
             return
         target = self.target
@@ -111,40 +118,30 @@ class TargetManagerMachine(CacheManagerMachine):
         free = list(target.free_pages())
         cached = list(target.cached_slots())
         STATS.record_tree(len(cached))
-        owners: dict[int, list[str]] = {}
-        twice = sorted(start for start, n in Counter(free).items() if n > 1)
-        assert not twice, f"pages {twice[:8]} are on the free list twice (double free)"
-        for start in free:
-            owners.setdefault(start, []).append("free")
-        for start in cached:
-            owners.setdefault(start, []).append("cached")
         free_set = set(free)
+        private: dict[int, list[int]] = {}
+        matched_rows: dict[int, tuple[list[int], list[int]]] = {}
         for live in self.live:
             req = live.reqs[0]
             handle = target.handle_of(req)
             row = target.row(req)
-            matched = target.get_matched_indices(handle)
             cached_len = target.cached_len(handle)
-            assert row[:cached_len] == matched, (
-                f"rows_match_handles: request {live.uid} maps positions [0, {cached_len}) to {row[:cached_len][:8]}...,"
-                f" its locked handle to {matched[:8]}..."
-            )
+            # the target's row number names the request in a message (its uid when it keeps none)
+            row_id = getattr(req, "table_idx", live.uid)
+            private[row_id] = row[cached_len:]
+            matched_rows[row_id] = (row[:cached_len], target.get_matched_indices(handle))
             reachable = sorted({slot - slot % p for slot in row} & free_set)
             assert not reachable, (
                 f"no_freed_page_is_reachable: live request {live.uid} still reads pages {reachable[:8]}"
                 " that are on the free list (the next allocation hands them to another request)"
             )
-            for start in compute_page_starts(row[cached_len:], p):
-                owners.setdefault(start, []).append(f"request {live.uid}")
-        shared = {start: who for start, who in sorted(owners.items()) if len(who) > 1}
-        assert not shared, (
-            f"pages_are_partitioned: {len(shared)} pages have two owners, e.g. {next(iter(shared.items()))}"
-        )
-        everything = set(range(0, num_pages * p, p))
-        lost, extra = sorted(everything - owners.keys()), sorted(owners.keys() - everything)
-        assert not lost and not extra, (
-            f"pages_are_partitioned: free {len(free)} + cached {len(cached)} + private != {num_pages} pages:"
-            f" leaked {lost[:8]}, unknown {extra[:8]}"
+        raise_first(
+            [
+                ("free_slots_are_aligned_and_unique", free_slots_are_aligned_and_unique(free, p, num_pages)),
+                ("private_rows_are_page_runs", private_rows_are_page_runs(private, p)),
+                ("pages_are_partitioned", pages_are_partitioned(num_pages, p, free, cached, private)),
+                ("rows_match_handles", rows_match_handles(matched_rows)),
+            ]
         )
         evictable, protected = target.size_info()
         assert evictable + protected == len(cached) * p, (

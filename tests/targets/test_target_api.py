@@ -98,3 +98,28 @@ def test_lru_applies_to_targets_only() -> None:
     with pytest.raises(SystemExit):
         campaign.parse_args(["--lru", "sync"])
     assert sys.modules["fuzz.campaign"] is campaign
+
+
+@pytest.mark.parametrize(
+    ("bug", "invariant"),
+    [("double free", "free_slots_are_aligned_and_unique"), ("lost free", "pages_are_partitioned")],
+)
+def test_a_managers_accounting_bug_is_named_by_the_specs_invariant(
+    monkeypatch: pytest.MonkeyPatch, bug: str, invariant: str
+) -> None:
+    import reference
+
+    original = reference.CacheManager._free
+
+    def buggy_free(self: reference.CacheManager, indices: list[int]) -> None:
+        if bug == "double free":
+            original(self, indices)
+            original(self, indices)
+        # "lost free": the pages given back are forgotten (a leak)
+
+    monkeypatch.setattr(reference.CacheManager, "_free", buggy_free)
+    status, text = run(
+        "--target", "reference", "--machine", "manager", "--workers", "0", "--examples", "200", "--no-shrink", "--quiet"
+    )
+    assert status == 1, text
+    assert f"IntegrityError: {invariant}: " in text, text[-3000:]
