@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml setup.py
 fuzz: $(STAMP)
 	$(PY) -m fuzz $(ARGS)
 
-# the test suite (about 4 minutes on 2 cores; the CUDA tests skip without a GPU)
+# the test suite (about 2 minutes on 2 cores; the CUDA tests skip without a GPU)
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
