@@ -23,6 +23,18 @@ MACHINE_NAMES = ("cache", "manager", "scheduler", "kv")
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """``--help`` with each option's default, except where it is None or False (its help says what happens)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # by identity: a default of 0 is shown (0 == False)
+        shown = all(action.default is not value for value in (None, False, argparse.SUPPRESS))
+        if action.option_strings and shown and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -49,7 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m fuzz",
         description="Differential fuzz campaign: the spec against our implementations or any target.",
         epilog="Exit status: 0 clean, 1 failures found, 2 usage error, 3 the campaign broke.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsShown,
     )
     parser.add_argument("--machine", choices=[*MACHINE_NAMES, "all"], default="all", help="state machine(s) to run")
     parser.add_argument(

@@ -17,6 +17,8 @@ import optimized
 import reference
 from spec.requests import RequestSpec, SchedulerConfig, StepReport
 
+from .cli import DefaultsShown
+
 
 def shared_prompt_workload(requests: int, seed: int = 0) -> list[RequestSpec]:
     """``requests`` prompts: one of 4 system prompts + one of 8 few-shot blocks + a 4..48-token suffix."""
@@ -68,7 +70,7 @@ def positive_int(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fuzz.engine_run", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="python -m fuzz.engine_run", description=__doc__, formatter_class=DefaultsShown
     )
     parser.add_argument("--impl", choices=["reference", "optimized"], default="reference", help="which Engine runs")
     parser.add_argument("--requests", type=positive_int, default=1000, help="requests in the workload (all at t=0)")

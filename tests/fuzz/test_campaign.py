@@ -199,3 +199,13 @@ def test_a_rerun_with_a_corpus_replays_the_saved_failure_first(monkeypatch: pyte
     second_status, text = run("--machine", "cache", "--examples", "200", "--no-shrink", "--quiet", "--db", db)
     assert second_status == 1
     assert "saved failing examples of cache; they are replayed first" in text
+
+
+def test_help_shows_the_defaults_that_mean_something(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        campaign.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("examples per batch (default: 40)", "steps per example (default: 80)", "(default: 0)"):
+        assert shown in text, shown
+    assert "(default: fuzz-failures)" in text and "default: all (the three-way differential)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
