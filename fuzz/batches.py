@@ -32,9 +32,8 @@ class BatchSpec:
     """Everything a batch needs, picklable: machine and what it drives, seed, sizes, deadline, corpus."""
 
     machine: str
-    impls: tuple[str, ...]
-    # the --target name (resolved in the worker), or None for our implementations
-    target: str | None
+    # what the machine drives beside the spec: --impl and --target names (resolved in the worker)
+    targets: tuple[str, ...]
     lru: str | None
     device: str
     seed: int
@@ -91,17 +90,15 @@ def database_for(location: str | None) -> ExampleDatabase | None:
 
 def database_key(spec: BatchSpec) -> bytes:
     """Where this machine's failing examples live in the corpus: one key per machine and what it drives."""
-    driven = f"target={spec.target}:{spec.lru}" if spec.target else f"impls={','.join(spec.impls)}"
+    driven = f"targets={','.join(spec.targets)}:{spec.lru}"
     return f"radixspec:{spec.machine}:{driven}".encode()
 
 
 def machine_class(spec: BatchSpec) -> type[RuleBasedStateMachine]:
     """The state machine class the spec names (a target is resolved here, in the worker)."""
     from .machines import machine_for
-    from .targets import resolve
 
-    target = resolve(spec.target, check=False) if spec.target else None
-    return machine_for(spec.machine, spec.impls, spec.device, target, spec.lru)
+    return machine_for(spec.machine, spec.targets, spec.device, spec.lru)
 
 
 def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:

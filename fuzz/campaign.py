@@ -34,7 +34,16 @@ from typing import TextIO
 # light imports only (see fuzz/cli.py); the command line, the backends and the report live in their own modules
 from .backends import BackendError, make_backend
 from .batches import BatchResult, BatchSpec, FailureReport, database_for, database_key
-from .cli import EXIT_BROKEN, EXIT_FAILURES, EXIT_OK, EXIT_USAGE, IMPLEMENTATIONS, MACHINE_NAMES, parse_args
+from .cli import (
+    EXIT_BROKEN,
+    EXIT_FAILURES,
+    EXIT_OK,
+    EXIT_USAGE,
+    IMPLEMENTATIONS,
+    MACHINE_NAMES,
+    machines_for,
+    parse_args,
+)
 from .messages import bounded
 from .report import Progress, print_summary, write_json
 from .stats import CampaignStats
@@ -48,6 +57,7 @@ __all__ = [
     "MACHINE_NAMES",
     "Campaign",
     "CampaignStats",
+    "machines_for",
     "main",
     "parse_args",
     "run",
@@ -111,16 +121,15 @@ class Campaign:
         return 60.0 * (self.args.minutes if self.args.minutes is not None else 1.0)
 
     @property
-    def impls(self) -> tuple[str, ...]:
-        return IMPLEMENTATIONS if self.args.impl == "all" else (self.args.impl,)
+    def targets(self) -> tuple[str, ...]:
+        """What the machines drive beside the spec (--impl and --target), by name."""
+        targets: tuple[str, ...] = self.args.targets
+        return targets
 
     def machine_names(self) -> list[str]:
-        from .machines import target_machines
-
-        target = self.args.target_info
-        if target is not None:
-            return target_machines(target) if self.args.machine == "all" else [self.args.machine]
-        return list(MACHINE_NAMES) if self.args.machine == "all" else [self.args.machine]
+        if self.args.machine != "all":
+            return [self.args.machine]
+        return machines_for(self.targets, self.args.foreign)
 
     # ------------------------------------------------------------ scheduling
 
@@ -139,8 +148,7 @@ class Campaign:
         deadline = (self.start + self.budget_s - MARGIN_S) if self.budget_s else float("inf")
         return BatchSpec(
             machine=state.name,
-            impls=self.impls,
-            target=self.args.target,
+            targets=self.targets,
             lru=self.args.lru,
             device=self.args.device,
             seed=batch_seed(self.args.seed, state.name, index),
@@ -207,8 +215,7 @@ class Campaign:
             source = regression_source(
                 failure.program,
                 state.name,
-                self.impls,
-                self.args.target,
+                self.targets,
                 self.args.lru,
                 self.args.device,
                 failure.seed,
@@ -283,13 +290,13 @@ class Campaign:
         return EXIT_FAILURES if any(state.failure for state in self.machines.values()) else EXIT_OK
 
     def print_header(self) -> None:
-        target = self.args.target_info
-        mode = self.args.lru or (target.profile.default_lru if target is not None else "")
-        what = (
-            f"target {target.name} (profile: {target.profile.name}; LRU mode: {mode})"
-            if target is not None
-            else f"implementations {', '.join(self.impls)} (the spec is the oracle of cache and manager)"
-        )
+        foreign = list(self.args.foreign.values())
+        if len(self.targets) == 1 and foreign:
+            target = foreign[0]
+            mode = self.args.lru or target.profile.default_lru
+            what = f"target {target.name} (profile: {target.profile.name}; LRU mode: {mode})"
+        else:
+            what = f"targets {', '.join(self.targets)} (the spec is the oracle of cache and manager)"
         budget = f"{self.budget_s:.0f} s" if self.budget_s else f"{self.args.examples} examples per machine"
         where = (
             f"Ray ({self.args.ray})"
@@ -305,7 +312,7 @@ class Campaign:
         database = database_for(self.args.db)
         assert database is not None
         for name in self.machines:
-            spec = BatchSpec(name, self.impls, self.args.target, self.args.lru, self.args.device, 0, 1, 1, False, 0, 0)
+            spec = BatchSpec(name, self.targets, self.args.lru, self.args.device, 0, 1, 1, False, 0, 0)
             saved = len(list(database.fetch(database_key(spec))))
             if saved:
                 self.print(f"corpus {self.args.db}: {saved} saved failing examples of {name}; they are replayed first")

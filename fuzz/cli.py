@@ -1,8 +1,12 @@
 """The command line of ``python -m fuzz``: its options, their checks, and the exit statuses.
 
-Light imports only: a usage error must not wait for torch (the machines, the
-adapters and the regression writer import it; a campaign imports them when it
+Light imports only: a usage error must not wait for torch (the machines, our
+targets and the regression writer import it; a campaign imports them when it
 starts). Every bad option is a usage error (exit 2) before anything runs.
+
+``--impl`` and ``--target`` are two spellings of one selection: ``--impl
+reference`` is ``--target reference``, and both may be given (the machines
+drive the spec beside every selected target).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from pathlib import Path
 from .batches import database_for
 from .profiles import CAMPAIGN_EXAMPLES, CAMPAIGN_STEPS
 from .targets import TargetError, list_targets, resolve
+from .targets.api import TargetInfo
 
-# our implementations (fuzz.adapters.CACHE_IMPLEMENTATIONS) and the machines (fuzz.machines.MACHINES), by name
+# our implementations (fuzz.targets.ours.IMPLEMENTATIONS) and the machines (fuzz.machines.MACHINES), by name
 IMPLEMENTATIONS = ("reference", "optimized")
 MACHINE_NAMES = ("cache", "manager", "scheduler", "kv")
 
@@ -56,6 +61,47 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def select(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.targets`` (names) and ``args.target_infos`` from --impl and --target, checked; a usage error
+    when a name is unknown, a set cannot run side by side, or the machine asked for cannot drive them."""
+    names: list[str] = []
+    if args.impl is not None:
+        names += list(IMPLEMENTATIONS) if args.impl == "all" else [args.impl]
+    names += args.target or []
+    if not names:
+        names = list(IMPLEMENTATIONS)
+    names = list(dict.fromkeys(names))
+    # ours follow the spec and have every layer: resolved by the machines (importing them here imports torch)
+    foreign: dict[str, TargetInfo] = {}
+    for name in names:
+        if name not in IMPLEMENTATIONS:
+            try:
+                foreign[name] = resolve(name)
+            except TargetError as exc:
+                parser.error(str(exc))
+    if len(names) > 1:
+        own = [info for info in foreign.values() if not info.profile.follows_spec]
+        if own:
+            parser.error(
+                f"target {own[0].name} makes its own eviction or allocation choices (profile {own[0].profile.name!r}):"
+                " the spec follows one such target only; run it alone"
+            )
+        if args.lru == "sync":
+            parser.error("--lru sync makes the spec follow one target's choices: select one target")
+    supported = machines_for(names, foreign)
+    if args.machine != "all" and args.machine not in supported:
+        parser.error(f"{', '.join(names)}: no {args.machine} machine drives it (there are: {', '.join(supported)})")
+    args.targets, args.foreign = tuple(names), foreign
+
+
+def machines_for(names: Sequence[str], foreign: dict[str, TargetInfo]) -> list[str]:
+    """The machines that can drive every selected target: cache and manager when each has that layer; the
+    scheduler and the kv machine when all are ours."""
+    layers = (("cache", "cache_factory"), ("manager", "manager_factory"))
+    found = [machine for machine, layer in layers if all(getattr(info, layer) is not None for info in foreign.values())]
+    return found + (["scheduler", "kv"] if not foreign else [])
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fuzz",
@@ -68,7 +114,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--impl",
         choices=[*IMPLEMENTATIONS, "all"],
         default=None,
-        help="our implementation(s) driven beside the spec; default: all (the three-way differential)",
+        help="our implementation(s) driven beside the spec (the same as --target reference / optimized); default,"
+        " when no --target is given: all (the three-way differential)",
     )
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=positive_float, default=None, help="time budget; default: 1")
@@ -88,15 +135,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu", help="torch device of the kv machine's pool (cpu, cuda)")
     parser.add_argument(
         "--target",
+        action="append",
         default=None,
-        help="fuzz this target instead of our implementations: a built-in name (sglang, vllm, minisgl:PATH,"
-        " reference, optimized), module:attribute, or an entry point of group radixspec.targets",
+        help="drive this target beside the spec (repeatable): a built-in name (sglang, vllm, minisgl:PATH,"
+        " reference, optimized), module:attribute, or an entry point of group radixspec.targets. Several run"
+        " side by side when each profile follows the spec; one that makes its own eviction choices runs alone",
     )
     parser.add_argument(
         "--lru",
         choices=["strict", "sync"],
         default=None,
-        help="with --target: strict (it evicts what the spec would) or sync (the spec follows its allowed"
+        help="strict (each target evicts what the spec would) or sync (the spec follows one target's allowed"
         " choice); default: the target profile's",
     )
     parser.add_argument("--list-targets", action="store_true", help="list the targets and what each needs; exit")
@@ -124,26 +173,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.list_targets:
         print("\n".join(list_targets()))
         raise SystemExit(EXIT_OK)
-    args.target_info = None
-    if args.target is not None:
-        try:
-            args.target_info = resolve(args.target)
-        except TargetError as exc:
-            parser.error(str(exc))
-        from .machines import target_machines
-
-        if args.impl is not None:
-            parser.error(
-                "--impl drives our implementations; with --target the target is driven (name ours as"
-                " --target reference or --target optimized)"
-            )
-        supported = target_machines(args.target_info)
-        if args.machine != "all" and args.machine not in supported:
-            parser.error(f"target {args.target!r} has no {args.machine} machine (it has: {', '.join(supported)})")
-    elif args.lru is not None:
-        parser.error("--lru applies to --target only")
-    if args.impl is None:
-        args.impl = "all"
+    select(parser, args)
     if args.ray is not None:
         try:
             import ray  # noqa: F401

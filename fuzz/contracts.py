@@ -7,7 +7,8 @@ its relation (the guards chose the outcome, a rejected call changed nothing, an 
 what the relation says) and the accounting invariants, the conservation law ``pages_are_partitioned``
 first among them (every page free, held, cached or private to one live request, exactly once).
 ``post: __return__`` asks CrossHair for a program where they do not hold. ``run_manager_program`` takes
-any manager adapter (``fuzz.adapters``): the tests run the same programs on the optimized manager.
+any manager with the differential capability (``fuzz.targets.ours``): the tests run the same programs on the
+optimized manager.
 
 Op codes: 0-2 admit a request for token sequence k (match_req, lock, its row takes the matched pages; or
 unlock again when the pool cannot hold the rest of its prompt);
@@ -34,7 +35,8 @@ from spec.contracts import sequence
 from spec.errors import CacheError
 from spec.requests import Req
 
-from .adapters import ManagerAdapter, ReferenceManager
+from .targets.api import ExactManager
+from .targets.ours import ReferenceManager
 
 NUM_PAGES, ROWS, PAGES_PER_ROW = 3, 2, 8
 # the token a decode step appends
@@ -51,7 +53,7 @@ def plain(value: int, most: int) -> int:
 class ManagerProgram:
     """One manager and its live requests; each call observed before and after and checked against the spec."""
 
-    def __init__(self, manager: ManagerAdapter, page_size: int) -> None:
+    def __init__(self, manager: ExactManager[Req, Any], page_size: int) -> None:
         self.manager = manager
         self.page_size = page_size
         self.live: list[Req] = []
@@ -202,7 +204,7 @@ class ManagerProgram:
             sm.allocate_paged(before, self.state(), [view, view], [view, view], error)
 
 
-def run_manager_program(manager: ManagerAdapter, page_size: int, program: list[int]) -> bool:
+def run_manager_program(manager: ExactManager[Req, Any], page_size: int, program: list[int]) -> bool:
     """Run the program on ``manager``; True when every call kept its relation and the invariants held after."""
     run = ManagerProgram(manager, page_size)
     for code in program:

@@ -62,7 +62,7 @@ def apply_all(
                 continue
             after = snapshot(impl)
             assert after == before, (
-                f"{label}: {impl.name} raised {type(exc).__name__} ({exc}) but changed its state:\n"
+                f"{label}: {name_of(impl)} raised {type(exc).__name__} ({exc}) but changed its state:\n"
                 f"{describe_difference(before, after)}"
             )
             results.append(None)
@@ -71,11 +71,16 @@ def apply_all(
         results.append(result)
         seen.append(("returns", observe(impl, result)))
     for impl, outcome in zip(impls[1:], seen[1:], strict=True):
-        assert outcome == seen[0], f"{label}: {impls[0].name} {_show(seen[0])} but {impl.name} {_show(outcome)}"
+        assert outcome == seen[0], f"{label}: {name_of(impls[0])} {_show(seen[0])} but {name_of(impl)} {_show(outcome)}"
     error = seen[0][1][0] if seen[0][0] == "raises" else None
     if error is not None:
         STATS.record_rejection(error)
     return Outcome(results, error)
+
+
+def name_of(impl: Any) -> str:
+    """An implementation's name for a message (a target without one: its class)."""
+    return str(getattr(impl, "name", type(impl).__name__))
 
 
 def _show(outcome: tuple[str, Any]) -> str:

@@ -52,8 +52,8 @@ from spec.domains import Namespace
 from spec.helpers import compute_page_to_token
 from spec.invariants import check_invariants
 
-from .adapters import CACHE_IMPLEMENTATIONS, SpecCache
 from .differential import apply_all, describe_difference
+from .targets.ours import IMPLEMENTATIONS, OptimizedCache, ReferenceCache, SpecCache
 
 Op = tuple[str, ...]
 # the second namespace (a tuple of the spec's domain)
@@ -111,13 +111,19 @@ class Lock:
     handles: list[Any]
 
 
+def evicted_slots(impl: Any, size: int) -> list[int]:
+    """``impl.evict(size)`` and the slots it gave back, in the order given."""
+    impl.evict(size)
+    return [slot for unit in impl.take_evicted() for slot in unit]
+
+
 class World:
     """The spec, the reference and the optimized cache after the same operations, with their locks."""
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self.seqs = sequences(page_size)
-        self.impls: list[Any] = [SpecCache(page_size)] + [make(page_size) for make in CACHE_IMPLEMENTATIONS.values()]
+        self.impls: list[Any] = [SpecCache(page_size), ReferenceCache(page_size), OptimizedCache(page_size)]
         self.locks: list[Lock] = []
         self.replayers = {impl.name: ev.Replayer(page_size) for impl in self.impls[1:]}
 
@@ -224,7 +230,7 @@ class World:
         elif name == "evict":
             evictable = pc.size_info(self.spec).evictable_size
             size = {"1": min(1, evictable), "all": evictable, "over": evictable + 1, "negative": -1}[args[0]]
-            apply_all(label, self.impls, lambda impl, i: list(impl.evict(size)))
+            apply_all(label, self.impls, lambda impl, i: evicted_slots(impl, size))
         elif name == "reset":
             outcome = apply_all(label, self.impls, lambda impl, i: list(impl.reset()))
             assert not (outcome.ok and any(lock.cached_len for lock in self.locks)), "reset succeeded while locked"
@@ -256,17 +262,17 @@ class ManagerWorld:
     PAGES = 6
 
     def __init__(self, page_size: int) -> None:
-        from .cache_manager_machine import CacheManagerMachine
+        from .manager_machine import ManagerMachine
 
         self.page_size = page_size
-        self.machine = CacheManagerMachine()
+        self.machine = ManagerMachine()
         # (the first prompt also seeds the machine's bundle; the rules take prompts as plain values)
         self.machine.setup(page_size, self.PAGES, [([0, 1], [2])])
         self.prompts = manager_prompts(page_size)
 
     def key(self) -> tuple[Any, ...]:
         """Pages (up to stamp order), the free list in order, the live requests' rows and progress."""
-        state = self.machine.first.abstract_state()
+        state = self.machine.exact_target(0).abstract_state()
         live = tuple(
             (
                 tuple(live.tokens),
@@ -309,7 +315,7 @@ class ManagerWorld:
         else:
             raise ValueError(f"unknown operation {op}")
         if check:
-            machine.implementations_agree()
+            machine.targets_agree()
 
 
 def manager_prompts(page_size: int) -> list[tuple[int, ...]]:
@@ -508,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--page-sizes must be >= 1")
     print(
         f"radixspec exhaustive: depth {args.depth}, page sizes {sizes}, machines {args.machine},"
-        f" spec + {', '.join(CACHE_IMPLEMENTATIONS)}, {args.workers} workers"
+        f" spec + {', '.join(IMPLEMENTATIONS)}, {args.workers} workers"
     )
     total_states = total_transitions = 0
     start = time.perf_counter()

@@ -9,17 +9,16 @@ from collections.abc import Callable
 from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
-from .cache_manager_machine import CacheManagerMachine
+from .cache_machine import CacheMachine
 from .kv_machine import KVStoreMachine
-from .prefix_cache_machine import PrefixCacheMachine
+from .manager_machine import ManagerMachine
 from .scheduler_machine import SchedulerMachine
-from .target_machine import TargetCacheMachine
-from .target_manager_machine import TargetManagerMachine
-from .targets.api import TargetInfo
+from .targets import resolve
+from .targets.ours import IMPLEMENTATIONS
 
 MACHINES: dict[str, type[RuleBasedStateMachine]] = {
-    "cache": PrefixCacheMachine,
-    "manager": CacheManagerMachine,
+    "cache": CacheMachine,
+    "manager": ManagerMachine,
     "scheduler": SchedulerMachine,
     "kv": KVStoreMachine,
 }
@@ -60,26 +59,16 @@ class FailureClock:
                 cls.notify(f"{type(failure).__name__}: {failure}")
 
 
-def target_machines(target: TargetInfo) -> list[str]:
-    """The machines that can drive ``target``: cache and/or manager."""
-    return [name for name, factory in (("cache", target.cache_factory), ("manager", target.manager_factory)) if factory]
-
-
 def machine_for(
     name: str,
-    impls: tuple[str, ...],
+    targets: tuple[str, ...] = tuple(IMPLEMENTATIONS),
     device: str = "cpu",
-    target: TargetInfo | None = None,
     lru: str | None = None,
 ) -> type[RuleBasedStateMachine]:
-    """The machine ``name`` driving the spec beside ``impls`` (the kv machine: the pool on ``device``).
-
-    With ``target``, the target machines drive that target instead (LRU mode ``lru``, default: the
-    profile's). Notes the time of its first failure.
-    """
+    """The machine ``name`` driving the spec beside ``targets`` (names as --impl and --target take them; the
+    kv machine: the pool on ``device``), in LRU mode ``lru`` (default: the profiles'). Notes the time of its
+    first failure."""
     base: type[RuleBasedStateMachine] = MACHINES[name]
-    if target is not None:
-        base = TargetCacheMachine if name == "cache" else TargetManagerMachine
 
     def __init__(self: RuleBasedStateMachine) -> None:
         # before a failure only: once one is found, Hypothesis replays it and shrinks (bounded on its own)
@@ -98,10 +87,13 @@ def machine_for(
             FailureClock.failed(exc)
             raise
 
-    attributes: dict[str, object] = {"IMPLS": impls}
-    if target is not None:
-        attributes = {"TARGET": target, "LRU": lru or target.profile.default_lru}
-    elif base is KVStoreMachine:
-        attributes = {"DEVICE": device}
-    attributes.update({"__init__": __init__, "teardown": teardown, "__module__": base.__module__})
+    attributes: dict[str, object] = {"__init__": __init__, "teardown": teardown, "__module__": base.__module__}
+    if name in ("cache", "manager"):
+        infos = tuple(resolve(target, check=False) for target in targets)
+        attributes["TARGETS"] = infos
+        attributes["LRU"] = lru or (infos[0].profile.default_lru if len(infos) == 1 else "strict")
+    elif name == "kv":
+        attributes["DEVICE"] = device
+    else:
+        attributes["IMPLS"] = targets
     return type(base.__name__, (base,), attributes)

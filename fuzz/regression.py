@@ -18,7 +18,6 @@ from hypothesis.stateful import RuleBasedStateMachine
 
 from .machines import machine_for
 from .messages import one_line
-from .targets import resolve
 
 HEADER = '''"""{title}
 
@@ -40,20 +39,18 @@ def test_{function}() -> None:
 
 def build_machine(
     machine: str,
-    impls: tuple[str, ...] = ("reference", "optimized"),
-    target: str | None = None,
+    targets: tuple[str, ...] = ("reference", "optimized"),
     lru: str | None = None,
     device: str = "cpu",
 ) -> type[RuleBasedStateMachine]:
     """The machine class a campaign ran (for a regression file: call it, then replay the steps)."""
-    return machine_for(machine, impls, device, resolve(target) if target else None, lru)
+    return machine_for(machine, targets, device, lru)
 
 
 def regression_source(
     program: list[str],
     machine: str,
-    impls: tuple[str, ...],
-    target: str | None,
+    targets: tuple[str, ...],
     lru: str | None,
     device: str,
     seed: int,
@@ -63,7 +60,7 @@ def regression_source(
     reproduce: str = "",
 ) -> str:
     """The text of a pytest file replaying ``program`` (Hypothesis's printed steps)."""
-    args = f"{machine!r}, impls={impls!r}, target={target!r}, lru={lru!r}, device={device!r}"
+    args = f"{machine!r}, targets={targets!r}, lru={lru!r}, device={device!r}"
     steps = []
     for statement in program:
         if re.fullmatch(r"state = \w+\(\)", statement.strip()):
@@ -71,7 +68,7 @@ def regression_source(
         else:
             steps.append(one_line(statement))
     first_line = error.splitlines()[0] if error else "a failure"
-    driven = f"target {target} (LRU {lru or 'default'})" if target else f"implementations {', '.join(impls)}"
+    driven = f"targets {', '.join(targets)} (LRU {lru or 'default'})"
     header = HEADER.format(
         title=f"Regression test from a fuzz campaign: {first_line[:90]}",
         date=time.strftime("%Y-%m-%d %H:%M"),

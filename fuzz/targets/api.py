@@ -2,24 +2,39 @@
 
 A *target* wraps someone else's cache behind a small Protocol and declares a
 ``Profile``: what it promises exactly as the spec says, and where it
-legitimately differs. The machines in ``fuzz.target_machine`` then check
-the spec's exact semantics where the profile promises them and universal
-properties everywhere (docs/targets.md has the whole contract).
+legitimately differs. The machines (``fuzz.cache_machine``,
+``fuzz.manager_machine``) then check the spec's exact semantics where the
+profile promises them and universal properties everywhere (docs/targets.md
+has the whole contract).
+
+Our own caches and managers are targets too (``fuzz.targets.ours``, the exact
+profile). What the three-way differential needs beyond a target (the
+abstract state, a fingerprint, the KV events, the integrity check) is the
+optional capability ``ExactCache`` / ``ExactManager`` of the same protocol:
+a machine compares those exactly with the spec, state for state.
 
 Calling convention: token ids and slots are plain lists of ints; a namespace
 is ``None`` or a tuple from the spec's domain (targets without namespaces
-only ever see ``None``); handles are whatever the target returns.
+only ever see ``None``); handles are the target's own type (``H``), requests
+too (``R``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+from spec import cache_manager as sm
+from spec import prefix_cache as pc
 from spec.domains import Namespace
+from spec.events import Event
 from spec.prefix_cache import PageKey, Prefix, page_key
+
+# a target's handle type, and its request type (a manager's)
+H = TypeVar("H")
+R = TypeVar("R")
 
 # a page is named by the spec's key: (namespace, Prefix); build one from tokens with page_key(namespace, tokens, P)
 __all__ = ["PageKey", "Prefix", "page_key"]
@@ -68,34 +83,48 @@ class Profile:
     # namespaces); when False, --lru sync replays them as a router that counts repeats would, on token
     # prefixes alone, and --lru strict still asks for distinct hashes
     event_namespaces: bool = True
+    # "domain": insert_prefix takes any slot the spec accepts (up to 2**31 - 1); "pool": only slots below
+    # num_pages * page_size (the target indexes a pool of that size)
+    slot_domain: Literal["domain", "pool"] = "domain"
+
+    @property
+    def follows_spec(self) -> bool:
+        """True when the spec decides every outcome (exact pages, the caller's slots, the spec's LRU): then the
+        machine's model needs no choice of the target, and several such targets run side by side."""
+        return (
+            self.eviction_unit == "page"
+            and self.eviction_trigger == "evict"
+            and self.slots == "caller"
+            and self.lru_model is None
+        )
 
 
 EXACT = Profile(name="exact (the spec's semantics)")
 
 
 @runtime_checkable
-class PrefixCacheTarget(Protocol):
+class PrefixCacheTarget(Protocol[H]):
     """A prefix cache seen through lists and ints. Optional methods are listed in ``OPTIONAL_CACHE_METHODS``."""
 
     profile: Profile
     page_size: int
 
-    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> H:
         """The longest cached page-aligned prefix: a handle."""
 
-    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
+    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, H]:
         """Cache the whole pages of ``tokens``: (tokens already cached before the call, handle of the whole path)."""
 
-    def cached_len(self, handle: Any) -> int:
+    def cached_len(self, handle: H) -> int:
         """Matched tokens of a handle."""
 
-    def matched_slots(self, handle: Any) -> list[int]:
+    def matched_slots(self, handle: H) -> list[int]:
         """Slots of a handle's path in sequence order."""
 
-    def lock(self, handle: Any) -> None:
+    def lock(self, handle: H) -> None:
         """Protect the handle's path from eviction."""
 
-    def unlock(self, handle: Any) -> None:
+    def unlock(self, handle: H) -> None:
         """Release one lock of the handle's path."""
 
     def size_info(self) -> tuple[int, int]:
@@ -115,42 +144,70 @@ OPTIONAL_CACHE_METHODS = ("evict", "reset", "check_integrity", "cached_pages", "
 
 
 @runtime_checkable
-class CacheManagerTarget(Protocol):
-    """A CacheManager seen through lists and ints; requests are whatever ``new_req`` returns."""
+class ExactCache(PrefixCacheTarget[H], Protocol[H]):
+    """The differential capability: a target that exposes the spec's abstract state is compared with the spec
+    state for state, its rejections message for message, its events hash for hash (ours: the spec's hashes).
+    It may also offer ``stats()`` (spec/metrics.py: compared between such targets) and ``path_nodes(handle)``
+    (the depth in radix nodes, for the reach)."""
+
+    name: str
+
+    def evict(self, size: int) -> None:
+        """Evict exactly ceil(size / P) pages; their slots, ascending, are the next take_evicted() unit."""
+
+    def reset(self) -> list[int]:
+        """Empty the cache: every slot it held, ascending."""
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError naming a broken invariant."""
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        """The spec's state this cache's state means (the abstraction function)."""
+
+    def fingerprint(self) -> Hashable:
+        """Cheap parts of the state (sizes, clock): what big trees compare around a rejected call."""
+
+    def take_events(self) -> list[Event]:
+        """The KV events emitted since the last call."""
+
+
+@runtime_checkable
+class CacheManagerTarget(Protocol[R, H]):
+    """A CacheManager seen through lists and ints; requests (``R``) are whatever ``new_req`` returns."""
 
     profile: Profile
     page_size: int
     num_pages: int
 
-    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Any:
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> R:
         """A request of ``prompt`` using page-table row ``table_idx`` (not admitted yet)."""
 
-    def match_req(self, req: Any) -> Any:
+    def match_req(self, req: R) -> H:
         """Match the request's prompt but its last token: a handle."""
 
-    def lock(self, handle: Any) -> None: ...
-    def unlock(self, handle: Any) -> None: ...
-    def cached_len(self, handle: Any) -> int: ...
+    def lock(self, handle: H) -> None: ...
+    def unlock(self, handle: H) -> None: ...
+    def cached_len(self, handle: H) -> int: ...
 
-    def get_matched_indices(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: H) -> list[int]:
         """Slots of a handle's path."""
 
     def available_size(self) -> int:
         """Tokens an allocation may use now (free pages plus evictable cache)."""
 
-    def admit(self, req: Any, handle: Any) -> None:
+    def admit(self, req: R, handle: H) -> None:
         """Give the request its locked handle and write the matched slots into its row."""
 
-    def set_lengths(self, req: Any, cached_len: int, device_len: int) -> None: ...
-    def append_token(self, req: Any, token: int) -> None: ...
-    def allocate_paged(self, reqs: Sequence[Any]) -> None: ...
-    def cache_req(self, req: Any, finished: bool) -> None: ...
+    def set_lengths(self, req: R, cached_len: int, device_len: int) -> None: ...
+    def append_token(self, req: R, token: int) -> None: ...
+    def allocate_paged(self, reqs: Sequence[R]) -> None: ...
+    def cache_req(self, req: R, finished: bool) -> None: ...
     def lazy_free_region(self) -> AbstractContextManager[None]: ...
 
-    def row(self, req: Any) -> list[int]:
+    def row(self, req: R) -> list[int]:
         """The request's page-table row up to its allocated length."""
 
-    def handle_of(self, req: Any) -> Any:
+    def handle_of(self, req: R) -> H:
         """The request's current cache handle."""
 
     def free_pages(self) -> list[int]:
@@ -161,6 +218,32 @@ class CacheManagerTarget(Protocol):
 
     def size_info(self) -> tuple[int, int]:
         """(evictable tokens, protected tokens) of its prefix cache."""
+
+
+@runtime_checkable
+class ExactManager(CacheManagerTarget[R, H], Protocol[R, H]):
+    """The differential capability of a manager: its abstract state is related to the spec's by each
+    operation's relation (spec/cache_manager.py), its integrity check and events are checked, and such managers
+    must agree with each other state for state and row for row."""
+
+    name: str
+
+    def check_integrity(self, live_reqs: Sequence[R]) -> None: ...
+
+    def abstract_state(self) -> sm.ManagerState:
+        """The spec's manager state this manager's state means."""
+
+    def view(self, state: sm.ManagerState, req: R) -> sm.RequestView:
+        """The request as the spec's relations read it (``state``: this manager's abstract state)."""
+
+    def spec_handle(self, handle: H) -> pc.Handle:
+        """The spec handle of the same path."""
+
+    def cached_pages(self) -> int:
+        """Pages the prefix cache holds (from its size counters)."""
+
+    def take_events(self) -> list[Event]:
+        """The KV events its prefix cache emitted since the last call."""
 
 
 @dataclass(frozen=True)
@@ -175,9 +258,9 @@ class TargetInfo:
     requires: tuple[tuple[str, str], ...] = ()
     # makes the prefix cache: factory(page_size, num_pages) -> PrefixCacheTarget (the caller's slots, or the
     # target's own pages, lie below num_pages * page_size); None when the target has no prefix cache
-    cache_factory: Callable[[int, int], PrefixCacheTarget] | None = None
+    cache_factory: Callable[[int, int], PrefixCacheTarget[Any]] | None = None
     # makes the manager: factory(num_pages, page_size, rows, max_seq_len) -> CacheManagerTarget
-    manager_factory: Callable[[int, int, int, int], CacheManagerTarget] | None = None
+    manager_factory: Callable[[int, int, int, int], CacheManagerTarget[Any, Any]] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

@@ -50,6 +50,7 @@ PROFILE = Profile(
     reset="none",
     slots="caller",
     default_lru="strict",
+    slot_domain="pool",
     notes=(
         "evicts whole leaf nodes until at least the asked tokens, slots in eviction order",
         "LRU by node timestamp; the harness replaces time.monotonic_ns with a logical clock ticking once per call",

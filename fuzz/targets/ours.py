@@ -1,4 +1,10 @@
-"""Our own caches as targets (profile: exactly the spec), so the target machines can be checked on known code.
+"""Our own caches and managers as targets, with the exact profile and the differential capability.
+
+The spec, the reference and the optimized implementations are reached by the
+machines through the same protocol as SGLang's or vLLM's caches
+(``fuzz.targets.api``). Each also offers ``ExactCache`` / ``ExactManager``:
+its abstract state, a fingerprint, its KV events and its integrity check, so
+the machines compare it with the spec state for state.
 
 They also show how small a target is: each method forwards to the cache and
 turns tensors into lists.
@@ -6,84 +12,312 @@ turns tensors into lists.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeAlias, TypeVar
+
+import torch
 
 import optimized
 import reference
+from optimized.radix_cache import RadixCacheHandle as OptimizedHandle
+from reference.radix_cache import RadixCacheHandle
+from spec import cache_manager as sm
 from spec import prefix_cache as pc
 from spec.domains import Namespace
+from spec.events import Event
+from spec.invariants import check_invariants
+from spec.metrics import CacheStats
+from spec.requests import Req
 
-from ..adapters import OptimizedManager, ReferenceManager
 from .api import EXACT, PageKey, Profile, TargetInfo
 
+# the handle type of a cache: the spec's, the reference tree's or the optimized tree's
+H = TypeVar("H", pc.Handle, RadixCacheHandle, OptimizedHandle)
+Tree = TypeVar("Tree", reference.RadixPrefixCache, optimized.RadixPrefixCache)
 
-class OurCache:
-    """reference.RadixPrefixCache or optimized.RadixPrefixCache behind the target protocol."""
+
+class ExactTarget(Generic[H]):
+    """What every exact cache target shares: the profile, the eviction units, the page views."""
 
     profile: Profile = EXACT
+    name: str
+    page_size: int
+    evicted: list[list[int]]
 
-    def __init__(self, cache: Any) -> None:
-        self.cache = cache
-        self.page_size: int = cache.page_size
-        self.evicted: list[list[int]] = []
-
-    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
-        return self.cache.match_prefix(tokens, namespace)
-
-    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
-        cached_len, handle = self.cache.insert_prefix(tokens, indices, namespace)
-        return int(cached_len), handle
-
-    def cached_len(self, handle: Any) -> int:
-        return int(handle.cached_len)
-
-    def matched_slots(self, handle: Any) -> list[int]:
-        return [int(slot) for slot in handle.get_matched_indices()]
-
-    def lock(self, handle: Any) -> None:
-        self.cache.lock(handle)
-
-    def unlock(self, handle: Any) -> None:
-        self.cache.unlock(handle)
-
-    def evict(self, size: int) -> None:
-        slots = [int(slot) for slot in self.cache.evict(size)]
-        if slots:
-            self.evicted.append(slots)  # exact page eviction: one unit, ascending
-
-    def reset(self) -> list[int]:
-        return [int(slot) for slot in self.cache.reset()]
-
-    def size_info(self) -> tuple[int, int]:
-        info = self.cache.size_info
-        return int(info.evictable_size), int(info.protected_size)
+    def abstract_state(self) -> pc.PrefixCacheState:
+        raise NotImplementedError
 
     def take_evicted(self) -> list[list[int]]:
         evicted, self.evicted = self.evicted, []
         return evicted
 
+    def note_evicted(self, slots: list[int]) -> None:
+        if slots:
+            self.evicted.append(slots)  # exact page eviction: one unit, ascending
+
+    def cached_pages(self) -> dict[PageKey, int]:
+        return {key: entry.slot_start for key, entry in self.abstract_state().entries.items()}
+
+    def page_stamps(self) -> dict[PageKey, int]:
+        return {key: entry.last_access for key, entry in self.abstract_state().entries.items()}
+
+
+class SpecCache(ExactTarget[pc.Handle]):
+    """The spec's free functions over one state (the oracle of the exhaustive checker)."""
+
+    name = "spec"
+
+    def __init__(self, page_size: int, num_pages: int = 0) -> None:
+        self.page_size = page_size
+        self.state = pc.new_state(page_size)
+        self.evicted = []
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> pc.Handle:
+        return pc.match_prefix(self.state, tokens, namespace)
+
+    def insert_prefix(
+        self, tokens: list[int], indices: list[int] | None, namespace: Namespace
+    ) -> tuple[int, pc.Handle]:
+        result = pc.insert_prefix(self.state, tokens, indices or [], namespace)
+        return result.cached_len, result.handle
+
+    def cached_len(self, handle: pc.Handle) -> int:
+        return handle.cached_len
+
+    def matched_slots(self, handle: pc.Handle) -> list[int]:
+        return pc.get_matched_indices(self.state, handle)
+
+    def lock(self, handle: pc.Handle) -> None:
+        pc.lock(self.state, handle)
+
+    def unlock(self, handle: pc.Handle) -> None:
+        pc.unlock(self.state, handle)
+
+    def evict(self, size: int) -> None:
+        self.note_evicted(pc.evict(self.state, size))
+
+    def reset(self) -> list[int]:
+        return pc.reset(self.state)
+
+    def size_info(self) -> tuple[int, int]:
+        info = pc.size_info(self.state)
+        return info.evictable_size, info.protected_size
+
+    def check_integrity(self) -> None:
+        check_invariants(self.state)
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return pc.PrefixCacheState(self.state.page_size, dict(self.state.entries), self.state.clock)
+
+    def fingerprint(self) -> Hashable:
+        return (self.size_info(), self.state.clock)
+
+    def take_events(self) -> list[Event]:
+        """The spec is the oracle of the events, not a source: its pages are what they must replay to."""
+        return []
+
+
+class TreeTarget(ExactTarget[H], Generic[H, Tree]):
+    """Calls that read the same on both trees (``self.cache``)."""
+
+    cache: Tree
+
+    def lock(self, handle: H) -> None:
+        self.cache.lock(handle)  # type: ignore[arg-type]
+
+    def unlock(self, handle: H) -> None:
+        self.cache.unlock(handle)  # type: ignore[arg-type]
+
+    def cached_len(self, handle: H) -> int:
+        return int(handle.cached_len)
+
+    def size_info(self) -> tuple[int, int]:
+        info = self.cache.size_info
+        return int(info.evictable_size), int(info.protected_size)
+
     def check_integrity(self) -> None:
         self.cache.check_integrity()
 
-    def cached_pages(self) -> dict[PageKey, int]:
-        return {key: entry.slot_start for key, entry in self.abstract().entries.items()}
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return self.cache.abstract_state()
 
-    def page_stamps(self) -> dict[PageKey, int]:
-        return {key: entry.last_access for key, entry in self.abstract().entries.items()}
+    def fingerprint(self) -> Hashable:
+        return (self.size_info(), self.cache.clock)
 
-    def abstract(self) -> pc.PrefixCacheState:
-        state: pc.PrefixCacheState = self.cache.abstract_state()
-        return state
+    def take_events(self) -> list[Event]:
+        return list(self.cache.take_events())
+
+    def stats(self) -> CacheStats:
+        """The cache's metrics (spec/metrics.py)."""
+        return self.cache.stats()
 
 
-class ObservedManager:
-    """Observation methods of a CacheManager target, over one of our managers (``self.manager``)."""
+class ReferenceCache(TreeTarget[RadixCacheHandle, reference.RadixPrefixCache]):
+    """The reference RadixPrefixCache (already lists and ints)."""
 
-    manager: Any
+    name = "reference"
+
+    def __init__(self, page_size: int, num_pages: int = 0) -> None:
+        self.page_size = page_size
+        self.cache = reference.RadixPrefixCache(page_size)
+        self.cache.enable_events()
+        self.evicted = []
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> RadixCacheHandle:
+        return self.cache.match_prefix(tokens, namespace)
+
+    def insert_prefix(
+        self, tokens: list[int], indices: list[int] | None, namespace: Namespace
+    ) -> tuple[int, RadixCacheHandle]:
+        cached_len, handle = self.cache.insert_prefix(tokens, indices or [], namespace)
+        return cached_len, handle
+
+    def matched_slots(self, handle: RadixCacheHandle) -> list[int]:
+        return list(handle.get_matched_indices())
+
+    def path_nodes(self, handle: RadixCacheHandle) -> int:
+        """Radix nodes from the handle's node up to the root."""
+        depth, node = 0, handle.node
+        while node.parent is not None:
+            depth, node = depth + 1, node.parent
+        return depth
+
+    def evict(self, size: int) -> None:
+        self.note_evicted(list(self.cache.evict(size)))
+
+    def reset(self) -> list[int]:
+        return list(self.cache.reset())
+
+
+class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
+    """The optimized cache: lists in, tensors to it (token dtype alternating int32/int64), lists out."""
+
+    name = "optimized"
+
+    def __init__(self, page_size: int, num_pages: int = 0) -> None:
+        self.page_size = page_size
+        self.cache = optimized.RadixPrefixCache(page_size, device="cpu", enable_events=True)
+        self.calls = 0
+        self.evicted = []
+
+    def tokens(self, values: list[int]) -> torch.Tensor | list[int]:
+        """Every third call a list, else a tensor, int32 and int64 in turn: each input path gets its share."""
+        self.calls += 1
+        if self.calls % 3 == 0:
+            return values
+        return torch.tensor(values, dtype=torch.int32 if self.calls % 3 == 1 else torch.int64)
+
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> OptimizedHandle:
+        return self.cache.match_prefix(self.tokens(tokens), namespace)
+
+    def insert_prefix(
+        self, tokens: list[int], indices: list[int] | None, namespace: Namespace
+    ) -> tuple[int, OptimizedHandle]:
+        ids, slots = self.tokens(tokens), indices or []
+        if isinstance(ids, list):
+            cached_len, handle = self.cache.insert_prefix(ids, slots, namespace)
+            return int(cached_len), handle
+        fits_int32 = all(-(2**31) <= slot < 2**31 for slot in slots)
+        dtype = torch.int32 if fits_int32 and self.calls % 3 == 2 else torch.int64
+        cached_len, handle = self.cache.insert_prefix(ids, torch.tensor(slots, dtype=dtype), namespace)
+        return int(cached_len), handle
+
+    def matched_slots(self, handle: OptimizedHandle) -> list[int]:
+        return [int(slot) for slot in handle.get_matched_indices().tolist()]
+
+    def path_nodes(self, handle: OptimizedHandle) -> int:
+        """Radix nodes from the handle's node up to the root (counted in C)."""
+        return int(self.cache.path_nodes(handle))
+
+    def evict(self, size: int) -> None:
+        self.note_evicted([int(slot) for slot in self.cache.evict(size).tolist()])
+
+    def reset(self) -> list[int]:
+        return [int(slot) for slot in self.cache.reset().tolist()]
+
+
+# ---------------------------------------------------------------- managers
+
+Handle: TypeAlias = RadixCacheHandle | OptimizedHandle
+
+
+class OurManager:
+    """One of our CacheManagers as a target with the exact profile and the differential capability.
+
+    Requests are ``spec.requests.Req``; the optimized manager's keep token ids as a CPU tensor.
+    """
+
     profile: Profile = EXACT
+    name: str
 
-    def handle_of(self, req: Any) -> Any:
-        return req.cache_handle
+    def __init__(self, manager: Any, num_pages: int, page_size: int) -> None:
+        # the two managers share their API but not their types (lists against tensors): read through Any
+        self.manager: Any = manager
+        self.manager.prefix_cache.enable_events()
+        self.page_size, self.num_pages = page_size, num_pages
+
+    # ------------------------------------------------------------ requests
+
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
+        return Req(input_ids=list(prompt), table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)
+
+    def set_lengths(self, req: Req, cached_len: int, device_len: int) -> None:
+        req.cached_len, req.device_len = cached_len, device_len
+
+    def append_token(self, req: Req, token: int) -> None:
+        req.input_ids.append(token)
+
+    def admit(self, req: Req, handle: Handle) -> None:
+        matched = handle.get_matched_indices()
+        self.manager.page_table[req.table_idx][: len(matched)] = matched
+        req.cache_handle = handle
+        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+
+    def handle_of(self, req: Req) -> Handle:
+        handle: Handle = req.cache_handle  # type: ignore[assignment]
+        return handle
+
+    def row(self, req: Req) -> list[int]:
+        return [int(slot) for slot in self.manager.page_table[req.table_idx][: req.alloc_len]]
+
+    # ------------------------------------------------------------ the manager's operations
+
+    def match_req(self, req: Req) -> Handle:
+        handle: Handle = self.manager.match_req(req)
+        return handle
+
+    def lock(self, handle: Handle) -> None:
+        self.manager.lock(handle)
+
+    def unlock(self, handle: Handle) -> None:
+        self.manager.unlock(handle)
+
+    def cached_len(self, handle: Handle) -> int:
+        return int(handle.cached_len)
+
+    def get_matched_indices(self, handle: Handle) -> list[int]:
+        matched = handle.get_matched_indices()
+        return [int(slot) for slot in (matched.tolist() if isinstance(matched, torch.Tensor) else matched)]
+
+    def available_size(self) -> int:
+        return int(self.manager.available_size)
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        self.manager.allocate_paged(reqs)
+
+    def cache_req(self, req: Req, finished: bool) -> None:
+        self.manager.cache_req(req, finished=finished)
+
+    def lazy_free_region(self) -> AbstractContextManager[None]:
+        region: AbstractContextManager[None] = self.manager.lazy_free_region()
+        return region
+
+    def evict(self, size: int) -> list[int]:
+        slots = self.manager.prefix_cache.evict(size)
+        return [int(slot) for slot in (slots.tolist() if isinstance(slots, torch.Tensor) else slots)]
+
+    # ------------------------------------------------------------ observation
 
     def free_pages(self) -> list[int]:
         state = self.manager.abstract_state()
@@ -96,34 +330,83 @@ class ObservedManager:
         info = self.manager.prefix_cache.size_info
         return int(info.evictable_size), int(info.protected_size)
 
+    # ------------------------------------------------------------ the differential capability
 
-class ReferenceManagerTarget(ObservedManager, ReferenceManager):
+    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
+        self.manager.check_integrity(live_reqs)
+
+    def abstract_state(self) -> sm.ManagerState:
+        state: sm.ManagerState = self.manager.abstract_state()
+        return state
+
+    def take_events(self) -> list[Event]:
+        return list(self.manager.prefix_cache.take_events())
+
+    def cached_pages(self) -> int:
+        info = self.manager.prefix_cache.size_info
+        return int(info.evictable_size + info.protected_size) // self.page_size
+
+    def spec_handle(self, handle: Handle) -> pc.Handle:
+        spec: pc.Handle = self.manager.prefix_cache.abstract_handle(handle)
+        return spec
+
+    def view(self, state: sm.ManagerState, req: Req) -> sm.RequestView:
+        ids = req.input_ids.tolist() if isinstance(req.input_ids, torch.Tensor) else req.input_ids
+        handle = None if req.cache_handle is None else self.spec_handle(req.cache_handle)
+        row = state.page_table[req.table_idx][: req.alloc_len]
+        return sm.RequestView(
+            req.uid,
+            req.table_idx,
+            req.namespace,
+            tuple(ids),
+            handle,
+            req.cached_len,
+            req.device_len,
+            req.alloc_len,
+            tuple(row),
+        )
+
+
+class ReferenceManager(OurManager):
     """reference.CacheManager as a manager target."""
 
-    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
-        ReferenceManager.__init__(self, num_pages, page_size, rows, max_seq_len)
-        self.page_size, self.num_pages = page_size, num_pages
-
-
-class OptimizedManagerTarget(ObservedManager, OptimizedManager):
-    """optimized.CacheManager as a manager target."""
+    name = "reference"
 
     def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
-        OptimizedManager.__init__(self, num_pages, page_size, rows, max_seq_len)
-        self.page_size, self.num_pages = page_size, num_pages
+        table = reference.make_page_table(rows, max_seq_len)
+        super().__init__(reference.CacheManager(num_pages, page_size, table), num_pages, page_size)
+
+
+class OptimizedManager(OurManager):
+    """optimized.CacheManager as a manager target; its requests keep token ids as CPU tensors."""
+
+    name = "optimized"
+
+    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
+        table = optimized.make_page_table(rows, max_seq_len)
+        super().__init__(optimized.CacheManager(num_pages, page_size, table), num_pages, page_size)
+
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
+        tokens = torch.tensor(prompt, dtype=torch.int64)
+        return Req(input_ids=tokens, table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)  # type: ignore[arg-type]
+
+    def append_token(self, req: Req, token: int) -> None:
+        req.input_ids = torch.cat([req.input_ids, torch.tensor([token])])  # type: ignore[list-item, assignment]
 
 
 REFERENCE = TargetInfo(
     name="reference",
     description="radixspec's reference RadixPrefixCache and CacheManager (pure Python)",
-    cache_factory=lambda page_size, num_pages: OurCache(reference.RadixPrefixCache(page_size)),
-    manager_factory=ReferenceManagerTarget,
+    cache_factory=ReferenceCache,
+    manager_factory=ReferenceManager,
     profile=EXACT,
 )
 OPTIMIZED = TargetInfo(
     name="optimized",
     description="radixspec's optimized RadixPrefixCache and CacheManager (torch, C)",
-    cache_factory=lambda page_size, num_pages: OurCache(optimized.RadixPrefixCache(page_size)),
-    manager_factory=OptimizedManagerTarget,
+    cache_factory=OptimizedCache,
+    manager_factory=OptimizedManager,
     profile=EXACT,
 )
+# what --impl names: our implementations, in the order --impl all drives them
+IMPLEMENTATIONS: dict[str, TargetInfo] = {"reference": REFERENCE, "optimized": OPTIMIZED}

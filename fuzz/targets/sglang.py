@@ -57,6 +57,7 @@ PROFILE = Profile(
     handles_survive_reset=False,
     slots="caller",
     default_lru="sync",
+    slot_domain="pool",
     notes=(
         "evicts whole leaf nodes until at least the asked tokens (the spec: exactly ceil(size / P) pages)",
         "LRU by last_access_time; the harness replaces time.monotonic with a logical clock ticking once per call",

@@ -1,6 +1,6 @@
 """Drivers of the peers benchmark: our caches and the released caches of SGLang, vLLM and mini-sglang.
 
-Each driver calls its cache's own API (not the fuzzer's adapters: their
+Each driver calls its cache's own API (not the fuzzer's targets: their
 bookkeeping is not the cache's cost) with inputs in the cache's own format,
 built before the timed region:
 

@@ -72,12 +72,20 @@ def test_the_counts_list_no_empty_heading() -> None:
 
 def test_by_default_the_campaign_is_the_differential_of_every_implementation() -> None:
     args = campaign.parse_args([])
-    assert args.impl == "all" and args.machine == "all"
-    from fuzz.adapters import CACHE_IMPLEMENTATIONS
+    assert args.targets == ("reference", "optimized") and args.machine == "all"
     from fuzz.machines import MACHINES
+    from fuzz.targets.ours import IMPLEMENTATIONS
 
-    assert tuple(CACHE_IMPLEMENTATIONS) == campaign.IMPLEMENTATIONS
+    assert tuple(IMPLEMENTATIONS) == campaign.IMPLEMENTATIONS
     assert tuple(MACHINES) == campaign.MACHINE_NAMES
+    assert campaign.machines_for(args.targets, args.foreign) == list(campaign.MACHINE_NAMES)
+
+
+def test_impl_and_target_are_two_spellings_of_one_selection() -> None:
+    assert campaign.parse_args(["--impl", "reference"]).targets == ("reference",)
+    assert campaign.parse_args(["--target", "reference"]).targets == ("reference",)
+    both = campaign.parse_args(["--impl", "optimized", "--target", "reference", "--target", "optimized"])
+    assert both.targets == ("optimized", "reference")
 
 
 def test_a_usage_error_does_not_wait_for_torch() -> None:
@@ -153,7 +161,8 @@ def test_a_failure_is_reported_with_its_difference_and_a_regression_file_that_fa
         ["--target", "nope"],
         ["--lru", "sync"],
         ["--minutes", "1", "--examples", "3"],
-        ["--impl", "optimized", "--target", "reference"],
+        ["--impl", "reference", "--target", "sglang"],
+        ["--target", "reference", "--machine", "scheduler", "--target", "tests.targets.toy:ToyCache"],
     ],
 )
 def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -207,5 +216,5 @@ def test_help_shows_the_defaults_that_mean_something(capsys: pytest.CaptureFixtu
     text = " ".join(capsys.readouterr().out.split())
     for shown in ("examples per batch (default: 40)", "steps per example (default: 80)", "(default: 0)"):
         assert shown in text, shown
-    assert "(default: fuzz-failures)" in text and "default: all (the three-way differential)" in text
+    assert "(default: fuzz-failures)" in text and "all (the three-way differential)" in text
     assert "(default: None)" not in text and "(default: False)" not in text

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference
-from fuzz.adapters import OptimizedManager, ReferenceManager
 from fuzz.contracts import NUM_PAGES, PAGES_PER_ROW, ROWS, ManagerProgram, manager_contract, run_manager_program
+from fuzz.targets.ours import OptimizedManager, ReferenceManager
 from spec.errors import IntegrityError, ManagerLawError
 
 page_sizes = st.integers(1, 2)

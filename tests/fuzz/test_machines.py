@@ -1,10 +1,10 @@
 """The differential state machines, run under the active profile (``ci`` in CI: deterministic)."""
 
-from fuzz.cache_manager_machine import CacheManagerMachine
-from fuzz.prefix_cache_machine import PrefixCacheMachine
+from fuzz.cache_machine import CacheMachine
+from fuzz.manager_machine import ManagerMachine
 
-TestPrefixCacheMachine = PrefixCacheMachine.TestCase
-TestCacheManagerMachine = CacheManagerMachine.TestCase
+TestCacheMachine = CacheMachine.TestCase
+TestManagerMachine = ManagerMachine.TestCase
 from fuzz.scheduler_machine import SchedulerMachine  # noqa: E402
 
 TestSchedulerMachine = SchedulerMachine.TestCase

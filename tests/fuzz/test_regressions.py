@@ -2,7 +2,7 @@
 
 import pytest
 
-from fuzz.prefix_cache_machine import PrefixCacheMachine
+from fuzz.cache_machine import CacheMachine
 from spec.errors import UnlockError
 from spec.invariants import check_invariants
 
@@ -10,20 +10,20 @@ from spec.invariants import check_invariants
 def test_unlocking_a_prefix_of_a_locked_path_is_rejected_by_every_implementation() -> None:
     # Shrunk program of the first campaign: unlock(handles_1) used to succeed because every
     # page of the short path had ref >= 1, leaving page (0,) at ref 0 under page (0, 0) at ref 1.
-    state = PrefixCacheMachine()
+    state = CacheMachine()
     (seqs_0,) = state.setup(page_size=1, first=[([0, 0], [])])
-    state.implementations_agree()
+    state.targets_agree()
     seqs_1 = state.prefix_of(base=seqs_0, cut=1)
-    handles_0 = state.insert_prefix_bad_slots(namespace=None, seq=seqs_0, slots="scrambled", which=0)
+    handles_0 = state.insert_prefix(namespace=None, seq=seqs_0)
     state.lock(handle=handles_0)
     handles_1 = state.insert_prefix(namespace=None, seq=seqs_1)
     state.unlock(handle=handles_1)
-    state.implementations_agree()
+    state.targets_agree()
     state.teardown()
-    check_invariants(state.spec.state, locks=state.locks)
-    reference = state.impls[1].cache
+    check_invariants(state.model, locks=state.locks)
+    reference = state.runs[0].target.cache
     with pytest.raises(UnlockError):
-        reference.unlock(handles_1.handles[1])
+        reference.unlock(handles_1.handles[0])
 
 
 def test_an_insert_that_extends_a_leaf_leaves_the_heap_able_to_evict_both() -> None:
@@ -32,14 +32,14 @@ def test_an_insert_that_extends_a_leaf_leaves_the_heap_able_to_evict_both() -> N
     # replaced the parent's, the parent later looked pushed but had no entry (IntegrityError),
     # evict popped an empty heap (IndexError) or took the wrong page.
     for final in (("some", 50), ("all", 0)):
-        state = PrefixCacheMachine()
+        state = CacheMachine()
         seqs_0, seqs_1 = state.setup(page_size=1, first=[([0, 0], []), ([0], [])])
         state.evict(fraction=0, size="some")
         state.insert_prefix(namespace=None, seq=seqs_1)
         state.insert_prefix(namespace=None, seq=seqs_0)
         state.insert_prefix(namespace=("lora", 1), seq=seqs_0)
         state.evict(fraction=final[1], size=final[0])
-        state.implementations_agree()
+        state.targets_agree()
         state.teardown()
 
 
@@ -47,13 +47,13 @@ def test_teardown_replays_the_events_of_the_last_step() -> None:
     # A regression file written by a campaign failed on a correct tree: its printed program ends at a
     # step with no invariant run after it, so teardown compared the caches with a router mirror that
     # had not seen that step's events ("69 announced pages not cached"). Teardown now replays them.
-    state = PrefixCacheMachine()
+    state = CacheMachine()
     (seqs_0,) = state.setup(page_size=1, first=[([0, 0, 0], [0, 0])], big=False)
-    state.implementations_agree()
+    state.targets_agree()
     state.insert_prefix(namespace=("lora", 1), seq=seqs_0, where="low")
-    state.implementations_agree()
+    state.targets_agree()
     state.evict(fraction=100, size="some")
     state.teardown()
-    assert state.replayers["reference"].cached() == {
-        key: entry.slot_start for key, entry in state.spec.state.entries.items()
-    }
+    replayer = state.runs[0].replayer
+    assert replayer is not None
+    assert replayer.cached() == {key: entry.slot_start for key, entry in state.model.entries.items()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fuzz.adapters import ReferenceManager
+from fuzz.targets.ours import ReferenceManager
 from spec import cache_manager as sm
 from spec.requests import Req
 

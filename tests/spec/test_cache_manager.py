@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fuzz.adapters import ReferenceManager
+from fuzz.targets.ours import ReferenceManager
 from spec import cache_manager as sm
 from spec.errors import InvalidRequestError, OutOfPagesError
 from spec.requests import Req

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fuzz.adapters import ReferenceManager
+from fuzz.targets.ours import ReferenceManager
 from spec import cache_manager as sm
 from spec import prefix_cache as pc
 from spec.errors import IntegrityError, InvalidRequestError, OutOfPagesError

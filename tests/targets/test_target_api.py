@@ -119,7 +119,16 @@ def test_a_managers_accounting_bug_is_named_by_the_specs_invariant(
 
     monkeypatch.setattr(reference.CacheManager, "_free", buggy_free)
     status, text = run(
-        "--target", "reference", "--machine", "manager", "--workers", "0", "--examples", "200", "--no-shrink", "--quiet"
+        "--target",
+        "tests.targets.toy:PLAIN_MANAGER",
+        "--machine",
+        "manager",
+        "--workers",
+        "0",
+        "--examples",
+        "200",
+        "--no-shrink",
+        "--quiet",
     )
     assert status == 1, text
     assert f"IntegrityError: {invariant}: " in text, text[-3000:]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuzz.targets.api import EXACT, PageKey, Profile
+from fuzz.targets.api import EXACT, PageKey, Profile, TargetInfo
 from spec import prefix_cache as pc
 from spec.domains import Namespace
 
@@ -74,3 +74,30 @@ class ForgetfulToyCache(ToyCache):
             self.state.entries[keys[-1]] = pc.Entry(
                 entry.slot_start, entry.last_access, entry.ref_count - 1, entry.generation
             )
+
+
+class PlainManager:
+    """Our reference CacheManager behind the manager protocol only, without the differential capability: the
+    manager machine checks it by page accounting alone, as it checks an engine's."""
+
+    HIDDEN = frozenset(
+        {"name", "check_integrity", "abstract_state", "view", "spec_handle", "cached_pages", "take_events"}
+    )
+
+    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
+        from fuzz.targets.ours import ReferenceManager
+
+        self.inner = ReferenceManager(num_pages, page_size, rows, max_seq_len)
+        self.profile, self.page_size, self.num_pages = EXACT, page_size, num_pages
+
+    def __getattr__(self, name: str) -> Any:
+        if name in PlainManager.HIDDEN:
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+PLAIN_MANAGER = TargetInfo(
+    name="plain-reference-manager",
+    description="the reference CacheManager without the differential capability (page accounting only)",
+    manager_factory=PlainManager,
+)

@@ -1,19 +1,31 @@
-"""State machine for CacheManagers: each operation checked against the spec's relation, reference vs optimized.
+"""The manager machine: the seed's request lifecycle on any set of CacheManager targets, checked by the spec.
 
-It plays the seed's request lifecycle on every implementation with the
-same calls: admit (match_req, check available_size, lock, check again,
-copy the matched slots into the request's row), forward (allocate_paged
-for a batch of prefill chunks and decode steps), cache_req after a
-completed prefill, finish or abort (cache_req(finished=True)), all under
-a small pool so that eviction and OutOfPagesError are constant.
+It plays the lifecycle on every target with the same calls: admit
+(match_req, check available_size, lock, check again, copy the matched slots
+into the request's row), forward (allocate_paged for a batch of prefill
+chunks and decode steps), cache_req after a completed prefill, finish or
+abort (cache_req(finished=True)), all under a small pool so that eviction
+and OutOfPagesError are constant. The targets must agree on every outcome.
 
-The oracle is declarative (spec/cache_manager.py): around every call the
-machine observes each implementation's state before and after and checks
-the operation's relation (its guards, then what must be true after). The
-implementations must also agree with each other (same outcomes, same
-states, same rows: the choices the spec leaves open, made the same way),
-and after every step: the accounting invariants (check_integrity), the
-available_size law, the KV events replaying to the cache.
+After every step, on every target, what must hold of any manager (the
+spec's own invariants, spec/invariants.py):
+
+* **pages are partitioned**: every page is free, cached, or private to
+  exactly one live request (free + cached + private == num_pages, set by set);
+* **rows match handles**: the cached part of every live request's row holds
+  the slots of its locked handle;
+* **no freed page is reachable**: no live request's row points at a page on
+  the free list (a page freed while a request still reads it is handed to
+  the next request: silent KV corruption);
+* size info and ``available_size`` agree with the free list and the cache.
+
+Targets with the differential capability (``ExactManager``: ours) are held
+to more: around every call the machine observes their abstract states and
+checks the operation's declarative relation (spec/cache_manager.py: its
+guards, then what must be true after); after every step their own integrity
+check, the available_size law and their KV events; and they agree with each
+other state for state and row for row (the choices the spec leaves open,
+made the same way).
 """
 
 from __future__ import annotations
@@ -29,11 +41,23 @@ from spec import cache_manager as sm
 from spec import events as ev
 from spec.domains import Namespace
 from spec.errors import CacheBusyError
+from spec.helpers import div_ceil
+from spec.invariants import (
+    free_slots_are_aligned_and_unique,
+    pages_are_partitioned,
+    private_rows_are_page_runs,
+    raise_first,
+    rows_match_handles,
+)
 
-from .adapters import MANAGER_IMPLEMENTATIONS, ManagerAdapter
 from .differential import apply_all, describe_difference
 from .sequences import build_sequence, namespaces, page_choices, page_sizes, tail_choices
 from .stats import STATS
+from .targets.api import CacheManagerTarget, ExactManager, TargetInfo
+from .targets.ours import IMPLEMENTATIONS
+
+# a manager target, its requests and handles its own
+Target = CacheManagerTarget[Any, Any]
 
 ROWS = 6
 MAX_PAGES_PER_REQ = 12
@@ -58,47 +82,61 @@ class LiveReq:
         return self.cached_len < self.prompt_len
 
 
-class CacheManagerMachine(RuleBasedStateMachine):
-    """Spec and implementations driven through the same request lifecycles."""
+class ManagerMachine(RuleBasedStateMachine):
+    """The spec and manager targets driven through the same request lifecycles."""
 
-    IMPLS: ClassVar[tuple[str, ...]] = ("reference", "optimized")
+    # what the machine drives (fuzz.machines.machine_for sets these): --impl and --target name them alike
+    TARGETS: ClassVar[tuple[TargetInfo, ...]] = tuple(IMPLEMENTATIONS.values())
+    LRU: ClassVar[str] = "strict"
 
     prompts = Bundle("prompts")
 
     def __init__(self) -> None:
         super().__init__()
         STATS.examples += 1
-        self.impls: list[ManagerAdapter] = []
+        self.impls: list[Target] = []
+        # the targets with the differential capability (their indices in impls)
+        self.exact: list[int] = []
         self.live: list[LiveReq] = []
         self.page_size = 1
-        # each implementation's KV events, replayed as a router would (spec/events.py)
-        self.replayers: dict[str, ev.Replayer] = {}
+        # each target's KV events, replayed as a router would (spec/events.py)
+        self.replayers: dict[int, ev.Replayer] = {}
         self.next_uid = 0
 
-    # the implementations reject bad input (a target whose profile says errors == "none" does not)
-    validates = True
-    # the spec's relations are checked around every call (targets: page accounting only, see there)
+    # the spec's relations are checked around every call on exact targets (the exhaustive checker turns them
+    # off while it replays a path it already checked)
     relations = True
 
+    @property
+    def validates(self) -> bool:
+        """Whether every target rejects bad input (else bad input is not sent: a profile's errors == "none")."""
+        return bool(self.impls) and all(impl.profile.errors != "none" for impl in self.impls)
+
     def ns(self, namespace: Namespace) -> Namespace:
-        """The namespace requests use."""
-        return namespace
+        """The namespace requests use: as drawn, or None when a target has no namespaces."""
+        return namespace if all(impl.profile.namespaces for impl in self.impls) else None
 
     @property
-    def first(self) -> ManagerAdapter:
-        """The implementation the lifecycle reads lengths from (all agree)."""
+    def first(self) -> Target:
+        """The target the lifecycle reads lengths from (all agree)."""
         return self.impls[0]
+
+    def name(self, index: int) -> str:
+        return self.TARGETS[index].name
 
     # ------------------------------------------------------------ the spec's relations
 
-    def observe(self, reqs: dict[int, list[Any]]) -> list[tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None:
-        """Each implementation's state and its views of ``reqs`` (uid -> one Req per implementation)."""
-        if not self.relations:
+    def observe(
+        self, reqs: dict[int, list[Any]]
+    ) -> dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None:
+        """Each exact target's state and its views of ``reqs`` (uid -> one Req per target), by target index."""
+        if not self.relations or not self.exact:
             return None
-        out = []
-        for index, impl in enumerate(self.impls):
+        out = {}
+        for index in self.exact:
+            impl: Any = self.impls[index]
             state = impl.abstract_state()
-            out.append((state, {uid: impl.view(state, per_impl[index]) for uid, per_impl in reqs.items()}))
+            out[index] = (state, {uid: impl.view(state, per_impl[index]) for uid, per_impl in reqs.items()})
         return out
 
     def live_reqs(self, but: list[LiveReq] | None = None) -> dict[int, list[Any]]:
@@ -113,9 +151,15 @@ class CacheManagerMachine(RuleBasedStateMachine):
         first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )
     def setup(self, page_size: int, num_pages: int, first: list[tuple[list[int], list[int]]]) -> Any:
+        for info in self.TARGETS:
+            if info.page_sizes is not None:
+                page_size = info.page_sizes[page_size % len(info.page_sizes)]
         self.page_size = page_size
         args = (num_pages, page_size, ROWS, MAX_PAGES_PER_REQ * page_size)
-        self.impls = [MANAGER_IMPLEMENTATIONS[name](*args) for name in self.IMPLS]
+        for info in self.TARGETS:
+            assert info.manager_factory is not None, f"target {info.name} has no cache manager"
+            self.impls.append(info.manager_factory(*args))
+        self.exact = [index for index, impl in enumerate(self.impls) if isinstance(impl, ExactManager)]
         return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
 
     # ------------------------------------------------------------ lifecycle
@@ -154,7 +198,10 @@ class CacheManagerMachine(RuleBasedStateMachine):
         return prompt
 
     def try_admit(self, prompt: tuple[int, ...], namespace: Namespace, max_new_tokens: int) -> None:
-        """Admit ``prompt`` on every implementation if each finds room (they must agree)."""
+        """Admit ``prompt`` on every target if each finds room (they must agree)."""
+        if not prompt and not self.validates:
+            STATS.skipped["admit of an empty prompt"] += 1
+            return
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         used = {live.reqs[0].table_idx for live in self.live}
         table_idx = min(set(range(ROWS)) - used)
@@ -169,15 +216,15 @@ class CacheManagerMachine(RuleBasedStateMachine):
         )
         after = self.observe({uid: reqs})
         if before is not None and after is not None:
-            for index, impl in enumerate(self.impls):
-                cached = impl.cached_len(matched.results[index]) if matched.ok else 0
+            for index in self.exact:
+                cached = self.impls[index].cached_len(matched.results[index]) if matched.ok else 0
                 sm.match_req(before[index][0], after[index][0], before[index][1][uid], cached, matched.error)
         if not matched.ok:
             return
         handles = matched.results
         estimated = len(prompt) - self.first.cached_len(handles[0]) + max_new_tokens
 
-        def try_lock(impl: ManagerAdapter, i: int) -> str:
+        def try_lock(impl: Target, i: int) -> str:
             if estimated > impl.available_size():
                 return "no room before lock"
             impl.lock(handles[i])
@@ -192,11 +239,12 @@ class CacheManagerMachine(RuleBasedStateMachine):
         out = apply_all("admit", self.impls, try_lock, snapshot=self.snapshot)
         after = self.observe({})
         if before is not None and after is not None:
-            for index, impl in enumerate(self.impls):
+            for index in self.exact:
+                exact: Any = self.impls[index]
                 if out.results[index] == "admitted":
-                    sm.lock(before[index][0], after[index][0], impl.spec_handle(handles[index]))
+                    sm.lock(before[index][0], after[index][0], exact.spec_handle(handles[index]))
                 else:  # locked and unlocked again, or never locked: the cache as it was
-                    assert after[index][0].cache == before[index][0].cache, f"{impl.name}: {out.results[index]}"
+                    assert after[index][0].cache == before[index][0].cache, f"{self.name(index)}: {out.results[index]}"
         STATS.rules[f"manager.admit: {out.results[0]}"] += 1
         if out.results[0] == "admitted":
             cached = self.first.cached_len(handles[0])
@@ -221,10 +269,21 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.forward([self.live[i] for i in dict.fromkeys(i % len(self.live) for i in picks)], chunk, lazy)
 
     def forward(self, batch: list[LiveReq], chunk: int, lazy: bool) -> None:
-        """Allocate pages for prefill chunks and decode steps, then process the results."""
+        """Allocate pages for prefill chunks and decode steps, then process the results.
+
+        An allocation the pool cannot satisfy is not sent to targets that do not validate.
+        """
         targets = [
             min(live.cached_len + chunk, live.prompt_len) if live.in_prefill else live.cached_len + 1 for live in batch
         ]
+        if not self.validates:
+            p = self.page_size
+            needed = sum(
+                div_ceil(end, p) - div_ceil(live.cached_len, p) for live, end in zip(batch, targets, strict=True)
+            )
+            if needed * p > self.first.available_size():
+                STATS.skipped["allocate_paged past available_size"] += 1
+                return
         for impl_index, impl in enumerate(self.impls):
             for live, device_len in zip(batch, targets, strict=True):
                 impl.set_lengths(live.reqs[impl_index], live.cached_len, device_len)
@@ -251,7 +310,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         )
         after, others_after = self.observe(mine), self.observe(others)
         if before is not None and after is not None and others_before is not None and others_after is not None:
-            for index in range(len(self.impls)):
+            for index in self.exact:
                 views_before = [before[index][1][live.uid] for live in batch] * copies
                 views_after = [after[index][1][live.uid] for live in batch] * copies
                 sm.allocate_paged(
@@ -275,7 +334,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         )
         after, others_after = self.observe(mine), self.observe(others)
         if before is not None and after is not None and others_before is not None and others_after is not None:
-            for index in range(len(self.impls)):
+            for index in self.exact:
                 sm.cache_req(
                     before[index][0],
                     after[index][0],
@@ -288,11 +347,11 @@ class CacheManagerMachine(RuleBasedStateMachine):
                 )
         return out
 
-    def lazy_exit_law(self, inside: list[tuple[sm.ManagerState, Any]] | None) -> None:
+    def lazy_exit_law(self, inside: dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None) -> None:
         """After a lazy free region closed: the held pages joined the free list, nothing else moved."""
         after = self.observe({})
         if inside is not None and after is not None:
-            for index in range(len(self.impls)):
+            for index in self.exact:
                 sm.lazy_free_region(inside[index][0], after[index][0])
 
     def process_results(self, batch: list[LiveReq], targets: list[int], lazy: bool) -> None:
@@ -363,7 +422,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
             STATS.skipped["nested lazy_free_region"] += 1
             return
 
-        def nest(impl: ManagerAdapter, i: int) -> None:
+        def nest(impl: Target, i: int) -> None:
             with impl.lazy_free_region():
                 pass
 
@@ -395,31 +454,42 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
     def cached_page_count(self) -> int:
         """Pages the prefix cache holds now (to count evictions)."""
-        return self.first.cached_pages()
+        first: Any = self.first
+        return int(first.cached_pages()) if self.exact and self.exact[0] == 0 else len(first.cached_slots())
 
-    def snapshot(self, impl: ManagerAdapter) -> tuple[Any, ...]:
-        """What a rejected call must leave unchanged: abstract state and the live requests' fields.
+    def snapshot(self, impl: Target) -> tuple[Any, ...]:
+        """What a rejected call must leave unchanged: an exact target's abstract state and the live requests'
+        fields; another's free list, cached pages, sizes and live rows.
 
         Nothing while checks are off (the exhaustive checker replaying a path it already checked).
         """
         if not self.relations:
             return ()
         index = self.impls.index(impl)
-        reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
-        return (impl.abstract_state(), reqs)
+        if index in self.exact:
+            exact: Any = impl
+            reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
+            return (exact.abstract_state(), reqs)
+        rows = [tuple(impl.row(live.reqs[index])) for live in self.live]
+        return (tuple(impl.free_pages()), tuple(sorted(impl.cached_slots())), tuple(impl.size_info()), rows)
 
     @invariant()
-    def implementations_agree(self) -> None:
-        """Each implementation's accounting invariants, its events and the available_size law; all agree."""
+    def targets_agree(self) -> None:
+        """Every target's page accounting; an exact target's integrity, events, available_size law; all agree."""
         if not self.impls:
             return
-        first_state: sm.ManagerState = self.first.abstract_state()
-        STATS.record_tree(len(first_state.cache.entries))
-        for index, impl in enumerate(self.impls):
+        for index in range(len(self.impls)):
+            self.check_accounting(index)
+        if not self.exact:
+            return
+        first = self.exact[0]
+        first_state: sm.ManagerState = self.exact_target(first).abstract_state()
+        for index in self.exact:
+            impl = self.exact_target(index)
             impl.check_integrity([live.reqs[index] for live in self.live])
-            actual = first_state if index == 0 else impl.abstract_state()
+            actual = first_state if index == first else impl.abstract_state()
             # the replay invariant: the cache's KV events so far describe exactly its cached pages
-            replayer = self.replayers.setdefault(impl.name, ev.Replayer(self.page_size))
+            replayer = self.replayers.setdefault(index, ev.Replayer(self.page_size))
             before = replayer.applied
             replayer.apply(impl.take_events())
             STATS.events_replayed += replayer.applied - before
@@ -428,22 +498,70 @@ class CacheManagerMachine(RuleBasedStateMachine):
                 {key: e.slot_start for key, e in actual.cache.entries.items()},
             )
             assert impl.available_size() == sm.available_size(actual), (
-                f"available_size: {impl.name} reports {impl.available_size()}, its free pages and evictable"
+                f"available_size: {self.name(index)} reports {impl.available_size()}, its free pages and evictable"
                 f" cache give {sm.available_size(actual)}"
             )
-            if index == 0:
+            if index == first:
                 continue
             # the choices the spec leaves open (which free page, the free list's order) made the same way
             assert (actual.cache, actual.free_slots, actual.lazy_frees) == (
                 first_state.cache,
                 first_state.free_slots,
                 first_state.lazy_frees,
-            ), f"{impl.name} differs from {self.first.name}:\n{describe_difference(first_state, actual)}"
+            ), f"{self.name(index)} differs from {self.name(first)}:\n{describe_difference(first_state, actual)}"
             for live in self.live:
-                assert impl.row(live.reqs[index]) == self.first.row(live.reqs[0]), (
-                    f"row of request {live.uid}: {self.first.name} {self.first.row(live.reqs[0])},"
-                    f" {impl.name} {impl.row(live.reqs[index])}"
+                assert impl.row(live.reqs[index]) == self.impls[first].row(live.reqs[first]), (
+                    f"row of request {live.uid}: {self.name(first)} {self.impls[first].row(live.reqs[first])},"
+                    f" {self.name(index)} {impl.row(live.reqs[index])}"
                 )
+
+    def exact_target(self, index: int) -> ExactManager[Any, Any]:
+        impl = self.impls[index]
+        assert isinstance(impl, ExactManager)
+        return impl
+
+    def check_accounting(self, index: int) -> None:
+        """Page accounting of any manager, by the spec's own invariants (spec/invariants.py): the free list, the
+        private rows, the partition of the pool, rows that match their handles; and no freed page reachable."""
+        target = self.impls[index]
+        p, num_pages = self.page_size, target.num_pages
+        free = list(target.free_pages())
+        cached = list(target.cached_slots())
+        STATS.record_tree(len(cached))
+        free_set = set(free)
+        private: dict[int, list[int]] = {}
+        matched_rows: dict[int, tuple[list[int], list[int]]] = {}
+        for live in self.live:
+            req = live.reqs[index]
+            handle = target.handle_of(req)
+            row = target.row(req)
+            cached_len = target.cached_len(handle)
+            # the target's row number names the request in a message (its uid when it keeps none)
+            row_id = getattr(req, "table_idx", live.uid)
+            private[row_id] = row[cached_len:]
+            matched_rows[row_id] = (row[:cached_len], target.get_matched_indices(handle))
+            reachable = sorted({slot - slot % p for slot in row} & free_set)
+            assert not reachable, (
+                f"no_freed_page_is_reachable: {self.name(index)}: live request {live.uid} still reads pages"
+                f" {reachable[:8]} that are on the free list (the next allocation hands them to another request)"
+            )
+        raise_first(
+            [
+                ("free_slots_are_aligned_and_unique", free_slots_are_aligned_and_unique(free, p, num_pages)),
+                ("private_rows_are_page_runs", private_rows_are_page_runs(private, p)),
+                ("pages_are_partitioned", pages_are_partitioned(num_pages, p, free, cached, private)),
+                ("rows_match_handles", rows_match_handles(matched_rows)),
+            ]
+        )
+        evictable, protected = target.size_info()
+        assert evictable + protected == len(cached) * p, (
+            f"size_info of {self.name(index)}: {evictable} + {protected} tokens, the cache holds {len(cached)}"
+            f" pages of {p}"
+        )
+        assert target.available_size() == evictable + len(free) * p, (
+            f"available_size of {self.name(index)}: {target.available_size()} != evictable {evictable}"
+            f" + {len(free)} free pages of {p}"
+        )
 
     def teardown(self) -> None:
         """Release every request: then every page is free or cached (no leak)."""
@@ -451,9 +569,4 @@ class CacheManagerMachine(RuleBasedStateMachine):
             return
         for live in list(self.live):
             self.release(live, "teardown")
-        self.implementations_agree()
-        state = self.first.abstract_state()
-        assert len(state.free_slots) + len(state.cache.entries) == state.num_pages, (
-            f"after releasing every request: {len(state.free_slots)} free + {len(state.cache.entries)} cached"
-            f" != {state.num_pages} pages"
-        )
+        self.targets_agree()
