@@ -92,6 +92,8 @@ class MachineState:
     # failing batches whose failure repeated one already recorded
     extra_failures: int = 0
     replayed: int = 0
+    # failures announced by a worker the moment they happened: (batch seed, message, time.time())
+    announced: list[tuple[int, str, float]] = field(default_factory=list)
 
     @property
     def failure(self) -> FailureReport | None:
@@ -177,11 +179,26 @@ class Campaign:
         self.notified.add(machine)
         self.notified.add(key)
         state = self.machines[machine]
+        state.announced.append((seed, message, at))
         state.stopped = not self.args.keep_going
         shrink = "" if self.args.no_shrink else f" (shrinking, at most until {self.remaining_s():.0f} s from now)"
         self.print(f"\n[{at - self.start:6.1f} s] {machine}: failing example found (batch seed {seed}){shrink}:")
         for line in bounded(message):
             self.print(f"    {line}")
+
+    def keep_announced(self) -> None:
+        """A failure announced by a batch that never returned (cancelled after the grace, or lost with its
+        worker) still counts: it is recorded as found, unshrunk and without a program, so the exit status is 1."""
+        for state in self.machines.values():
+            if state.failures or not state.announced:
+                continue
+            seed, message, at = state.announced[0]
+            self.print(
+                f"{state.name}: the batch of seed {seed} did not return before the budget's grace ended; its failure"
+                " is reported as announced, without a program (rerun with --no-shrink to get one)"
+            )
+            failure = FailureReport(state.name, seed, message, [], at, time.time(), shrunk=False)
+            state.failures.append((failure, None))
 
     def remaining_s(self) -> float:
         budget = self.budget_s
@@ -280,6 +297,7 @@ class Campaign:
             broken = True
         finally:
             backend.close()
+        self.keep_announced()
         progress.done()
         elapsed = time.time() - self.start
         print_summary(self, elapsed)

@@ -218,3 +218,16 @@ def test_help_shows_the_defaults_that_mean_something(capsys: pytest.CaptureFixtu
         assert shown in text, shown
     assert "(default: fuzz-failures)" in text and "all (the three-way differential)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
+
+
+def test_a_failure_announced_by_a_batch_that_never_returned_still_fails_the_campaign() -> None:
+    # found by the campaign itself: a batch shrinking past the budget's grace was cancelled, and its failure,
+    # already printed, was dropped (summary "failures: none", exit 0)
+    out = io.StringIO()
+    run = campaign.Campaign(campaign.parse_args(["--machine", "cache"]), out)
+    run.machines = {"cache": campaign.MachineState("cache")}
+    run.on_notify("cache", 7, "IndexError: pop from empty list", time.time())
+    run.keep_announced()
+    failure = run.machines["cache"].failure
+    assert failure is not None and failure.seed == 7 and failure.error == "IndexError: pop from empty list"
+    assert not failure.shrunk and "did not return" in out.getvalue()

@@ -57,3 +57,13 @@ def test_teardown_replays_the_events_of_the_last_step() -> None:
     replayer = state.runs[0].replayer
     assert replayer is not None
     assert replayer.cached() == {key: entry.slot_start for key, entry in state.model.entries.items()}
+
+
+def test_a_short_slot_list_for_an_empty_sequence_is_not_drawn() -> None:
+    # Found by the first campaign on the merged cache machine: "short" slots for a sequence with no slot at all
+    # popped from an empty list (IndexError in the machine, not in a cache).
+    state = CacheMachine()
+    (seqs_0,) = state.setup(page_size=2, first=[([], [])])
+    state.insert_bad_slots(seq=seqs_0, namespace=None, slots="short", which=0)
+    state.insert_bad_slots(seq=seqs_0, namespace=None, slots="long", which=1)
+    state.teardown()
