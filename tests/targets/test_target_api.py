@@ -94,10 +94,21 @@ def test_our_own_caches_pass_as_targets_in_both_lru_modes(target: str, lru: str)
     assert status == 0, text
 
 
-def test_lru_applies_to_targets_only() -> None:
+def test_sync_lru_follows_one_target_only() -> None:
     with pytest.raises(SystemExit):
-        campaign.parse_args(["--lru", "sync"])
+        campaign.parse_args(["--lru", "sync"])  # the default selection: reference and optimized
+    assert campaign.parse_args(["--lru", "sync", "--impl", "reference"]).targets == ("reference",)
     assert sys.modules["fuzz.campaign"] is campaign
+
+
+def test_a_users_cache_runs_beside_ours_and_its_bug_is_caught() -> None:
+    status, text = run(
+        "--impl", "optimized", "--target", "tests.targets.toy:ForgetfulToyCache", "--machine", "cache",
+        "--examples", "300", "--steps", "40", "--no-shrink", "--quiet",
+    )  # fmt: skip
+    assert status == 1, text
+    assert "targets optimized, tests.targets.toy:ForgetfulToyCache" in text
+    assert "tests.targets.toy:ForgetfulToyCache" in text.split("failing example found", 1)[1], text[-2000:]
 
 
 @pytest.mark.parametrize(
