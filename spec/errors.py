@@ -75,6 +75,10 @@ class DuplicateSlotError(InvalidInputError):
     """A slot offered for a new page is already cached, or offered twice."""
 
 
+class MissingPageError(InvalidInputError):
+    """A hybrid insert gives no slot for a page that a full-attention group needs and does not cache."""
+
+
 class SlotOutOfRangeError(InvalidInputError):
     """A slot index lies outside the KV pool, or outside the slot domain ``0 <= slot < 2**31``."""
 
@@ -111,6 +115,7 @@ __all__ = [
     "LengthMismatchError",
     "ManagerLawError",
     "MisalignedPageError",
+    "MissingPageError",
     "OutOfPagesError",
     "OverlappingBuffersError",
     "SchedulingLawError",

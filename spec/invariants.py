@@ -122,6 +122,14 @@ PREFIX_CACHE_INVARIANTS: tuple[Callable[[PrefixCacheState], str | None], ...] = 
     leaf_stamps_are_distinct,
 )
 
+# what a sliding-window group of a hybrid cache keeps of them: its paths may have holes (spec/hybrid.py)
+WINDOW_GROUP_INVARIANTS: tuple[Callable[[PrefixCacheState], str | None], ...] = (
+    keys_are_whole_pages,
+    page_slots_are_aligned,
+    page_slots_are_unique,
+    stamps_are_in_the_past,
+)
+
 
 def sizes_equal_page_counts(state: PrefixCacheState, reported: SizeInfo) -> str | None:
     """The reported evictable and protected sizes equal the page counts times P."""

@@ -16,7 +16,7 @@ import heapq
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from .domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from .errors import (
@@ -272,7 +272,13 @@ def size_info(state: PrefixCacheState) -> SizeInfo:
 # ---------------------------------------------------------------- operations
 
 
-def take_tick(state: PrefixCacheState) -> int:
+class HasClock(Protocol):
+    """A state with a logical clock (the single-group and the hybrid cache)."""
+
+    clock: int
+
+
+def take_tick(state: HasClock) -> int:
     """Advance the logical clock; return the stamp of this operation."""
     t = state.clock
     state.clock += 1
