@@ -23,7 +23,9 @@ from .targets.api import TargetInfo
 
 # our implementations (fuzz.targets.ours.IMPLEMENTATIONS) and the machines (fuzz.machines.MACHINES), by name
 IMPLEMENTATIONS = ("reference", "optimized")
-MACHINE_NAMES = ("cache", "manager", "scheduler", "kv")
+MACHINE_NAMES = ("cache", "manager", "scheduler", "kv", "hybrid")
+# those of ours with a hybrid twin (fuzz.targets.ours.HYBRID_IMPLEMENTATIONS): the hybrid machine drives them
+HYBRID_IMPLEMENTATIONS = ("reference",)
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
 
@@ -96,10 +98,11 @@ def select(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def machines_for(names: Sequence[str], foreign: dict[str, TargetInfo]) -> list[str]:
     """The machines that can drive every selected target: cache and manager when each has that layer; the
-    scheduler and the kv machine when all are ours."""
+    scheduler and the kv machine when all are ours; the hybrid machine when all have a hybrid twin."""
     layers = (("cache", "cache_factory"), ("manager", "manager_factory"))
     found = [machine for machine, layer in layers if all(getattr(info, layer) is not None for info in foreign.values())]
-    return found + (["scheduler", "kv"] if not foreign else [])
+    found += ["scheduler", "kv"] if not foreign else []
+    return found + (["hybrid"] if all(name in HYBRID_IMPLEMENTATIONS for name in names) else [])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

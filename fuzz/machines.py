@@ -10,6 +10,7 @@ from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
 from .cache_machine import CacheMachine
+from .hybrid_machine import HybridMachine
 from .kv_machine import KVStoreMachine
 from .manager_machine import ManagerMachine
 from .scheduler_machine import SchedulerMachine
@@ -21,6 +22,7 @@ MACHINES: dict[str, type[RuleBasedStateMachine]] = {
     "manager": ManagerMachine,
     "scheduler": SchedulerMachine,
     "kv": KVStoreMachine,
+    "hybrid": HybridMachine,
 }
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from .errors import (
@@ -101,11 +101,11 @@ class HybridHandle:
 class HybridInsertResult(NamedTuple):
     """What insert_prefix returns."""
 
-    # per group, the page starts the caller passed for pages that were already cached in that group:
-    # the cache did not take them, the caller frees them
+    # per group, the page starts the caller passed for pages that the group already caches at another
+    # slot: the cache did not take them, the caller frees them (a start equal to the cached one is that page)
     unused: tuple[tuple[int, ...], ...]
-    # handle on the longest valid match of the inserted tokens, after the insert
-    handle: HybridHandle
+    # handle on the longest valid match of the inserted tokens, after the insert (each implementation's own)
+    handle: Any
 
 
 def check_windows(windows: object) -> tuple[Window, ...]:
@@ -302,9 +302,10 @@ def insert_prefix(
 ) -> HybridInsertResult:
     """Cache the whole pages of ``input_ids`` in every group; ``pages[g][k]`` is the slot start of page k in group g.
 
-    A page already cached in a group keeps its slot (the caller frees its own, listed in
-    ``result.unused``). ``None`` marks a page the caller no longer holds (a window page released
-    early); it stays uncached. A full group needs every page it does not cache yet.
+    A page already cached in a group keeps its slot (the caller frees its own copy, listed in
+    ``result.unused``; passing the cached start itself is no copy). ``None`` marks a page the
+    caller no longer holds (a window page released early); it stays uncached. A full group needs
+    every page it does not cache yet.
     """
     # CHECK
     tokens = check_token_ids(input_ids)
@@ -334,7 +335,11 @@ def insert_prefix(
     for entries, row in zip(state.groups, rows, strict=True):
         stamp(entries, keys, t)
         unused.append(
-            tuple(start for key, start in zip(keys, row, strict=True) if key in entries and start is not None)
+            tuple(
+                start
+                for key, start in zip(keys, row, strict=True)
+                if key in entries and start is not None and start != entries[key].slot_start
+            )
         )
         for key, start in zip(keys, row, strict=True):
             if key not in entries and start is not None:
@@ -378,12 +383,12 @@ def unlock(state: HybridState, handle: HybridHandle) -> None:
         del state.locks[(handle.namespace, handle.tokens)]
 
 
-def check_group(state: HybridState, group: object) -> int:
-    """``group`` if it names a group of the cache, else raise."""
+def check_group(group: object, groups: int) -> int:
+    """``group`` if it names one of ``groups`` groups, else raise."""
     if not isinstance(group, int) or isinstance(group, bool):
         raise InvalidTypeError(f"group must be an int, got {type(group).__name__}")
-    if not 0 <= group < len(state.windows):
-        raise InvalidInputError(f"group {group} is not one of the cache's {len(state.windows)} groups")
+    if not 0 <= group < groups:
+        raise InvalidInputError(f"group {group} is not one of the cache's {groups} groups")
     return group
 
 
@@ -393,7 +398,7 @@ def evict(state: HybridState, group: int, size: int) -> list[int]:
     Between two pages of the same stamp (one operation stamps one path), the deeper goes first.
     """
     # CHECK
-    check_group(state, group)
+    check_group(group, len(state.windows))
     check_evict_size(size, size_info(state, group).evictable_size)
     # UPDATE: one page at a time; taking a leaf of a full group may make its parent a leaf
     entries = state.groups[group]

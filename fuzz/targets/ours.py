@@ -12,7 +12,7 @@ turns tensors into lists.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -21,14 +21,17 @@ import torch
 import optimized
 import reference
 from optimized.radix_cache import RadixCacheHandle as OptimizedHandle
+from reference.hybrid_cache import HybridRadixCache
 from reference.radix_cache import RadixCacheHandle
 from spec import cache_manager as sm
+from spec import hybrid as hy
 from spec import prefix_cache as pc
 from spec.domains import Namespace
 from spec.events import Event
 from spec.invariants import check_invariants
 from spec.metrics import CacheStats
 from spec.requests import Req
+from spec.types import SizeInfo
 
 from .api import EXACT, PageKey, Profile, TargetInfo
 
@@ -410,3 +413,55 @@ OPTIMIZED = TargetInfo(
 )
 # what --impl names: our implementations, in the order --impl all drives them
 IMPLEMENTATIONS: dict[str, TargetInfo] = {"reference": REFERENCE, "optimized": OPTIMIZED}
+
+
+class SpecHybridCache:
+    """The spec's hybrid free functions over one state, with the hybrid trees' methods (what the
+    hybrid manager calls, so that the manager runs over the spec beside each tree)."""
+
+    name = "spec"
+
+    def __init__(self, page_size: int, windows: tuple[hy.Window, ...]) -> None:
+        self.state = hy.new_state(page_size, windows)
+        self.page_size, self.windows = self.state.page_size, self.state.windows
+
+    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> hy.HybridHandle:
+        return hy.match_prefix(self.state, input_ids, namespace)
+
+    def insert_prefix(
+        self, input_ids: Sequence[int], pages: Sequence[Sequence[int | None]], namespace: Namespace = None
+    ) -> hy.HybridInsertResult:
+        return hy.insert_prefix(self.state, input_ids, pages, namespace)
+
+    def lock(self, handle: hy.HybridHandle) -> None:
+        hy.lock(self.state, handle)
+
+    def unlock(self, handle: hy.HybridHandle) -> None:
+        hy.unlock(self.state, handle)
+
+    def get_matched_pages(self, handle: hy.HybridHandle) -> list[list[int | None]]:
+        return hy.get_matched_pages(self.state, handle)
+
+    def evict(self, group: int, size: int) -> list[int]:
+        return hy.evict(self.state, group, size)
+
+    def reset(self) -> list[list[int]]:
+        return hy.reset(self.state)
+
+    def size_info(self, group: int) -> SizeInfo:
+        return hy.size_info(self.state, group)
+
+    def abstract_state(self) -> hy.HybridState:
+        return self.state
+
+    def abstract_handle(self, handle: hy.HybridHandle) -> hy.HybridHandle:
+        return handle
+
+    def check_integrity(self) -> None:
+        hy.check_hybrid_invariants(self.state, [self.size_info(g) for g in range(len(self.windows))])
+
+
+# the hybrid caches by implementation name (the hybrid machine drives these beside the spec)
+HYBRID_IMPLEMENTATIONS: dict[str, Callable[[int, tuple[hy.Window, ...]], Any]] = {
+    "reference": HybridRadixCache,
+}

@@ -73,12 +73,18 @@ def test_the_counts_list_no_empty_heading() -> None:
 def test_by_default_the_campaign_is_the_differential_of_every_implementation() -> None:
     args = campaign.parse_args([])
     assert args.targets == ("reference", "optimized") and args.machine == "all"
+    from fuzz import cli
     from fuzz.machines import MACHINES
-    from fuzz.targets.ours import IMPLEMENTATIONS
+    from fuzz.targets.ours import HYBRID_IMPLEMENTATIONS, IMPLEMENTATIONS
 
     assert tuple(IMPLEMENTATIONS) == campaign.IMPLEMENTATIONS
+    assert tuple(HYBRID_IMPLEMENTATIONS) == cli.HYBRID_IMPLEMENTATIONS
     assert tuple(MACHINES) == campaign.MACHINE_NAMES
-    assert campaign.machines_for(args.targets, args.foreign) == list(campaign.MACHINE_NAMES)
+    # the hybrid machine joins when every selected implementation has a hybrid twin
+    hybrid = set(args.targets) <= set(HYBRID_IMPLEMENTATIONS)
+    expected = [name for name in campaign.MACHINE_NAMES if name != "hybrid" or hybrid]
+    assert campaign.machines_for(args.targets, args.foreign) == expected
+    assert "hybrid" in campaign.machines_for(("reference",), {})
 
 
 def test_impl_and_target_are_two_spellings_of_one_selection() -> None:

@@ -8,3 +8,6 @@ TestManagerMachine = ManagerMachine.TestCase
 from fuzz.scheduler_machine import SchedulerMachine  # noqa: E402
 
 TestSchedulerMachine = SchedulerMachine.TestCase
+from fuzz.hybrid_machine import HybridMachine  # noqa: E402
+
+TestHybridMachine = HybridMachine.TestCase

@@ -1,0 +1,406 @@
+"""The hybrid machine: the spec's hybrid cache beside our hybrid trees, and the hybrid manager over each.
+
+Two halves share one example (``docs/hybrid.md``):
+
+* the **cache** half drives the spec state and every selected tree with the
+  same match / insert / lock / unlock / evict / reset calls and bad inputs,
+  and compares results, errors and abstract states after every step;
+* the **manager** half runs ``HybridCacheManager`` over the spec's cache and
+  over each tree's (its own caches, apart from the cache half's), with
+  requests that match, allocate, store, decode and cache; it compares every
+  manager's free lists, rows and results, and checks after every step the
+  conservation law per group, the rows against the locked matches, and the
+  safety law: every page a live request still attends is held, and keeps
+  its slot until the request caches it.
+
+The windows are drawn against the page size: smaller than a page, not a
+multiple of it, many pages long; one to three groups, full attention among
+them or not.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
+
+from reference.hybrid_manager import HybridCacheManager, HybridReq
+from spec import hybrid as hy
+from spec.domains import Namespace
+from spec.errors import CacheError
+
+from .messages import brief
+from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
+from .stats import STATS
+from .targets.ours import HYBRID_IMPLEMENTATIONS, SpecHybridCache
+
+hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
+BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
+
+
+def windows_for(page_size: int) -> st.SearchStrategy[list[hy.Window]]:
+    """One to three windows: full attention, below a page, not a multiple of it, many pages."""
+    p = page_size
+    window = st.one_of(
+        st.none(),
+        st.integers(1, max(1, p)),
+        st.integers(1, 4 * p + 3),
+        st.integers(1, 8).map(lambda k: k * p + 1),
+    )
+    return st.lists(window, min_size=1, max_size=3)
+
+
+def outcome(call: Any) -> tuple[str, Any]:
+    """("ok", result) or ("error", the CacheError's class name)."""
+    try:
+        return ("ok", call())
+    except CacheError as error:
+        return ("error", type(error).__name__)
+
+
+class HybridMachine(RuleBasedStateMachine):
+    """The spec's hybrid cache and our hybrid trees, and the hybrid manager over each, driven alike."""
+
+    # the implementations beside the spec (fuzz.machines.machine_for sets them from --impl)
+    IMPLS: ClassVar[tuple[str, ...]] = tuple(HYBRID_IMPLEMENTATIONS)
+
+    seqs = Bundle("hybrid_seqs")
+    handles = Bundle("hybrid_handles")
+
+    def __init__(self) -> None:
+        super().__init__()
+        STATS.examples += 1
+        self.page_size = 1
+        self.windows: tuple[hy.Window, ...] = (None,)
+        self.num_pages = 8
+        self.names: list[str] = []
+        self.model = hy.new_state(1, (None,))
+        self.caches: list[Any] = []
+        # the cache half's slot ledger, per group: page starts the model does not cache
+        self.free: list[deque[int]] = []
+        # the manager half: one manager per implementation (the spec's first), one request per manager per uid
+        self.managers: list[HybridCacheManager] = []
+        self.reqs: dict[int, list[HybridReq]] = {}
+        self.next_uid = 0
+        # per live request, the slots of the pages it attends, as last seen: they may change only in cache_req
+        self.attended: dict[int, dict[tuple[int, int], int]] = {}
+
+    # small pools evict often; big ones let trees and keys grow
+    @initialize(
+        target=seqs,
+        page_size=hybrid_page_sizes,
+        num_pages=st.one_of(st.integers(4, 40), st.integers(4, 40), st.integers(41, 400)),
+        data=st.data(),
+    )
+    def setup(self, page_size: int, num_pages: int, data: st.DataObject) -> Any:
+        self.page_size, self.num_pages = page_size, num_pages
+        self.windows = hy.check_windows(data.draw(windows_for(page_size), label="windows"))
+        self.names = [name for name in HYBRID_IMPLEMENTATIONS if name in self.IMPLS]
+        self.model = hy.new_state(page_size, self.windows)
+        self.caches = [HYBRID_IMPLEMENTATIONS[name](page_size, self.windows) for name in self.names]
+        self.free = [deque(range(0, num_pages * page_size, page_size)) for _ in self.windows]
+        makers = [SpecHybridCache, *(HYBRID_IMPLEMENTATIONS[name] for name in self.names)]
+        self.managers = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
+        first = data.draw(st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3), label="first")
+        return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
+
+    # ------------------------------------------------------------ sequences
+
+    @rule(target=seqs, base=seqs, keep=st.booleans(), pages=page_choices, tail=tail_choices)
+    def new_seq(self, base: tuple[int, ...], keep: bool, pages: list[int], tail: list[int]) -> tuple[int, ...]:
+        STATS.record_rule("hybrid.new_seq")
+        return tuple(build_sequence(self.page_size, pages, tail, base if keep else ()))
+
+    @rule(target=seqs, base=seqs, cut=st.integers(0, 255))
+    def prefix_of(self, base: tuple[int, ...], cut: int) -> tuple[int, ...]:
+        STATS.record_rule("hybrid.prefix_of")
+        return base[: cut % (len(base) + 1)]
+
+    @rule(target=seqs, base=seqs, tokens=st.sampled_from([64, 256, 512]), salt=st.integers(0, 7))
+    def long_seq(self, base: tuple[int, ...], tokens: int, salt: int) -> tuple[int, ...]:
+        """A key of hundreds of tokens after ``base``'s whole pages: deep paths, windows of many pages."""
+        STATS.record_rule("hybrid.long_seq")
+        p = self.page_size
+        pages = [page_pattern((salt + i * (i % 3)) % NUM_PATTERNS, p) for i in range(max(1, tokens // p))]
+        return tuple(build_sequence(p, [], [], base) + [token for page in pages for token in page])
+
+    # ------------------------------------------------------------ the cache half
+
+    def same(self, what: str, outcomes: list[tuple[str, Any]]) -> Any:
+        """The one outcome every implementation had, or an AssertionError naming the first that differs."""
+        for name, got in zip(self.names, outcomes[1:], strict=True):
+            assert got == outcomes[0], f"{what}: spec {brief(outcomes[0])}, {name} {brief(got)}"
+        return outcomes[0]
+
+    def draw_pages(self, tokens: tuple[int, ...], held: list[list[bool]]) -> list[list[int | None]]:
+        """One row per group for ``tokens``' whole pages: fresh starts from the ledger, None where not held."""
+        rows: list[list[int | None]] = []
+        for group, window in enumerate(self.windows):
+            row: list[int | None] = []
+            for page in range(len(tokens) // self.page_size):
+                keep = window is None or held[group % len(held)][page % len(held[group % len(held)])]
+                row.append(self.free[group].popleft() if keep and self.free[group] else None)
+            rows.append(row)
+        return rows
+
+    def settle_ledger(self) -> None:
+        """The ledger after a call: every page start of the pool that the model does not cache, in order."""
+        for group, entries in enumerate(self.model.groups):
+            cached = {entry.slot_start for entry in entries.values()}
+            self.free[group] = deque(
+                s for s in range(0, self.num_pages * self.page_size, self.page_size) if s not in cached
+            )
+
+    @rule(
+        target=handles,
+        tokens=seqs,
+        held=st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=1, max_size=3),
+        namespace=st.sampled_from(NAMESPACE_PALETTE[:3]),
+    )
+    def insert_prefix(self, tokens: tuple[int, ...], held: list[list[bool]], namespace: Namespace) -> Any:
+        STATS.record_rule("hybrid.insert_prefix")
+        rows = self.draw_pages(tokens, held)
+        full_short = any(None in row for row, w in zip(rows, self.windows, strict=True) if w is None)
+        got = [outcome(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
+        got += [outcome(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
+        results = [(kind, (r.unused, r.handle.cached_len) if kind == "ok" else r) for kind, r in got]
+        self.same(f"insert_prefix of {len(tokens)} tokens (pool short: {full_short})", results)
+        self.settle_ledger()
+        self.record_reach(len(tokens))
+        if got[0][0] == "error":
+            STATS.rejected[got[0][1]] += 1
+            return multiple()
+        return (namespace, tuple(result.handle for _, result in got))
+
+    @rule(tokens=seqs, kind=st.sampled_from(BAD_INSERTS), namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
+    def insert_bad_pages(self, tokens: tuple[int, ...], kind: str, namespace: Namespace) -> None:
+        """A bad row: every implementation raises the same error and changes nothing."""
+        STATS.record_rule(f"hybrid.insert_bad_pages[{kind}]")
+        p, whole = self.page_size, len(tokens) // self.page_size
+        cached = [[e.slot_start for e in entries.values()] for entries in self.model.groups]
+        rows: list[list[int | None]] = [
+            [self.num_pages * p + (g * whole + k) * p for k in range(whole)] for g in range(len(self.windows))
+        ]
+        if kind == "misaligned" and p > 1 and whole:
+            rows[-1][-1] = (rows[-1][-1] or 0) + 1
+        elif kind == "duplicate" and whole and cached[-1]:
+            rows[-1][-1] = cached[-1][0]
+        elif kind == "missing" and whole and None in self.windows:
+            rows[self.windows.index(None)][-1] = None
+        elif kind == "short_row":
+            rows[0] = rows[0][:-1] if whole else [0]
+        elif kind == "groups":
+            rows = rows[:-1] if len(rows) > 1 else rows + rows
+        before = self.snapshot()
+        got = [outcome(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
+        got += [outcome(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
+        results = [(k, (r.unused, r.handle.cached_len) if k == "ok" else r) for k, r in got]
+        self.same(f"insert_prefix with a {kind} row", results)
+        if got[0][0] == "error":
+            assert self.snapshot() == before, f"a rejected insert ({got[0][1]}) changed the cache"
+            STATS.rejected[got[0][1]] += 1
+        self.settle_ledger()
+
+    @rule(target=handles, tokens=seqs, namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
+    def match_prefix(self, tokens: tuple[int, ...], namespace: Namespace) -> Any:
+        STATS.record_rule("hybrid.match_prefix")
+        handles = [
+            hy.match_prefix(self.model, tokens, namespace),
+            *(c.match_prefix(tokens, namespace) for c in self.caches),
+        ]
+        pages = [
+            hy.get_matched_pages(self.model, handles[0]),
+            *(c.get_matched_pages(h) for c, h in zip(self.caches, handles[1:], strict=True)),
+        ]
+        self.same(
+            f"match_prefix of {len(tokens)} tokens", [(h.cached_len, m) for h, m in zip(handles, pages, strict=True)]
+        )
+        self.record_reach(len(tokens))
+        return (namespace, tuple(handles))
+
+    @rule(handle=handles, unlock=st.booleans())
+    def lock_or_unlock(self, handle: tuple[Namespace, tuple[Any, ...]], unlock: bool) -> None:
+        operation = "unlock" if unlock else "lock"
+        STATS.record_rule(f"hybrid.{operation}")
+        _, per_impl = handle
+        got = [outcome(lambda: getattr(hy, operation)(self.model, per_impl[0]))]
+        got += [
+            outcome(lambda c=c, h=h: getattr(c, operation)(h)) for c, h in zip(self.caches, per_impl[1:], strict=True)
+        ]
+        self.same(f"{operation} of a handle of cached_len {per_impl[0].cached_len}", got)
+
+    @rule(group=st.integers(0, 2), share=st.integers(0, 8), bad=st.sampled_from([None] * 5 + [-1, 3, True]))
+    def evict(self, group: int, share: int, bad: Any) -> None:
+        """Evict a share of one group's evictable pages; or, with ``bad``, a bad group or size (rejected alike)."""
+        STATS.record_rule("hybrid.evict" if bad is None else "hybrid.evict_bad")
+        group %= len(self.windows)
+        size: Any = hy.size_info(self.model, group).evictable_size * share // 8
+        if bad is not None:
+            group, size = (bad, size) if share % 2 else (group, [-1, 1 << 40, 1.0][share % 3])
+        before = self.snapshot()
+        got = [outcome(lambda: hy.evict(self.model, group, size))]
+        got += [outcome(lambda c=c: c.evict(group, size)) for c in self.caches]
+        self.same(f"evict({group!r}, {size!r})", got)
+        if bad is not None:
+            assert got[0][0] == "error" and self.snapshot() == before, f"evict({group!r}, {size!r}) was accepted"
+            STATS.rejected[got[0][1]] += 1
+        else:
+            STATS.record_reach(largest_evict_pages=-(-size // self.page_size))
+            STATS.evicted_pages += -(-size // self.page_size)
+        self.settle_ledger()
+
+    @precondition(lambda self: self.model.clock % 8 == 7)
+    @rule()
+    def reset(self) -> None:
+        """Empty every group (refused while a lock is outstanding); now and then, else it undoes every state."""
+        STATS.record_rule("hybrid.reset")
+        got = [outcome(lambda: hy.reset(self.model))]
+        got += [outcome(lambda c=c: c.reset()) for c in self.caches]
+        self.same("reset", got)
+        self.settle_ledger()
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """The model's state, copied (to tell that a rejected call changed nothing)."""
+        return (tuple(dict(g) for g in self.model.groups), dict(self.model.locks), self.model.clock)
+
+    def record_reach(self, tokens: int) -> None:
+        STATS.record_reach(
+            longest_key_tokens=tokens,
+            largest_tree_pages=max(len(g) for g in self.model.groups),
+            # one node per page in the trees: a path's nodes are its pages
+            deepest_path_nodes=max((len(key[1]) // self.page_size for g in self.model.groups for key in g), default=0),
+            most_namespaces=len({key[0] for g in self.model.groups for key in g}),
+        )
+
+    @invariant()
+    def caches_agree(self) -> None:
+        """Every tree's abstract state is the spec's state; every tree passes its own integrity check."""
+        if not self.caches:
+            return
+        hy.check_hybrid_invariants(self.model, [hy.size_info(self.model, g) for g in range(len(self.windows))])
+        expected = self.snapshot()
+        for name, cache in zip(self.names, self.caches, strict=True):
+            cache.check_integrity()
+            state = cache.abstract_state()
+            got = (tuple(state.groups), dict(state.locks), state.clock)
+            assert got == expected, f"{name}'s abstract state differs from the spec's ({len(expected[0][0])} pages)"
+
+    # ------------------------------------------------------------ the manager half
+
+    @rule(tokens=seqs, extra=st.lists(st.integers(0, 3), max_size=3), namespace=st.sampled_from(NAMESPACE_PALETTE[:2]))
+    def new_request(self, tokens: tuple[int, ...], extra: list[int], namespace: Namespace) -> None:
+        """A request matches its prompt and locks the match."""
+        STATS.record_rule("hybrid.match_req")
+        prompt = [*tokens, *extra]
+        if not prompt or not self.managers:
+            return
+        uid, self.next_uid = self.next_uid, self.next_uid + 1
+        reqs = [HybridReq(uid, list(prompt), namespace) for _ in self.managers]
+        for manager, req in zip(self.managers, reqs, strict=True):
+            manager.match_req(req)
+        self.same_requests("match_req", reqs)
+        self.reqs[uid] = reqs
+
+    def same_requests(self, what: str, reqs: list[HybridReq]) -> None:
+        """Every manager's copy of a request holds the same rows, match and stored length."""
+        first = reqs[0]
+        for name, req in zip(self.names, reqs[1:], strict=True):
+            assert (req.rows, req.cached_len, req.computed) == (first.rows, first.cached_len, first.computed), (
+                f"{what} of request {first.uid}: spec rows {brief(first.rows)} matched {first.cached_len},"
+                f" {name} rows {brief(req.rows)} matched {req.cached_len}"
+            )
+
+    def manager_call(self, what: str, uid: int, call: Any) -> list[tuple[str, Any]]:
+        """``call(manager, req)`` on every manager; the outcomes must agree, and so must the requests after."""
+        got = [outcome(lambda m=m, r=r: call(m, r)) for m, r in zip(self.managers, self.reqs[uid], strict=True)]
+        self.same(f"{what} of request {uid}", got)
+        self.same_requests(what, self.reqs[uid])
+        return got
+
+    @precondition(lambda self: self.reqs)
+    @rule(which=st.integers(0, 63), tokens=st.integers(1, 40))
+    def allocate_and_store(self, which: int, tokens: int) -> None:
+        """A prefill chunk or a decode step: pages for ``tokens`` more tokens, then their KV stored."""
+        STATS.record_rule("hybrid.allocate_and_store")
+        uid = sorted(self.reqs)[which % len(self.reqs)]
+        req = self.reqs[uid][0]
+        length = min(len(req.input_ids), req.computed + tokens)
+        got = self.manager_call("allocate_paged", uid, lambda m, r: m.allocate_paged(r, length))
+        if got[0][0] == "ok":
+            self.manager_call("store", uid, lambda m, r: m.store(r, length - r.computed))
+
+    @precondition(lambda self: self.reqs)
+    @rule(which=st.integers(0, 63), token=st.integers(0, 3))
+    def decode(self, which: int, token: int) -> None:
+        """A request that stored all its KV produces one more token."""
+        STATS.record_rule("hybrid.decode")
+        uid = sorted(self.reqs)[which % len(self.reqs)]
+        if self.reqs[uid][0].computed == len(self.reqs[uid][0].input_ids):
+            for req in self.reqs[uid]:
+                req.input_ids.append(token)
+
+    @precondition(lambda self: self.reqs)
+    @rule(which=st.integers(0, 63), finished=st.booleans())
+    def cache_req(self, which: int, finished: bool) -> None:
+        STATS.record_rule(f"hybrid.cache_req[{'finished' if finished else 'running'}]")
+        uid = sorted(self.reqs)[which % len(self.reqs)]
+        self.manager_call("cache_req", uid, lambda m, r: m.cache_req(r, finished))
+        self.attended.pop(uid, None)
+        if finished:
+            del self.reqs[uid]
+
+    @precondition(
+        lambda self: any(self.managers[0].cache.size_info(g).evictable_size for g in range(len(self.windows)))
+    )
+    @rule(group=st.integers(0, 2))
+    def manager_evict_all(self, group: int) -> None:
+        """Churn: evict everything evictable of one group into its free list."""
+        STATS.record_rule("hybrid.manager_evict")
+        if not self.managers:
+            return
+        group %= len(self.windows)
+        got = []
+        for manager in self.managers:
+            size = manager.cache.size_info(group).evictable_size
+            evicted = manager.cache.evict(group, size)
+            manager.free_slots[group].extend(evicted[:: self.page_size])
+            got.append(evicted)
+        self.same(f"evicting group {group} of the managers' caches", [("ok", g) for g in got])
+
+    @invariant()
+    def managers_keep_the_laws(self) -> None:
+        """Every manager keeps conservation, rows and the safety law; they agree; attended slots stay put."""
+        if not self.managers:
+            return
+        live = [[reqs[i] for reqs in self.reqs.values()] for i in range(len(self.managers))]
+        for manager, reqs in zip(self.managers, live, strict=True):
+            manager.check_integrity(reqs)
+        free = [list(q) for q in self.managers[0].free_slots]
+        for name, manager in zip(self.names, self.managers[1:], strict=True):
+            assert [list(q) for q in manager.free_slots] == free, f"{name}'s manager free lists differ from the spec's"
+        p = self.page_size
+        for uid, reqs in self.reqs.items():
+            req = reqs[0]
+            now = {
+                (group, page): start
+                for group, (window, row) in enumerate(zip(self.windows, req.rows, strict=True))
+                for page in hy.compute_used_pages(req.computed, window, p)
+                if (start := row[page]) is not None
+            }
+            seen = self.attended.get(uid, {})
+            moved = [key for key in now.keys() & seen.keys() if now[key] != seen[key]]
+            assert not moved, (
+                f"request {uid}: attended page {moved[0]} moved from slot {seen[moved[0]]} to {now[moved[0]]}"
+            )
+            self.attended[uid] = now
+
+    def teardown(self) -> None:
+        """Every request finishes; then every page of every group is free or cached, and no lock is left."""
+        for uid in sorted(self.reqs):
+            self.manager_call("cache_req", uid, lambda m, r: m.cache_req(r, True))
+        self.reqs.clear()
+        for manager in self.managers:
+            manager.check_integrity([])
+            assert not manager.cache.abstract_state().locks, "locks left after every request finished"
