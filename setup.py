@@ -1,6 +1,6 @@
 """Build hooks (everything else is in pyproject.toml).
 
-* ``cffi_modules``: csrc/radix.c and csrc/store.c become ``optimized._radix_c``.
+* ``cffi_modules``: csrc/radix.c, store.c, tree.c and hybrid.c become ``optimized._radix_c``.
 * ``build_py`` also copies the CUDA sources into ``optimized/csrc/`` of the
   built package, so an installed wheel can still build its store kernel with
   nvcc (``python -m optimized.build_cuda``); a checkout reads them from csrc/.

@@ -25,7 +25,7 @@ from .targets.api import TargetInfo
 IMPLEMENTATIONS = ("reference", "optimized")
 MACHINE_NAMES = ("cache", "manager", "scheduler", "kv", "hybrid")
 # those of ours with a hybrid twin (fuzz.targets.ours.HYBRID_IMPLEMENTATIONS): the hybrid machine drives them
-HYBRID_IMPLEMENTATIONS = ("reference",)
+HYBRID_IMPLEMENTATIONS = ("reference", "optimized")
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
 

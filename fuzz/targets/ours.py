@@ -20,6 +20,7 @@ import torch
 
 import optimized
 import reference
+from optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
 from optimized.radix_cache import RadixCacheHandle as OptimizedHandle
 from reference.hybrid_cache import HybridRadixCache
 from reference.radix_cache import RadixCacheHandle
@@ -464,4 +465,5 @@ class SpecHybridCache:
 # the hybrid caches by implementation name (the hybrid machine drives these beside the spec)
 HYBRID_IMPLEMENTATIONS: dict[str, Callable[[int, tuple[hy.Window, ...]], Any]] = {
     "reference": HybridRadixCache,
+    "optimized": OptimizedHybridCache,
 }

@@ -1,0 +1,103 @@
+"""The C hybrid tree: the rules of docs/hybrid.md, every input format, and the errors of the spec."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimized.hybrid_cache import HybridRadixCache
+from reference.hybrid_cache import HybridRadixCache as ReferenceHybridCache
+from reference.hybrid_manager import HybridCacheManager, HybridReq
+from spec import hybrid as hy
+from spec.errors import (
+    CacheBusyError,
+    DuplicateSlotError,
+    EvictionError,
+    InvalidTypeError,
+    MisalignedPageError,
+    MissingPageError,
+    StaleHandleError,
+    UnlockError,
+)
+
+PROMPT = list(range(100, 116))
+
+
+@pytest.mark.parametrize("tokens", [PROMPT, torch.tensor(PROMPT), torch.tensor(PROMPT, dtype=torch.int32)])
+def test_a_window_hole_matches_past_it_in_every_token_format(tokens: object) -> None:
+    cache = HybridRadixCache(4, (None, 8))
+    cache.insert_prefix(tokens, ([0, 4, 8, 12], [None, None, 8, 12]))  # type: ignore[arg-type]
+    handle = cache.match_prefix(tokens)  # type: ignore[arg-type]
+    assert handle.cached_len == 16
+    assert cache.get_matched_pages(handle) == [[0, 4, 8, 12], [None, None, 8, 12]]
+    assert cache.evict(1, 1) == [12, 13, 14, 15]
+    assert cache.match_prefix(PROMPT).cached_len == 0
+    cache.check_integrity()
+
+
+@pytest.mark.parametrize(
+    "pages, error",
+    [
+        (([0, None, 8, 12], [0, 4, 8, 12]), MissingPageError),
+        (([0, 4, 8, 12], [0, 5, 8, 12]), MisalignedPageError),
+        (([0, 4, 8, 12], [0, 4, 4, 12]), DuplicateSlotError),
+        (([0, 4, 8, 12], [16, 4, 8, 12]), DuplicateSlotError),
+    ],
+)
+def test_a_rejected_insert_raises_the_spec_error_and_changes_nothing(pages: object, error: type[Exception]) -> None:
+    cache = HybridRadixCache(4, (None, 8))
+    cache.insert_prefix(PROMPT[:4], ([16], [16]))
+    before = cache.abstract_state()
+    with pytest.raises(error):
+        cache.insert_prefix([7, *PROMPT[1:]], pages)  # type: ignore[arg-type]
+    after = cache.abstract_state()
+    assert (after.groups, after.clock) == (before.groups, before.clock)
+    cache.check_integrity()
+
+
+def test_locks_stale_handles_and_reset_as_the_spec() -> None:
+    cache = HybridRadixCache(4, (None, 8))
+    handle = cache.insert_prefix(PROMPT, ([0, 4, 8, 12], [0, 4, 8, 12])).handle
+    cache.lock(handle)
+    assert [cache.size_info(g).protected_size for g in (0, 1)] == [16, 8]
+    with pytest.raises(CacheBusyError):
+        cache.reset()
+    with pytest.raises(EvictionError):
+        cache.evict(1, 12)
+    cache.unlock(handle)
+    with pytest.raises(UnlockError):
+        cache.unlock(handle)
+    assert cache.evict(1, 12) == list(range(4, 16))
+    with pytest.raises(StaleHandleError):
+        cache.lock(handle)
+    with pytest.raises(InvalidTypeError):
+        cache.lock(object())  # type: ignore[arg-type]
+    assert cache.reset() == [list(range(16)), [0, 1, 2, 3]]
+    assert cache.match_prefix(PROMPT).cached_len == 0
+    cache.check_integrity()
+
+
+def test_a_deep_path_and_many_evictions_match_the_reference() -> None:
+    tokens = [t % 5 for t in range(2048)]
+    trees = [HybridRadixCache(2, (None, 7, 3)), ReferenceHybridCache(2, (None, 7, 3))]
+    for tree in trees:
+        rows = [list(range(0, 2048, 2)), [None if k % 3 else 2 * k for k in range(1024)], list(range(0, 2048, 2))]
+        tree.insert_prefix(tokens, rows)
+        tree.match_prefix(tokens[:1000])
+    for group, size in [(2, 200), (1, 50), (0, 300), (2, 1000)]:
+        assert trees[0].evict(group, size) == trees[1].evict(group, size)
+    assert trees[0].abstract_state().groups == trees[1].abstract_state().groups
+    trees[0].check_integrity()
+
+
+def test_the_manager_runs_over_the_c_tree() -> None:
+    manager = HybridCacheManager(HybridRadixCache(4, (None, 4)), 8)
+    req = HybridReq(1, list(range(14)))
+    manager.match_req(req)
+    manager.allocate_paged(req, 14)
+    manager.store(req, 14)
+    manager.check_integrity([req])
+    manager.cache_req(req, finished=True)
+    manager.check_integrity([])
+    assert manager.cache.match_prefix(list(range(14))).cached_len == 12
+    assert isinstance(manager.cache.abstract_state(), hy.HybridState)
