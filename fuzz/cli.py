@@ -102,7 +102,8 @@ def machines_for(names: Sequence[str], foreign: dict[str, TargetInfo]) -> list[s
     layers = (("cache", "cache_factory"), ("manager", "manager_factory"))
     found = [machine for machine, layer in layers if all(getattr(info, layer) is not None for info in foreign.values())]
     found += ["scheduler", "kv"] if not foreign else []
-    return found + (["hybrid"] if all(name in HYBRID_IMPLEMENTATIONS for name in names) else [])
+    hybrid = all(name in HYBRID_IMPLEMENTATIONS or (name in foreign and foreign[name].hybrid_factory) for name in names)
+    return found + (["hybrid"] if hybrid else [])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

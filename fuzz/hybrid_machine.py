@@ -34,6 +34,7 @@ from spec.errors import CacheError
 from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
 from .stats import STATS
+from .targets import resolve
 from .targets.ours import HYBRID_IMPLEMENTATIONS, SpecHybridCache
 
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
@@ -81,9 +82,11 @@ class HybridMachine(RuleBasedStateMachine):
         # the cache half's slot ledger, per group: page starts the model does not cache
         self.free: list[deque[int]] = []
         # the manager half: one manager per implementation (the spec's first), one request per manager per uid
-        self.managers: list[HybridCacheManager] = []
+        self.managers: list[Any] = []
         self.reqs: dict[int, list[HybridReq]] = {}
         self.next_uid = 0
+        # a foreign target (an engine's hybrid manager) runs alone: no cache half, no exact comparison
+        self.foreign = False
         # per live request, the slots of the pages it attends, as last seen: they may change only in cache_req
         self.attended: dict[int, dict[tuple[int, int], int]] = {}
 
@@ -98,13 +101,24 @@ class HybridMachine(RuleBasedStateMachine):
         self.page_size, self.num_pages = page_size, num_pages
         self.windows = hy.check_windows(data.draw(windows_for(page_size), label="windows"))
         self.names = [name for name in HYBRID_IMPLEMENTATIONS if name in self.IMPLS]
+        foreign = [name for name in self.IMPLS if name not in HYBRID_IMPLEMENTATIONS]
+        if foreign:
+            # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
+            info = resolve(foreign[0], check=False)
+            assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
+            target = info.hybrid_factory(page_size, self.windows, num_pages)
+            self.foreign, self.windows, self.managers = True, target.windows, [target]
+            return multiple(*self.first_sequences(data))
         self.model = hy.new_state(page_size, self.windows)
         self.caches = [HYBRID_IMPLEMENTATIONS[name](page_size, self.windows) for name in self.names]
         self.free = [deque(range(0, num_pages * page_size, page_size)) for _ in self.windows]
         makers = [SpecHybridCache, *(HYBRID_IMPLEMENTATIONS[name] for name in self.names)]
         self.managers = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
+        return multiple(*self.first_sequences(data))
+
+    def first_sequences(self, data: st.DataObject) -> list[tuple[int, ...]]:
         first = data.draw(st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3), label="first")
-        return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
+        return [tuple(build_sequence(self.page_size, pages, tail)) for pages, tail in first]
 
     # ------------------------------------------------------------ sequences
 
@@ -153,6 +167,7 @@ class HybridMachine(RuleBasedStateMachine):
                 s for s in range(0, self.num_pages * self.page_size, self.page_size) if s not in cached
             )
 
+    @precondition(lambda self: not self.foreign)
     @rule(
         target=handles,
         tokens=seqs,
@@ -174,6 +189,7 @@ class HybridMachine(RuleBasedStateMachine):
             return multiple()
         return (namespace, tuple(result.handle for _, result in got))
 
+    @precondition(lambda self: not self.foreign)
     @rule(tokens=seqs, kind=st.sampled_from(BAD_INSERTS), namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
     def insert_bad_pages(self, tokens: tuple[int, ...], kind: str, namespace: Namespace) -> None:
         """A bad row: every implementation raises the same error and changes nothing."""
@@ -203,6 +219,7 @@ class HybridMachine(RuleBasedStateMachine):
             STATS.rejected[got[0][1]] += 1
         self.settle_ledger()
 
+    @precondition(lambda self: not self.foreign)
     @rule(target=handles, tokens=seqs, namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
     def match_prefix(self, tokens: tuple[int, ...], namespace: Namespace) -> Any:
         STATS.record_rule("hybrid.match_prefix")
@@ -220,6 +237,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.record_reach(len(tokens))
         return (namespace, tuple(handles))
 
+    @precondition(lambda self: not self.foreign)
     @rule(handle=handles, unlock=st.booleans())
     def lock_or_unlock(self, handle: tuple[Namespace, tuple[Any, ...]], unlock: bool) -> None:
         operation = "unlock" if unlock else "lock"
@@ -231,6 +249,7 @@ class HybridMachine(RuleBasedStateMachine):
         ]
         self.same(f"{operation} of a handle of cached_len {per_impl[0].cached_len}", got)
 
+    @precondition(lambda self: not self.foreign)
     @rule(group=st.integers(0, 2), share=st.integers(0, 8), bad=st.sampled_from([None] * 5 + [-1, 3, True]))
     def evict(self, group: int, share: int, bad: Any) -> None:
         """Evict a share of one group's evictable pages; or, with ``bad``, a bad group or size (rejected alike)."""
@@ -251,7 +270,7 @@ class HybridMachine(RuleBasedStateMachine):
             STATS.evicted_pages += -(-size // self.page_size)
         self.settle_ledger()
 
-    @precondition(lambda self: self.model.clock % 8 == 7)
+    @precondition(lambda self: not self.foreign and self.model.clock % 8 == 7)
     @rule()
     def reset(self) -> None:
         """Empty every group (refused while a lock is outstanding); now and then, else it undoes every state."""
@@ -302,6 +321,11 @@ class HybridMachine(RuleBasedStateMachine):
             manager.match_req(req)
         self.same_requests("match_req", reqs)
         self.reqs[uid] = reqs
+        if reqs[0].cached_len:
+            STATS.record_rule("hybrid.match_req[hit]")
+        STATS.record_reach(longest_key_tokens=len(prompt))
+        if self.foreign:
+            STATS.record_reach(largest_tree_pages=self.managers[0].cached_pages())
 
     def same_requests(self, what: str, reqs: list[HybridReq]) -> None:
         """Every manager's copy of a request holds the same rows, match and stored length."""
@@ -352,7 +376,10 @@ class HybridMachine(RuleBasedStateMachine):
             del self.reqs[uid]
 
     @precondition(
-        lambda self: any(self.managers[0].cache.size_info(g).evictable_size for g in range(len(self.windows)))
+        lambda self: (
+            not self.foreign
+            and any(self.managers[0].cache.size_info(g).evictable_size for g in range(len(self.windows)))
+        )
     )
     @rule(group=st.integers(0, 2))
     def manager_evict_all(self, group: int) -> None:
@@ -377,8 +404,8 @@ class HybridMachine(RuleBasedStateMachine):
         live = [[reqs[i] for reqs in self.reqs.values()] for i in range(len(self.managers))]
         for manager, reqs in zip(self.managers, live, strict=True):
             manager.check_integrity(reqs)
-        free = [list(q) for q in self.managers[0].free_slots]
         for name, manager in zip(self.names, self.managers[1:], strict=True):
+            free = [list(q) for q in self.managers[0].free_slots]
             assert [list(q) for q in manager.free_slots] == free, f"{name}'s manager free lists differ from the spec's"
         p = self.page_size
         for uid, reqs in self.reqs.items():
@@ -403,4 +430,5 @@ class HybridMachine(RuleBasedStateMachine):
         self.reqs.clear()
         for manager in self.managers:
             manager.check_integrity([])
-            assert not manager.cache.abstract_state().locks, "locks left after every request finished"
+            if not self.foreign:
+                assert not manager.cache.abstract_state().locks, "locks left after every request finished"

@@ -42,7 +42,7 @@ class TargetError(Exception):
 
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
-    from . import minisgl, ours, sglang, vllm
+    from . import minisgl, ours, sglang, vllm, vllm_hybrid
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
         def make(argument: str | None) -> TargetInfo:
@@ -57,6 +57,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "optimized": no_argument(ours.OPTIMIZED),
         "sglang": no_argument(sglang.TARGET),
         "vllm": no_argument(vllm.TARGET),
+        "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
         "minisgl": minisgl.target,
     }
 
@@ -189,7 +190,8 @@ def list_targets() -> list[str]:
             ready = "ready"
         except TargetError as exc:
             ready = f"NOT READY: {exc}"
-        kinds = "+".join(k for k, f in (("cache", info.cache_factory), ("manager", info.manager_factory)) if f)
+        layers = (("cache", info.cache_factory), ("manager", info.manager_factory), ("hybrid", info.hybrid_factory))
+        kinds = "+".join(k for k, f in layers if f)
         lines.append(f"{name:<10} {info.description}")
         lines.append(
             f"{'':<10} machines: {kinds}; profile: {info.profile.name}; default LRU: {info.profile.default_lru}"

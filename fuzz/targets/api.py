@@ -261,6 +261,10 @@ class TargetInfo:
     cache_factory: Callable[[int, int], PrefixCacheTarget[Any]] | None = None
     # makes the manager: factory(num_pages, page_size, rows, max_seq_len) -> CacheManagerTarget
     manager_factory: Callable[[int, int, int, int], CacheManagerTarget[Any, Any]] | None = None
+    # makes a hybrid cache manager (several attention groups): factory(page_size, windows, num_pages) -> an object
+    # with reference/hybrid_manager.py's methods (match_req, allocate_paged, store, cache_req, check_integrity)
+    # and its ``windows`` (those it took of the drawn ones); None when the target has no hybrid layer
+    hybrid_factory: Callable[[int, tuple[int | None, ...], int], Any] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

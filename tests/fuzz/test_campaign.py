@@ -87,6 +87,12 @@ def test_by_default_the_campaign_is_the_differential_of_every_implementation() -
     assert "hybrid" in campaign.machines_for(("reference",), {})
 
 
+def test_the_vllm_hybrid_target_runs_in_the_hybrid_machine_only() -> None:
+    pytest.importorskip("vllm")
+    args = campaign.parse_args(["--target", "vllm-hybrid"])
+    assert campaign.machines_for(args.targets, args.foreign) == ["hybrid"]
+
+
 def test_impl_and_target_are_two_spellings_of_one_selection() -> None:
     assert campaign.parse_args(["--impl", "reference"]).targets == ("reference",)
     assert campaign.parse_args(["--target", "reference"]).targets == ("reference",)

@@ -243,3 +243,64 @@ def sglang_cache_with_events(module: Any, page_size: int) -> tuple[Any, Any]:
         page_size=page_size, mock_allocator=allocator, enable_kv_cache_events=True
     )
     return cache, allocator
+
+
+# ---------------------------------------------------------------- vLLM's hybrid coordinator
+
+
+def vllm_hybrid_run(prompts: list[list[int]], evict_window_page: int | None = None) -> list[Any]:
+    """Requests one after another on a full + window-8 coordinator (P = 4), each run to its end and freed;
+    before the last, optionally one window block of the first request's pages evicted (the pool's own
+    ``evict_blocks``). Returns the managers' view of each request after its match."""
+    from fuzz.targets.vllm_hybrid import VllmHybridManager
+    from reference.hybrid_manager import HybridReq
+
+    manager = VllmHybridManager(4, (None, 8), 32)
+    seen = []
+    for uid, prompt in enumerate(prompts):
+        if uid == len(prompts) - 1 and evict_window_page is not None:
+            hashes = manager.hasher_for(prompts[0])
+            block = manager.pool.get_cached_block(hashes[evict_window_page], [1])[0]
+            manager.pool.evict_blocks({block.block_id})
+        req = HybridReq(uid, list(prompt))
+        manager.match_req(req)
+        seen.append((req.cached_len, [list(row) for row in req.rows]))
+        manager.allocate_paged(req, len(prompt))
+        manager.store(req, len(prompt) - req.computed)
+        manager.check_integrity([req])
+        manager.cache_req(req, finished=True)
+    seen.append(manager)
+    return seen
+
+
+@needs_vllm
+def test_vllm_hybrid_a_shared_prefix_hits_with_the_window_pages_only() -> None:
+    prompt = list(range(100, 122))
+    (_, _), (hit, rows), _ = vllm_hybrid_run([prompt, prompt[:16] + [7] * 6])
+    # L = 16: the full group every page, the window group (W = 8) the pages of tokens [9, 16): 2 and 3
+    assert hit == 16 and rows[1][:2] == [None, None] and None not in rows[0]
+
+
+@needs_vllm
+def test_vllm_hybrid_evicting_a_window_tail_page_cuts_the_hit_as_the_spec_does() -> None:
+    prompt = list(range(100, 122))
+    (_, _), (hit, rows), _ = vllm_hybrid_run([prompt, prompt], evict_window_page=3)
+    # L = 20 needs window pages 3 and 4, L = 16 pages 2 and 3; L = 12 pages 1 and 2 (both cached)
+    assert hit == 12 and rows[1] == [None, rows[1][1], rows[1][2]]
+
+
+@needs_vllm
+def test_vllm_hybrid_caches_a_recomputed_prefix_twice_in_one_group() -> None:
+    prompt = list(range(100, 122))
+    *_, manager = vllm_hybrid_run([prompt, prompt], evict_window_page=3)
+    hashes = manager.hasher_for(prompt)
+    # page 3 of the full group: cached by the first request, recomputed (the hit stopped at 12) and cached again
+    utils = manager.utils
+    copies = [
+        block.block_id
+        for block in manager.pool.blocks[1:]
+        if block.block_hash is not None
+        and utils.get_block_hash(block.block_hash) == hashes[3]
+        and utils.get_group_id(block.block_hash) == 0
+    ]
+    assert len(copies) == 2
