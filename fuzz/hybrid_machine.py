@@ -106,6 +106,8 @@ class HybridMachine(RuleBasedStateMachine):
             # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
             info = resolve(foreign[0], check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
+            if info.page_sizes is not None:
+                self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]
             return multiple(*self.first_sequences(data))

@@ -42,7 +42,7 @@ class TargetError(Exception):
 
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
-    from . import minisgl, ours, sglang, vllm, vllm_hybrid
+    from . import minisgl, ours, sglang, sglang_swa, vllm, vllm_hybrid
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
         def make(argument: str | None) -> TargetInfo:
@@ -59,6 +59,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "vllm": no_argument(vllm.TARGET),
         "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
         "minisgl": minisgl.target,
+        "sglang-swa": sglang_swa.target,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import re
@@ -87,8 +88,19 @@ def test_by_default_the_campaign_is_the_differential_of_every_implementation() -
     assert "hybrid" in campaign.machines_for(("reference",), {})
 
 
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_sglang_swa_runs_a_clean_campaign_in_its_own_process(core: str, tmp_path: Path) -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    command = [sys.executable, "-m", "fuzz", "--target", f"sglang-swa:{core}", "--examples", "30", "--workers", "0"]
+    run = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "machines hybrid" in run.stdout and "hybrid.match_req" in run.stdout
+
+
 def test_the_vllm_hybrid_target_runs_in_the_hybrid_machine_only() -> None:
-    pytest.importorskip("vllm")
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
     args = campaign.parse_args(["--target", "vllm-hybrid"])
     assert campaign.machines_for(args.targets, args.foreign) == ["hybrid"]
 

@@ -304,3 +304,45 @@ def test_vllm_hybrid_caches_a_recomputed_prefix_twice_in_one_group() -> None:
         and utils.get_group_id(block.block_hash) == 0
     ]
     assert len(copies) == 2
+
+
+# ---------------------------------------------------------------- SGLang's SWA cache (its own process: its stubs
+# differ from the sglang target's)
+
+SGLANG_SWA_TOMBSTONE = """
+import json, torch
+from array import array
+from fuzz.targets.sglang_swa import SGLangSWAManager
+from reference.hybrid_manager import HybridReq
+
+m = SGLangSWAManager(1, (None, 4), 8, core=CORE)
+v, cache, alloc = m.v, m.cache, m.alloc
+A = list(range(100, 124))
+full = alloc.alloc(24)
+key = lambda n: v.radix.RadixKey(array("q", A[:n]))
+cache.insert(v.base.InsertParams(key=key(8), value=full[:8].clone()))
+alloc.free_swa(full[8:12])  # the request's window passed [8, 12): its SWA slots freed
+cache.insert(v.base.InsertParams(key=key(24), value=full.clone(), prev_prefix_len=8,
+                                 component_evicted_seqlens={v.components.SWA: 12}))
+hits = {n: int(cache.match_prefix(v.base.MatchPrefixParams(key=key(n))).device_prefix_len) for n in (13, 15, 16)}
+print(json.dumps({"tombstones": [list(r) for r in cache.tree_core.swa_tombstone_ranges(key(24), 0, 24)],
+                  "hits": hits, "spec": {n: m.valid_hit(A[:n], None, n, n)[1] for n in (13, 15, 16)}}))
+"""
+
+
+@needs_sglang
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_sglang_swa_after_a_tombstone_a_match_needs_w_live_tokens_where_w_minus_one_suffice(core: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = SGLANG_SWA_TOMBSTONE.replace("CORE", repr(core))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["tombstones"] == [[8, 12]]
+    # W = 4: a match of L tokens attends to [L - 3, L); L = 15 finds 12, 13, 14 live, valid in the spec;
+    # SGLang wants W live tokens after the tombstone and falls back to 8 until L = 16
+    assert seen["spec"] == {"13": 8, "15": 15, "16": 16}
+    assert seen["hits"] == {"13": 8, "15": 8, "16": 16}
