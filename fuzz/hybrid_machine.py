@@ -257,7 +257,9 @@ class HybridMachine(RuleBasedStateMachine):
         """Evict a share of one group's evictable pages; or, with ``bad``, a bad group or size (rejected alike)."""
         STATS.record_rule("hybrid.evict" if bad is None else "hybrid.evict_bad")
         group %= len(self.windows)
-        size: Any = hy.size_info(self.model, group).evictable_size * share // 8
+        evictable = hy.size_info(self.model, group).evictable_size
+        # share 0: one token, so one page, where the order among pages of one stamp decides
+        size: Any = min(1, evictable) if share == 0 else evictable * share // 8
         if bad is not None:
             group, size = (bad, size) if share % 2 else (group, [-1, 1 << 40, 1.0][share % 3])
         before = self.snapshot()
@@ -406,6 +408,10 @@ class HybridMachine(RuleBasedStateMachine):
         live = [[reqs[i] for reqs in self.reqs.values()] for i in range(len(self.managers))]
         for manager, reqs in zip(self.managers, live, strict=True):
             manager.check_integrity(reqs)
+            # the safety law on the rows the manager reports, whatever its own check covers
+            rows = {req.uid: (req.computed, req.rows) for req in reqs}
+            problem = hy.attended_pages_are_held(self.windows, self.page_size, rows)
+            assert problem is None, f"attended_pages_are_held: {problem}"
         for name, manager in zip(self.names, self.managers[1:], strict=True):
             free = [list(q) for q in self.managers[0].free_slots]
             assert [list(q) for q in manager.free_slots] == free, f"{name}'s manager free lists differ from the spec's"
