@@ -136,3 +136,12 @@ def test_a_page_freed_twice_breaks_conservation_in_its_group() -> None:
     manager.free_slots[0].append(req.rows[0][-1])
     with pytest.raises(IntegrityError, match="group 0 pages_are_partitioned"):
         manager.check_integrity([req])
+
+
+def test_an_insert_that_no_group_takes_leaves_no_empty_nodes() -> None:
+    """Regression (hybrid machine): pruning the new path page by page freed a parent twice (KeyError)."""
+    cache = HybridRadixCache(1, (1,))
+    result = cache.insert_prefix([0, 0, 0], ([None, None, None],))
+    assert result.unused == ((),) and result.handle.cached_len == 3
+    assert not any(root.children for root in cache.roots.values())
+    cache.check_integrity()

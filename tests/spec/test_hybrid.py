@@ -304,3 +304,15 @@ def test_one_full_group_is_the_single_group_cache(ops: list[tuple[str, int, int]
             assert pc.evict(single, size) == hy.evict(hybrid, 0, size)
         assert dict(single.entries) == hybrid.groups[0]
         hy.check_hybrid_invariants(hybrid, [hy.size_info(hybrid, 0)])
+
+
+def test_a_match_that_uses_no_page_holds_no_lock() -> None:
+    """Regression (the single-group property above): an empty match locks and unlocks as a no-op, as in
+    spec/prefix_cache.py, instead of refusing the unlock."""
+    state = hy.new_state(2, (None,))
+    handle = hy.match_prefix(state, [1, 2])
+    assert handle.cached_len == 0
+    hy.unlock(state, handle)
+    hy.lock(state, handle)
+    assert not state.locks
+    hy.reset(state)
