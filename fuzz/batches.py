@@ -162,6 +162,8 @@ def failure_report(spec: BatchSpec, exc: BaseException, found_at: float, reporte
         text = note.strip()
         if "@reproduce_failure(" in text:
             reproduce = text[text.index("@reproduce_failure(") :].split(" as a decorator")[0]
+        elif text.startswith("(and ") and "verbosity" in text:
+            continue  # Hypothesis's "(and 2 more with settings.verbosity >= verbose)": not a step
         elif text.startswith(("state", "(")) or " = state." in text:
             program.append(text)
     return FailureReport(

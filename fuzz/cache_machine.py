@@ -320,6 +320,19 @@ class CacheMachine(RuleBasedStateMachine):
             self.lru_model.match(self.page_starts(expected))
         return HandleSet(expected, handles, self.epoch)
 
+    @precondition(lambda self: bool(self.model.entries))
+    @rule(target=handles, which=st.integers(0, 1 << 16), extra=tail_choices)
+    def match_cached(self, which: int, extra: list[int]) -> Any:
+        """A hit: the path of a page the cache holds (the ``which``-th, in caching order), maybe with tokens
+        after it: what an engine mostly matches.
+
+        Drawn from the model's pages, so that hits, and the recency order they make (an old page used again
+        while newer ones are not), are as common in small examples as in an engine."""
+        STATS.record_rule("cache.match_cached")
+        pages = list(self.model.entries)
+        namespace, prefix = pages[which % len(pages)]
+        return self.match_prefix(prefix.tokens + tuple(extra), namespace)
+
     @rule(target=handles, seq=seqs, namespace=namespaces, where=st.sampled_from(SLOT_RANGES))
     def insert_prefix(self, seq: tuple[int, ...], namespace: Namespace, where: str = "low") -> Any:
         """An insert keeps cached pages, takes new slots for the rest, and reports what was cached."""

@@ -255,3 +255,29 @@ def test_a_failure_announced_by_a_batch_that_never_returned_still_fails_the_camp
     failure = run.machines["cache"].failure
     assert failure is not None and failure.seed == 7 and failure.error == "IndexError: pop from empty list"
     assert not failure.shrunk and "did not return" in out.getvalue()
+
+
+def test_a_failure_report_keeps_only_the_program_steps() -> None:
+    """Hypothesis's '(and 2 more with settings.verbosity >= verbose)' note is not a step: the program stays Python."""
+    from fuzz.batches import BatchSpec, failure_report
+
+    spec = BatchSpec("cache", ("reference",), None, "cpu", 1, 10, 10, True, 0.0, 1.0, None)
+    error = AssertionError("differs")
+    for note in (
+        "state = CacheMachine()",
+        "(seqs_0, seqs_1) = state.setup(page_size=1)",
+        "state.evict(fraction=25, size='some')",
+        "state.teardown()",
+        "(and 2 more with settings.verbosity >= verbose)",
+        "Hypothesis replays the same example with: @reproduce_failure('6.170.17', b'AXic') as a decorator",
+    ):
+        error.add_note(note)
+    report = failure_report(spec, error, 1.0, 2.0)
+    assert report.program == [
+        "state = CacheMachine()",
+        "(seqs_0, seqs_1) = state.setup(page_size=1)",
+        "state.evict(fraction=25, size='some')",
+        "state.teardown()",
+    ]
+    compile("\n".join(report.program), "program", "exec")
+    assert report.reproduce == "@reproduce_failure('6.170.17', b'AXic')"
