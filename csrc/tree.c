@@ -91,6 +91,11 @@ struct radix_tree {
     int64_t segment_bytes;
     /* metrics: the sum of the last-access stamps of every page evicted so far (eviction ages) */
     int64_t evicted_stamp_sum;
+    /* the caller's int32 token ids widened, or its int64 slots narrowed, for one call (grown, never shrunk) */
+    int64_t *wide_tokens;
+    int64_t wide_tokens_capacity;
+    int32_t *narrow_slots;
+    int64_t narrow_slots_capacity;
 };
 
 #define N(i) (tree->nodes[(i)])
@@ -715,6 +720,8 @@ void radix_tree_free(radix_tree *tree) {
     free(tree->starts);
     free(tree->fifo);
     free(tree->heap);
+    free(tree->wide_tokens);
+    free(tree->narrow_slots);
     free(tree);
 }
 
@@ -768,19 +775,90 @@ static int valid_root(const radix_tree *tree, int64_t root) {
 FIRST_NEGATIVE(first_negative_i64, int64_t)
 FIRST_NEGATIVE(first_negative_i32, int32_t)
 
-int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t checked,
-                     int64_t stamp, radix_tree_walk *out) {
-    if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < 0 ||
-        ((n > 0 || checked > 0) && tokens == NULL) || out == NULL) {
+/* Room for count items of size bytes in *buffer (capacity *capacity), grown by doubling. */
+static int scratch_reserve(void **buffer, int64_t *capacity, int64_t count, size_t size) {
+    if (count <= *capacity) {
+        return RADIX_TREE_OK;
+    }
+    int64_t grown = *capacity > 0 ? *capacity : 256;
+    while (grown < count) {
+        grown *= 2;
+    }
+    void *bigger = realloc(*buffer, (size_t)grown * size);
+    if (bigger == NULL) {
+        return RADIX_TREE_NO_MEMORY;
+    }
+    *buffer = bigger;
+    *capacity = grown;
+    return RADIX_TREE_OK;
+}
+
+/* The caller's tokens[0..count) as int64 (*out): its own buffer when width is 8, else (int32) widened into the
+ * tree's scratch buffer. Checked first: RADIX_TREE_BAD_TOKEN with *bad the first negative index. */
+static int read_tokens(radix_tree *tree, const void *tokens, int32_t width, int64_t count, const int64_t **out,
+                       int64_t *bad) {
+    if (width == 8) {
+        *bad = first_negative_i64(tokens, count);
+        *out = tokens;
+        return *bad < count ? RADIX_TREE_BAD_TOKEN : RADIX_TREE_OK;
+    }
+    *bad = first_negative_i32(tokens, count);
+    if (*bad < count) {
+        return RADIX_TREE_BAD_TOKEN;
+    }
+    int status = scratch_reserve((void **)&tree->wide_tokens, &tree->wide_tokens_capacity, count, sizeof(int64_t));
+    if (status != RADIX_TREE_OK) {
+        return status;
+    }
+    const int32_t *narrow = tokens;
+    for (int64_t i = 0; i < count; ++i) {
+        tree->wide_tokens[i] = narrow[i];
+    }
+    *out = tree->wide_tokens;
+    return RADIX_TREE_OK;
+}
+
+/* The caller's slots[0..count) as int32 (*out): its own buffer when width is 4, else (int64) narrowed into the
+ * tree's scratch buffer. Checked first: RADIX_TREE_BAD_SLOT with *bad the first index outside [0, 2**31). */
+static int read_slots(radix_tree *tree, const void *slots, int32_t width, int64_t count, const int32_t **out,
+                      int64_t *bad) {
+    if (width == 4) {
+        *bad = first_negative_i32(slots, count);
+        *out = slots;
+        return *bad < count ? RADIX_TREE_BAD_SLOT : RADIX_TREE_OK;
+    }
+    const int64_t *wide = slots;
+    for (*bad = 0; *bad < count; ++*bad) {
+        if (wide[*bad] < 0 || wide[*bad] > INT32_MAX) {
+            return RADIX_TREE_BAD_SLOT;
+        }
+    }
+    int status = scratch_reserve((void **)&tree->narrow_slots, &tree->narrow_slots_capacity, count, sizeof(int32_t));
+    if (status != RADIX_TREE_OK) {
+        return status;
+    }
+    for (int64_t i = 0; i < count; ++i) {
+        tree->narrow_slots[i] = (int32_t)wide[i];
+    }
+    *out = tree->narrow_slots;
+    return RADIX_TREE_OK;
+}
+
+int radix_tree_match(radix_tree *tree, int64_t root, const void *input_tokens, int32_t token_width, int64_t n,
+                     int64_t checked, int64_t stamp, radix_tree_walk *out) {
+    if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < n ||
+        (token_width != 4 && token_width != 8) || ((n > 0 || checked > 0) && input_tokens == NULL) || out == NULL) {
         return RADIX_TREE_BAD_ARGS;
     }
-    /* CHECK */
-    if ((out->bad = first_negative_i64(tokens, checked)) < checked) {
-        return RADIX_TREE_BAD_TOKEN;
+    /* CHECK (and widen int32) */
+    const int64_t *tokens;
+    int status = read_tokens(tree, input_tokens, token_width, checked, &tokens, &out->bad);
+    if (status != RADIX_TREE_OK) {
+        return status;
     }
     out->bad = NONE;
     /* WALK + UPDATE */
-    int status = walk(tree, root, tokens, n, stamp, &out->node, &out->length, 1);
+    status = walk(tree, root, tokens, n, stamp, &out->node, &out->length, 1);
     out->version = N(out->node).version;
     return status;
 }
@@ -836,22 +914,28 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
     return status;
 }
 
-int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
-                      int64_t checked, int64_t stamp, radix_tree_walk *out) {
+int radix_tree_insert(radix_tree *tree, int64_t root, const void *input_tokens, int32_t token_width,
+                      const void *input_slots, int32_t slot_width, int64_t n, int64_t checked, int64_t stamp,
+                      radix_tree_walk *out) {
     if (tree == NULL || !valid_root(tree, root) || n < 0 || n % tree->page_size || checked < n ||
-        (checked > 0 && (tokens == NULL || slots == NULL)) || out == NULL) {
+        (token_width != 4 && token_width != 8) || (slot_width != 4 && slot_width != 8) ||
+        (checked > 0 && (input_tokens == NULL || input_slots == NULL)) || out == NULL) {
         return RADIX_TREE_BAD_ARGS;
     }
-    /* CHECK: every token, every slot, then every new page, before anything changes */
-    if ((out->bad = first_negative_i64(tokens, checked)) < checked) {
-        return RADIX_TREE_BAD_TOKEN;
+    /* CHECK: every token, every slot (widened / narrowed as they come), then every new page, before anything
+     * changes */
+    const int64_t *tokens;
+    const int32_t *slots;
+    int status = read_tokens(tree, input_tokens, token_width, checked, &tokens, &out->bad);
+    if (status != RADIX_TREE_OK) {
+        return status;
     }
-    if ((out->bad = first_negative_i32(slots, checked)) < checked) {
-        return RADIX_TREE_BAD_SLOT;
+    if ((status = read_slots(tree, input_slots, slot_width, checked, &slots, &out->bad)) != RADIX_TREE_OK) {
+        return status;
     }
     out->bad = NONE;
     int64_t cached = find(tree, root, tokens, n);
-    int status = check_new_pages(tree, slots, cached, n, &out->bad);
+    status = check_new_pages(tree, slots, cached, n, &out->bad);
     if (status != RADIX_TREE_OK) {
         return status;
     }
@@ -1148,7 +1232,8 @@ int64_t radix_tree_evicted_stamp_sum(const radix_tree *tree) {
 int64_t radix_tree_memory(const radix_tree *tree) {
     return (int64_t)sizeof *tree + tree->nodes_capacity * (int64_t)sizeof(node_t) +
            tree->children_capacity * (int64_t)sizeof(child_cell) + tree->starts_capacity * 8 +
-           (tree->fifo_capacity + tree->heap_capacity) * (int64_t)sizeof(leaf_entry) + tree->segment_bytes;
+           (tree->fifo_capacity + tree->heap_capacity) * (int64_t)sizeof(leaf_entry) + tree->segment_bytes +
+           tree->wide_tokens_capacity * 8 + tree->narrow_slots_capacity * 4;
 }
 
 /* ---------------------------------------------------------------- export and check */

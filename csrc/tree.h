@@ -35,7 +35,7 @@ enum radix_tree_status {
     RADIX_TREE_CORRUPT = -9,
     /* a token id is negative; *bad is its index */
     RADIX_TREE_BAD_TOKEN = -10,
-    /* a slot is negative; *bad is its index */
+    /* a slot is negative (or, given as int64, 2**31 or more); *bad is its index */
     RADIX_TREE_BAD_SLOT = -11
 };
 
@@ -84,20 +84,25 @@ int64_t radix_tree_new_root(radix_tree *tree);
 /* Free an empty root (the namespace holds no page any more). */
 int radix_tree_drop_root(radix_tree *tree, int64_t root);
 
+/* Token ids and slots come as the caller holds them: token_width / slot_width is 8 (int64_t) or 4 (int32_t).
+ * int32 token ids are widened, int64 slots narrowed (each must be below 2**31), into a buffer the tree keeps,
+ * in the same pass that checks them. */
+
 /* Follow tokens[0..n) (whole pages) down from root, stamping every node passed with stamp and
  * splitting the node the match ends in. walk: the last node and the matched tokens (length).
  * tokens[0..checked) are checked first (not negative, else RADIX_TREE_BAD_TOKEN and walk->bad, with
  * nothing changed): the caller's whole input, whole pages or not. */
-int radix_tree_match(radix_tree *tree, int64_t root, const int64_t *tokens, int64_t n, int64_t checked,
-                     int64_t stamp, radix_tree_walk *walk);
+int radix_tree_match(radix_tree *tree, int64_t root, const void *tokens, int32_t token_width, int64_t n,
+                     int64_t checked, int64_t stamp, radix_tree_walk *walk);
 
 /* Cache tokens[0..n) (whole pages): pages already cached keep their slots, new ones take
  * slots[...]. Checked first, in the reference's order, with nothing changed on error: every token
- * and slot of [0..checked) (not negative: RADIX_TREE_BAD_TOKEN, RADIX_TREE_BAD_SLOT, walk->bad their
- * index), then every new page (an aligned run, not cached, not given twice; walk->bad the page's index
- * in tokens). walk: the last node of the whole path, and the tokens already cached (length). */
-int radix_tree_insert(radix_tree *tree, int64_t root, const int64_t *tokens, const int32_t *slots, int64_t n,
-                      int64_t checked, int64_t stamp, radix_tree_walk *walk);
+ * and slot of [0..checked) (a token not negative, a slot in [0, 2**31): RADIX_TREE_BAD_TOKEN,
+ * RADIX_TREE_BAD_SLOT, walk->bad their index), then every new page (an aligned run, not cached, not given
+ * twice; walk->bad the page's index in tokens). walk: the last node of the whole path, and the tokens already
+ * cached (length). */
+int radix_tree_insert(radix_tree *tree, int64_t root, const void *tokens, int32_t token_width, const void *slots,
+                      int32_t slot_width, int64_t n, int64_t checked, int64_t stamp, radix_tree_walk *walk);
 
 /* +1 / -1 lock on every node from node up to its root. unlock needs a lock of this very path. */
 int radix_tree_lock(radix_tree *tree, int64_t node, int64_t version);

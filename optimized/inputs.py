@@ -1,7 +1,8 @@
 """Input checks of the optimized implementation: token ids and slot indices as tensors.
 
-Twins of ``spec.domains.check_token_ids`` / ``check_slot_indices`` and of the
-spec's devices: the same errors for the same bad input (InvalidTypeError for a
+Token ids and slots come as 1-D int32/int64 CPU tensors, numpy arrays, ``array('q')`` (any
+buffer of native int32/int64), lists or tuples of ints. Twins of ``spec.domains.check_token_ids`` /
+``check_slot_indices`` and of the spec's devices: the same errors for the same bad input (InvalidTypeError for a
 wrong type, InvalidInputError for a token outside ``[0, 2**63)``,
 SlotOutOfRangeError for a slot outside ``[0, 2**31)``), checked on the whole
 tensor at once.
@@ -39,10 +40,31 @@ def device_of(device: torch.device | str) -> torch.device:
     return checked
 
 
+def int_view(values: object) -> memoryview | None:
+    """``values`` as a buffer of native int32/int64, 1-D and contiguous (numpy arrays, ``array('q' / 'l' / 'i')``),
+    for C to read in place; None for anything else (lists, tensors, other dtypes: checked as sequences)."""
+    if isinstance(values, (list, tuple, str, bytes, bytearray, torch.Tensor)):
+        return None
+    try:
+        view = memoryview(values)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if view.ndim == 1 and view.c_contiguous and view.format in ("q", "l", "i") and view.itemsize in (4, 8):
+        return view
+    return None
+
+
+def as_sequence(values: object) -> object:
+    """``values`` for the spec's sequence checks: an array that is not a ``Sequence`` (numpy's) as its list."""
+    if isinstance(values, Sequence) or not callable(getattr(values, "tolist", None)):
+        return values
+    return values.tolist()  # type: ignore[attr-defined]
+
+
 def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
     """Token ids as a contiguous 1-D int64 CPU tensor (the caller's own when it is one already)."""
     if not isinstance(input_ids, torch.Tensor):
-        return torch.tensor(check_token_ids(input_ids), dtype=torch.int64)
+        return torch.tensor(check_token_ids(as_sequence(input_ids)), dtype=torch.int64)
     if input_ids.numel() == 0 and input_ids.device.type == "cpu":
         return torch.empty(0, dtype=torch.int64)  # torch.tensor([]) is float32: accept it as empty
     if input_ids.dim() != 1 or input_ids.dtype not in INT_DTYPES or input_ids.device.type != "cpu":
@@ -60,7 +82,7 @@ def as_tokens(input_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
 def as_slots(indices: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
     """Slot indices as a 1-D int32 tensor on ``device`` (the caller's own when it is one already)."""
     if not isinstance(indices, torch.Tensor):
-        return torch.tensor(check_slot_indices(indices), dtype=torch.int32, device=device)
+        return torch.tensor(check_slot_indices(as_sequence(indices)), dtype=torch.int32, device=device)
     if indices.numel() == 0 and indices.device == device:
         return torch.empty(0, dtype=torch.int32, device=device)
     if indices.dim() != 1 or indices.dtype not in INT_DTYPES:

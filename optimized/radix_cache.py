@@ -24,7 +24,7 @@ import torch
 
 from spec import events as ev
 from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from spec.domains import Namespace, check_namespace, check_page_size
 from spec.errors import (
     CacheBusyError,
     CacheError,
@@ -45,7 +45,7 @@ from spec.metrics import CacheStats, StatsCounter
 from spec.types import InsertResult, SizeInfo
 
 from ._c import load_c
-from .inputs import as_insert_args, as_slots, as_tokens, device_of
+from .inputs import as_insert_args, as_slots, as_tokens, device_of, int_view
 
 # the statuses of csrc/tree.h (enum radix_tree_status), by name from the compiled module
 _C = load_c()[1]
@@ -55,6 +55,8 @@ _STALE, _NOT_LOCKED, _NOT_EVICTABLE = _C.RADIX_TREE_STALE, _C.RADIX_TREE_NOT_LOC
 _BUSY, _CORRUPT = _C.RADIX_TREE_BUSY, _C.RADIX_TREE_CORRUPT
 _BAD_TOKEN, _BAD_SLOT = _C.RADIX_TREE_BAD_TOKEN, _C.RADIX_TREE_BAD_SLOT
 _T = TypeVar("_T")
+# bytes per token id or slot of the tensors C reads in place
+_WIDTH = {torch.int64: 8, torch.int32: 4}
 # the node of a handle that matched nothing: the namespace's root, which never goes stale
 _ROOT = -1
 
@@ -120,6 +122,7 @@ class RadixPrefixCache(ev.EmitsEvents):
         self._n_emptied = self._ffi.new("int64_t *")
         # the hot calls, looked up once
         self._cast = self._ffi.cast
+        self._from_buffer = self._ffi.from_buffer
         self._evict_c = self._lib.radix_tree_evict
         # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
         # cached page is by its first slot (namespace, page hash, depth): evict reports slots only
@@ -148,7 +151,7 @@ class RadixPrefixCache(ev.EmitsEvents):
     def match_prefix(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
         """Longest cached page-aligned prefix; stamps its nodes, splitting the last one if needed."""
         # CHECK (the tokens' range in C, with the walk)
-        tokens, n, _keep = self._tokens(input_ids)
+        tokens, n, width, values = self._tokens(input_ids)
         if namespace is not None:
             namespace = self._in_order(check_namespace, namespace, input_ids=input_ids)
         root = self.roots.get(namespace)
@@ -159,9 +162,11 @@ class RadixPrefixCache(ev.EmitsEvents):
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
         # WALK + UPDATE: stamp the path, split the node the match ends in
         walk = self._walk
-        status = self._lib.radix_tree_match(self._tree, root, tokens, n - n % self.page_size, n, self.clock, walk)
+        status = self._lib.radix_tree_match(
+            self._tree, root, tokens, width, n - n % self.page_size, n, self.clock, walk
+        )
         if status != _OK:
-            self._raise_for(status, tokens=tokens, bad=walk.bad)
+            self._raise_for(status, tokens=values, bad=walk.bad)
         self.clock += 1
         self.counter.matched(namespace, n, walk.length)
         if walk.length == 0:
@@ -177,8 +182,8 @@ class RadixPrefixCache(ev.EmitsEvents):
         """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
         # CHECK in the reference's order (tokens, slots, namespace, lengths, new pages): types here, the
         # ranges and the new pages in C; an error found here first looks for one the reference finds before
-        tokens, n, _keep_tokens = self._tokens(input_ids)
-        slots, n_slots, keep_slots = self._in_order(self._slots, indices, input_ids=input_ids)
+        tokens, n, width, values = self._tokens(input_ids)
+        slots, n_slots, slot_width, slot_values = self._in_order(self._slots, indices, input_ids=input_ids)
         if namespace is not None:
             namespace = self._in_order(check_namespace, namespace, input_ids=input_ids, indices=indices)
         if n != n_slots:
@@ -193,18 +198,20 @@ class RadixPrefixCache(ev.EmitsEvents):
         root = self._new_root(namespace) if found is None else found
         # WALK + UPDATE (C checks first and changes nothing on error)
         walk = self._walk
-        status = self._lib.radix_tree_insert(self._tree, root, tokens, slots, end, n, self.clock, walk)
+        status = self._lib.radix_tree_insert(
+            self._tree, root, tokens, width, slots, slot_width, end, n, self.clock, walk
+        )
         if status != _OK:
             if new_root:
                 self._drop_root(root)
-            self._raise_for(status, tokens=tokens, slots=keep_slots, bad=walk.bad)
+            self._raise_for(status, tokens=values, slots=slot_values, bad=walk.bad)
         self.clock += 1
         cached_len = walk.length
         handle = RadixCacheHandle(end, walk.node, walk.version, namespace, self)
         if cached_len < end:
             self.counter.stored(namespace, (end - cached_len) // self.page_size)
             if self.events is not None:
-                self._announce_stored(namespace, tokens, slots, cached_len, end, handle)
+                self._announce_stored(namespace, values, slot_values, cached_len, end, handle)
         return InsertResult(cached_len, handle)
 
     def lock(self, handle: RadixCacheHandle) -> None:
@@ -231,8 +238,13 @@ class RadixPrefixCache(ev.EmitsEvents):
         locked = self._lib.radix_tree_is_locked(self._tree, checked.node, checked.version)
         return bool(locked == 1)
 
-    def evict(self, size: int) -> torch.Tensor:
-        """Evict exactly ceil(size / P) pages, LRU evictable leaf first; slots ascending (int32)."""
+    def evict(self, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Evict exactly ceil(size / P) pages, LRU evictable leaf first; slots ascending (int32).
+
+        ``out``: for a cache on the CPU, a 1-D contiguous int32 CPU tensor of at least ceil(size / P) * P
+        slots. The slots are written to its front and ``out`` itself is returned (nothing is allocated: an
+        engine that evicts a page at a time keeps one buffer). Without it, a new tensor of exactly the slots.
+        """
         # CHECK (more than is evictable: in C, which changes nothing then)
         if type(size) is not int:
             if not isinstance(size, int) or isinstance(size, bool):
@@ -240,10 +252,10 @@ class RadixPrefixCache(ev.EmitsEvents):
             size = int(size)
         if size < 0:
             raise InvalidSizeError(f"cannot evict a negative size ({size})")
-        # UPDATE
         p = self.page_size
         pages = (size + p - 1) // p
-        slots = torch.empty(pages * p, dtype=torch.int32)
+        slots = torch.empty(pages * p, dtype=torch.int32) if out is None else self._check_out(out, pages * p)
+        # UPDATE
         status = self._evict_c(
             self._tree,
             pages,
@@ -256,8 +268,25 @@ class RadixPrefixCache(ev.EmitsEvents):
             self._after_evict(status, size)
         self._evict_clock_sum += self.clock * pages
         if self.events is not None:
-            self._announce_removed(slots)
+            self._announce_removed(slots[: pages * p])
         return slots if self._on_host else slots.to(self.device)
+
+    def _check_out(self, out: object, needed: int) -> torch.Tensor:
+        """``out`` if it can take ``needed`` evicted slots (see ``evict``), else raise InvalidTypeError."""
+        if not (
+            type(out) is torch.Tensor
+            and out.dtype is torch.int32
+            and out.is_cpu
+            and out.dim() == 1
+            and out.is_contiguous()
+            and out.numel() >= needed
+            and self._on_host
+        ):
+            raise InvalidTypeError(
+                f"out must be a 1-D contiguous int32 CPU tensor of at least {needed} slots, for a cache on the CPU;"
+                f" got {describe_tensor(out)} for a cache on {self.device}"
+            )
+        return out
 
     def _after_evict(self, status: int, size: int) -> None:
         """After a C evict that did not simply succeed: drop the roots it emptied; raise its error, if any."""
@@ -413,49 +442,58 @@ class RadixPrefixCache(ev.EmitsEvents):
 
     # ------------------------------------------------------------ internals
 
-    def _tokens(self, input_ids: object) -> tuple[Any, int, object]:
-        """Token ids as a C int64 pointer, their count, and the object that owns the buffer.
+    def _tokens(self, input_ids: object) -> tuple[Any, int, int, Any]:
+        """Token ids for C: a pointer, their count, their width in bytes (8: int64, 4: int32), and the object
+        that owns the buffer (which also gives the values for messages and events).
 
-        Twin of ``spec.domains.check_token_ids``. The fast path, a contiguous 1-D int64 CPU tensor, is
-        used as it is: its range (no negative id) is checked in C by the call that reads it. Anything
-        else (int32, a sequence of ints) is converted and checked here.
+        Twin of ``spec.domains.check_token_ids``. Read in place: a 1-D contiguous int32/int64 CPU tensor and a
+        buffer of native int32/int64 (numpy, ``array('q')``); their range (no negative id) is checked in C by the
+        call that reads them, which widens int32. A list or tuple of ints is copied once into an ``array('q')``;
+        anything else is converted and checked here.
         """
-        if (
-            type(input_ids) is torch.Tensor
-            and input_ids.dtype is torch.int64
-            and input_ids.is_cpu
-            and input_ids.dim() == 1
-            and input_ids.is_contiguous()
-        ):
-            return self._ffi.cast("int64_t *", input_ids.data_ptr()), input_ids.numel(), input_ids
-        if isinstance(input_ids, torch.Tensor):
-            ids = as_tokens(input_ids)
-            return self._ffi.cast("int64_t *", ids.data_ptr()), ids.numel(), ids
-        buffer = _int_array("q", input_ids) or array("q", check_token_ids(input_ids))
-        return self._ffi.from_buffer("int64_t[]", buffer), len(buffer), buffer
+        if type(input_ids) is torch.Tensor:
+            width = _WIDTH.get(input_ids.dtype)
+            if width is not None and input_ids.is_cpu and input_ids.dim() == 1 and input_ids.is_contiguous():
+                return self._cast("void *", input_ids.data_ptr()), input_ids.numel(), width, input_ids
+        if type(input_ids) is list or type(input_ids) is tuple:
+            buffer = _int_array("q", input_ids)
+            if buffer is not None:
+                return self._from_buffer(buffer), len(buffer), 8, buffer
+        else:
+            view = int_view(input_ids)
+            if view is not None:
+                return self._from_buffer(view), len(view), view.itemsize, view
+        ids = as_tokens(input_ids)  # type: ignore[arg-type]
+        return self._cast("void *", ids.data_ptr()), ids.numel(), 8, ids
 
-    def _slots(self, indices: object) -> tuple[Any, int, object]:
-        """Slot indices as a C int32 pointer on the host, their count, and the object that owns the buffer.
+    def _slots(self, indices: object) -> tuple[Any, int, int, Any]:
+        """Slot indices for C, on the host: a pointer, their count, their width in bytes, and their owner.
 
-        Twin of ``spec.domains.check_slot_indices``. The fast path, a contiguous 1-D int32 tensor on the
-        cache's CPU device, is checked in C (no negative slot); a tensor on the cache's GPU is copied to
-        the host once; int64 and sequences are converted and checked here.
+        Twin of ``spec.domains.check_slot_indices``. Read in place: a 1-D contiguous int32/int64 tensor on the
+        cache's CPU device and a buffer of native int32/int64; C checks their range ([0, 2**31)) and narrows
+        int64. A list or tuple of ints is copied once; a tensor on the cache's GPU is copied to the host once;
+        anything else is converted and checked here.
         """
-        if (
-            type(indices) is torch.Tensor
-            and indices.dtype is torch.int32
-            and self._on_host
-            and indices.is_cpu
-            and indices.dim() == 1
-            and indices.is_contiguous()
-        ):
-            return self._ffi.cast("int32_t *", indices.data_ptr()), indices.numel(), indices
-        if isinstance(indices, torch.Tensor):
-            slots = as_slots(indices, self.device)
-            slots = slots.cpu().contiguous()
-            return self._ffi.cast("int32_t *", slots.data_ptr()), slots.numel(), slots
-        buffer = _int_array("i", indices) or array("i", check_slot_indices(indices))
-        return self._ffi.from_buffer("int32_t[]", buffer), len(buffer), buffer
+        if type(indices) is torch.Tensor:
+            width = _WIDTH.get(indices.dtype)
+            if (
+                width is not None
+                and self._on_host
+                and indices.is_cpu
+                and indices.dim() == 1
+                and indices.is_contiguous()
+            ):
+                return self._cast("void *", indices.data_ptr()), indices.numel(), width, indices
+        if type(indices) is list or type(indices) is tuple:
+            buffer = _int_array("q", indices)
+            if buffer is not None:
+                return self._from_buffer(buffer), len(buffer), 8, buffer
+        else:
+            view = int_view(indices)
+            if view is not None:
+                return self._from_buffer(view), len(view), view.itemsize, view
+        slots = as_slots(indices, self.device).cpu().contiguous()  # type: ignore[arg-type]
+        return self._cast("void *", slots.data_ptr()), slots.numel(), 4, slots
 
     def _in_order(self, check: Callable[..., _T], *args: Any, input_ids: object, indices: object = None) -> _T:
         """``check(*args)``; when it raises, first raise what the reference checks before it (tokens, slots)."""
@@ -489,8 +527,8 @@ class RadixPrefixCache(ev.EmitsEvents):
             # the cached page before the new ones: its slot is the tree's, not the caller's
             path = self._path_slots(handle)
             parent_hash = self._announced[int(path[cached - p])][1]
-        starts = self._ffi.unpack(slots, end)[cached:end:p]
-        new_tokens = self._ffi.unpack(tokens, end)[cached:end]
+        starts = _values(slots, cached, end)[::p]
+        new_tokens = _values(tokens, cached, end)
         stored = ev.stored_pages(namespace, parent_hash, new_tokens, p, starts)
         self.events += stored  # type: ignore[operator]
         for depth, page in enumerate(stored, start=cached // p + 1):
@@ -535,13 +573,12 @@ class RadixPrefixCache(ev.EmitsEvents):
             return
         p = self.page_size
         if status == _BAD_TOKEN:
-            raise InvalidInputError(f"input_ids[{bad}] = {tokens[bad]} is outside [0, 2**63)")
+            raise InvalidInputError(f"input_ids[{bad}] = {_values(tokens, bad, bad + 1)[0]} is outside [0, 2**63)")
         if status == _BAD_SLOT:
-            raise SlotOutOfRangeError(f"indices[{bad}] = {slots[bad]} is outside [0, 2**31)")  # type: ignore[index]
+            raise SlotOutOfRangeError(f"indices[{bad}] = {_values(slots, bad, bad + 1)[0]} is outside [0, 2**31)")
         if status in (_MISALIGNED, _DUPLICATE):
             bad_page = bad
-            page_slots = list(slots[bad_page * p : (bad_page + 1) * p])  # type: ignore[index]
-            page_slots = [int(slot) for slot in page_slots]
+            page_slots = _values(slots, bad_page * p, (bad_page + 1) * p)
             if status == _MISALIGNED:
                 raise MisalignedPageError(
                     f"page {bad_page} (tokens [{bad_page * p}, {(bad_page + 1) * p})) has slots {page_slots}:"
@@ -562,6 +599,19 @@ class RadixPrefixCache(ev.EmitsEvents):
 
 def _length_mismatch(n_tokens: int, n_slots: int) -> None:
     raise LengthMismatchError(f"input_ids has {n_tokens} tokens but indices has {n_slots} slots")
+
+
+def describe_tensor(value: object) -> str:
+    """A short description of a tensor (dimensions, dtype, size, device) or of another object's type."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dim()}-D {value.dtype} tensor of {value.numel()} on {value.device}"
+    return type(value).__name__
+
+
+def _values(owner: Any, start: int, end: int) -> list[int]:
+    """``owner[start:end]`` as a list of ints: the values a call read, from a tensor, an array or a list."""
+    part = owner[start:end]
+    return [int(value) for value in (part.tolist() if hasattr(part, "tolist") else part)]
 
 
 def _int_array(typecode: str, values: object) -> array[int] | None:

@@ -12,10 +12,12 @@ turns tensors into lists.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeAlias, TypeVar
 
+import numpy
 import torch
 
 import optimized
@@ -194,8 +196,21 @@ class ReferenceCache(TreeTarget[RadixCacheHandle, reference.RadixPrefixCache]):
         return list(self.cache.reset())
 
 
+# the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share);
+# a format that cannot hold a value (a negative slot in int32 is fine; 2**31 is not) falls back to a list
+INPUT_FORMATS: tuple[Callable[[list[int]], Any], ...] = (
+    list,
+    lambda values: torch.tensor(values, dtype=torch.int32),
+    lambda values: torch.tensor(values, dtype=torch.int64),
+    lambda values: numpy.array(values, dtype=numpy.int64),
+    lambda values: numpy.array(values, dtype=numpy.int32),
+    lambda values: array("q", values),
+    tuple,
+)
+
+
 class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
-    """The optimized cache: lists in, tensors to it (token dtype alternating int32/int64), lists out."""
+    """The optimized cache: lists in, converted to each input format it takes in turn, lists out."""
 
     name = "optimized"
 
@@ -204,27 +219,26 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
         self.cache = optimized.RadixPrefixCache(page_size, device="cpu", enable_events=True)
         self.calls = 0
         self.evicted = []
+        self.out = torch.empty(0, dtype=torch.int32)
 
-    def tokens(self, values: list[int]) -> torch.Tensor | list[int]:
-        """Every third call a list, else a tensor, int32 and int64 in turn: each input path gets its share."""
-        self.calls += 1
-        if self.calls % 3 == 0:
-            return values
-        return torch.tensor(values, dtype=torch.int32 if self.calls % 3 == 1 else torch.int64)
+    def convert(self, values: list[int], shift: int = 0) -> Any:
+        """``values`` in the next input format (``shift`` picks another one for the slots of the same call)."""
+        fmt = INPUT_FORMATS[(self.calls + shift) % len(INPUT_FORMATS)]
+        try:
+            return fmt(values)
+        except (OverflowError, RuntimeError, TypeError, ValueError):
+            return list(values)  # a value the format cannot hold (past int32 or int64): the list path
 
     def match_prefix(self, tokens: list[int], namespace: Namespace) -> OptimizedHandle:
-        return self.cache.match_prefix(self.tokens(tokens), namespace)
+        self.calls += 1
+        return self.cache.match_prefix(self.convert(tokens), namespace)
 
     def insert_prefix(
         self, tokens: list[int], indices: list[int] | None, namespace: Namespace
     ) -> tuple[int, OptimizedHandle]:
-        ids, slots = self.tokens(tokens), indices or []
-        if isinstance(ids, list):
-            cached_len, handle = self.cache.insert_prefix(ids, slots, namespace)
-            return int(cached_len), handle
-        fits_int32 = all(-(2**31) <= slot < 2**31 for slot in slots)
-        dtype = torch.int32 if fits_int32 and self.calls % 3 == 2 else torch.int64
-        cached_len, handle = self.cache.insert_prefix(ids, torch.tensor(slots, dtype=dtype), namespace)
+        self.calls += 1
+        ids, slots = self.convert(tokens), self.convert(indices or [], shift=self.calls // len(INPUT_FORMATS))
+        cached_len, handle = self.cache.insert_prefix(ids, slots, namespace)
         return int(cached_len), handle
 
     def matched_slots(self, handle: OptimizedHandle) -> list[int]:
@@ -235,7 +249,16 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
         return int(self.cache.path_nodes(handle))
 
     def evict(self, size: int) -> None:
-        self.note_evicted([int(slot) for slot in self.cache.evict(size).tolist()])
+        """Every other call into the target's own buffer (``evict(size, out=)``), else into a new tensor."""
+        self.calls += 1
+        pages = -(-size // self.page_size) if size > 0 else 0
+        if self.calls % 2 and pages * self.page_size <= 4096:
+            if self.out.numel() < pages * self.page_size:
+                self.out = torch.empty(max(64, 2 * pages * self.page_size), dtype=torch.int32)
+            slots = self.cache.evict(size, out=self.out)[: pages * self.page_size]
+        else:
+            slots = self.cache.evict(size)
+        self.note_evicted([int(slot) for slot in slots.tolist()])
 
     def reset(self) -> list[int]:
         return [int(slot) for slot in self.cache.reset().tolist()]

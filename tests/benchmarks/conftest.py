@@ -74,10 +74,38 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
             shown = f"{value * 1e6:9.2f} us" if value < 1e-3 else f"{value * 1e3:9.2f} ms"
             cells.append(f"{name} {shown}{rate} (x{ratio:.2f})")
         write(f"  {group:<52} " + "   ".join(cells))
+    speedups = speedups_over_peers(groups)
+    if speedups:
+        write("")
+        write("speedup of ours, per input format, over each peer (the peer's time / ours, same run; > 1: ours faster):")
+        for group, table in speedups.items():
+            for ours, row in table.items():
+                cells = "   ".join(f"x{value:6.2f} over {peer}" for peer, value in row.items())
+                write(f"  {group:<52} {ours:<17} {cells}")
     path = Path(config.getoption("--ratios-json"))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps({**saved, "speedups": speedups}, indent=2, sort_keys=True) + "\n")
     write(f"ratios saved to {path}")
+
+
+PEER_NAMES = ("sglang", "sglang-list", "vllm", "minisgl")
+
+
+def speedups_over_peers(groups: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """For every timed group, each of our input formats (``optimized*``) against each peer that ran in it:
+    the peer's time divided by ours (per call, or per evicted page)."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for group in sorted(groups, key=_natural):
+        entries = groups[group]
+        if any("bytes_per_page" in entry["extra"] for entry in entries.values()):
+            continue
+        peers = [name for name in PEER_NAMES if name in entries]
+        ours = sorted(name for name in entries if name.startswith("optimized"))
+        for name in ours if peers else ():
+            table.setdefault(group, {})[name] = {
+                peer: entries[peer]["seconds"] / entries[name]["seconds"] for peer in peers
+            }
+    return table
 
 
 def _natural(text: str) -> list[Any]:

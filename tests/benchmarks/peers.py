@@ -36,6 +36,8 @@ import reference
 from fuzz.targets import TargetError, resolve
 
 PEERS = ("optimized", "reference", "sglang", "vllm", "minisgl")
+# ours in every input format it takes, and SGLang with its list key: the insert and match groups run these too
+FORMATS = ("optimized-int32", "optimized-int64", "optimized-list", "optimized-numpy", "optimized-array", "sglang-list")
 
 
 def minisgl_root() -> Path | None:
@@ -46,8 +48,10 @@ def minisgl_root() -> Path | None:
 
 def available(peer: str) -> str | None:
     """None when ``peer`` can run here, else why not (for pytest.skip)."""
-    if peer in ("optimized", "reference"):
+    if peer.startswith(("optimized", "reference")):
         return None
+    if peer == "sglang-list":
+        return available("sglang")
     if peer == "minisgl":
         root = minisgl_root()
         if root is None:
@@ -139,6 +143,74 @@ class OursDriver(Driver):
         return self.cache.tree_stats()["memory_bytes"]
 
 
+class OursInt32Driver(OursDriver):
+    """Ours with int32 token and slot tensors (mini-sglang's format)."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "optimized-int32"
+
+    def tokens(self, ids: list[int]) -> Any:
+        return torch.tensor(ids, dtype=torch.int32)
+
+
+class OursInt64Driver(OursDriver):
+    """Ours with int64 token and slot tensors."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "optimized-int64"
+
+    def slots(self, slots: list[int]) -> Any:
+        return torch.tensor(slots, dtype=torch.int64)
+
+
+class OursListDriver(OursDriver):
+    """Ours with Python lists of ints (what SGLang's and vLLM's requests hold)."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "optimized-list"
+
+    def tokens(self, ids: list[int]) -> Any:
+        return list(ids)
+
+    def slots(self, slots: list[int]) -> Any:
+        return list(slots)
+
+
+class OursNumpyDriver(OursDriver):
+    """Ours with numpy int64 arrays."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "optimized-numpy"
+
+    def tokens(self, ids: list[int]) -> Any:
+        import numpy
+
+        return numpy.array(ids, dtype=numpy.int64)
+
+    def slots(self, slots: list[int]) -> Any:
+        import numpy
+
+        return numpy.array(slots, dtype=numpy.int64)
+
+
+class OursArrayDriver(OursDriver):
+    """Ours with ``array('q')`` (SGLang's key storage)."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "optimized-array"
+
+    def tokens(self, ids: list[int]) -> Any:
+        return array("q", ids)
+
+    def slots(self, slots: list[int]) -> Any:
+        return array("q", slots)
+
+
 class ReferenceDriver(OursDriver):
     def __init__(self, page_size: int, pool_pages: int) -> None:
         self.name, self.page_size = "reference", page_size
@@ -199,6 +271,17 @@ class SGLangDriver(Driver):
     def evicted_starts(self, evicted: Any) -> list[int]:
         freed, self.allocator.freed = self.allocator.freed, []
         return [slot for group in freed for slot in group[:: self.page_size]]
+
+
+class SGLangListDriver(SGLangDriver):
+    """SGLang's RadixCache with its key over a Python list (what its requests hold before the array)."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "sglang-list"
+
+    def tokens(self, ids: list[int]) -> Any:
+        return self.rc.RadixKey(list(ids), None)
 
 
 class VLLMDriver(Driver):
@@ -303,7 +386,13 @@ class MiniSGLangDriver(Driver):
 DRIVERS: dict[str, Callable[[int, int], Driver]] = {
     "optimized": OursDriver,
     "reference": ReferenceDriver,
+    "optimized-int32": OursInt32Driver,
+    "optimized-int64": OursInt64Driver,
+    "optimized-list": OursListDriver,
+    "optimized-numpy": OursNumpyDriver,
+    "optimized-array": OursArrayDriver,
     "sglang": SGLangDriver,
+    "sglang-list": SGLangListDriver,
     "vllm": VLLMDriver,
     "minisgl": MiniSGLangDriver,
 }

@@ -46,7 +46,7 @@ def table_work(page_size: int) -> pp.SharedPrompts:
     return _WORK[page_size]
 
 
-@pytest.mark.parametrize("impl", pp.PEERS)
+@pytest.mark.parametrize("impl", pp.PEERS + pp.FORMATS)
 @pytest.mark.parametrize("page_size", [16, 1])
 def test_table_insert_20k_prompts(benchmark: Any, impl: str, page_size: int) -> None:
     """(a) and the table: insert every prompt into an empty cache (per call: min / 20,000)."""
@@ -64,7 +64,7 @@ def test_table_insert_20k_prompts(benchmark: Any, impl: str, page_size: int) -> 
     benchmark.pedantic(pp.insert_all, setup=fresh, rounds=2, iterations=1)
 
 
-@pytest.mark.parametrize("impl", pp.PEERS)
+@pytest.mark.parametrize("impl", pp.PEERS + pp.FORMATS)
 @pytest.mark.parametrize("page_size", [16, 1])
 def test_table_match_5000(benchmark: Any, impl: str, page_size: int) -> None:
     """(a) and the table: match 5,000 cached prompts (per call: min / 5,000)."""
