@@ -1,6 +1,7 @@
 """Build hooks (everything else is in pyproject.toml).
 
 * ``cffi_modules``: csrc/radix.c, store.c, tree.c and hybrid.c become ``optimized._radix_c``.
+* ``ext_modules``: csrc/pyints.c becomes ``optimized._pyints`` (lists of ints read into int64 buffers).
 * ``build_py`` also copies the CUDA sources into ``optimized/csrc/`` of the
   built package, so an installed wheel can still build its store kernel with
   nvcc (``python -m optimized.build_cuda``); a checkout reads them from csrc/.
@@ -8,7 +9,7 @@
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 CUDA_SOURCES = ("store.cu", "store_cuda.h", "store_status.h")
@@ -25,4 +26,8 @@ class BuildPyWithCudaSources(build_py):
             self.copy_file(str(Path("csrc") / name), str(target / name))
 
 
-setup(cffi_modules=["csrc/build_ffi.py:ffibuilder"], cmdclass={"build_py": BuildPyWithCudaSources})
+setup(
+    cffi_modules=["csrc/build_ffi.py:ffibuilder"],
+    ext_modules=[Extension("optimized._pyints", ["csrc/pyints.c"], extra_compile_args=["-O2"])],
+    cmdclass={"build_py": BuildPyWithCudaSources},
+)

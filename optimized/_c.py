@@ -1,6 +1,7 @@
 """The compiled C helpers: ``optimized._radix_c``, built by cffi from ``csrc/`` (csrc/build_ffi.py) at
-``pip install``. One loader for the whole package (the radix tree, the compare kernel, the CPU store); the
-enum constants and structs declared in the headers are read from it by name."""
+``pip install``, and the list reader ``optimized._pyints`` (csrc/pyints.c). One loader for the whole package
+(the radix tree, the compare kernel, the CPU store); the enum constants and structs declared in the headers are
+read from it by name."""
 
 from __future__ import annotations
 
@@ -20,3 +21,14 @@ def load_c() -> tuple[Any, Any]:
             f"the C helpers are not built ({exc}); run `pip install -e .` or `python csrc/build_ffi.py`"
         ) from None
     return _radix_c.ffi, _radix_c.lib
+
+
+@functools.cache
+def load_read_int64() -> Any:
+    """``read_int64`` of the list reader ``optimized._pyints`` (csrc/pyints.c, a CPython extension built by
+    ``pip install``); UnavailableError saying how to build it when it is missing."""
+    try:
+        from ._pyints import read_int64  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise UnavailableError(f"the list reader is not built ({exc}); run `pip install -e .`") from None
+    return read_int64

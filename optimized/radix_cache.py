@@ -44,11 +44,12 @@ from spec.invariants import check_invariants
 from spec.metrics import CacheStats, StatsCounter
 from spec.types import InsertResult, SizeInfo
 
-from ._c import load_c
+from ._c import load_c, load_read_int64
 from .inputs import as_insert_args, as_slots, as_tokens, device_of, int_view
 
 # the statuses of csrc/tree.h (enum radix_tree_status), by name from the compiled module
 _C = load_c()[1]
+read_int64 = load_read_int64()
 _OK, _ROOTS_EMPTIED, _BAD_ARGS = _C.RADIX_TREE_OK, _C.RADIX_TREE_ROOTS_EMPTIED, _C.RADIX_TREE_BAD_ARGS
 _MISALIGNED, _DUPLICATE, _NO_MEMORY = _C.RADIX_TREE_MISALIGNED, _C.RADIX_TREE_DUPLICATE, _C.RADIX_TREE_NO_MEMORY
 _STALE, _NOT_LOCKED, _NOT_EVICTABLE = _C.RADIX_TREE_STALE, _C.RADIX_TREE_NOT_LOCKED, _C.RADIX_TREE_NOT_EVICTABLE
@@ -123,6 +124,9 @@ class RadixPrefixCache(ev.EmitsEvents):
         # the hot calls, looked up once
         self._cast = self._ffi.cast
         self._from_buffer = self._ffi.from_buffer
+        # where lists of token ids and slots are read to (grown as needed)
+        self._token_room = _ListRoom(self._ffi, 4096)
+        self._slot_room = _ListRoom(self._ffi, 4096)
         self._evict_c = self._lib.radix_tree_evict
         # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
         # cached page is by its first slot (namespace, page hash, depth): evict reports slots only
@@ -456,9 +460,11 @@ class RadixPrefixCache(ev.EmitsEvents):
             if width is not None and input_ids.is_cpu and input_ids.dim() == 1 and input_ids.is_contiguous():
                 return self._cast("void *", input_ids.data_ptr()), input_ids.numel(), width, input_ids
         if type(input_ids) is list or type(input_ids) is tuple:
-            buffer = _int_array("q", input_ids)
-            if buffer is not None:
-                return self._from_buffer(buffer), len(buffer), 8, buffer
+            n = len(input_ids)
+            if n > self._token_room.capacity:
+                self._token_room = _ListRoom(self._ffi, 2 * n)
+            if read_int64(input_ids, self._token_room.address, self._token_room.capacity) == n:
+                return self._token_room.pointer, n, 8, input_ids
         else:
             view = int_view(input_ids)
             if view is not None:
@@ -471,8 +477,8 @@ class RadixPrefixCache(ev.EmitsEvents):
 
         Twin of ``spec.domains.check_slot_indices``. Read in place: a 1-D contiguous int32/int64 tensor on the
         cache's CPU device and a buffer of native int32/int64; C checks their range ([0, 2**31)) and narrows
-        int64. A list or tuple of ints is copied once; a tensor on the cache's GPU is copied to the host once;
-        anything else is converted and checked here.
+        int64. A list or tuple of exact ints is read in one C pass into a buffer the cache keeps; a tensor on
+        the cache's GPU is copied to the host once; anything else is converted and checked here.
         """
         if type(indices) is torch.Tensor:
             width = _WIDTH.get(indices.dtype)
@@ -485,9 +491,11 @@ class RadixPrefixCache(ev.EmitsEvents):
             ):
                 return self._cast("void *", indices.data_ptr()), indices.numel(), width, indices
         if type(indices) is list or type(indices) is tuple:
-            buffer = _int_array("q", indices)
-            if buffer is not None:
-                return self._from_buffer(buffer), len(buffer), 8, buffer
+            n = len(indices)
+            if n > self._slot_room.capacity:
+                self._slot_room = _ListRoom(self._ffi, 2 * n)
+            if read_int64(indices, self._slot_room.address, self._slot_room.capacity) == n:
+                return self._slot_room.pointer, n, 8, indices
         else:
             view = int_view(indices)
             if view is not None:
@@ -614,16 +622,13 @@ def _values(owner: Any, start: int, end: int) -> list[int]:
     return [int(value) for value in (part.tolist() if hasattr(part, "tolist") else part)]
 
 
-def _int_array(typecode: str, values: object) -> array[int] | None:
-    """A list or tuple of plain ints (no bools) that fits ``typecode``, as an array; else None (checked slowly).
+class _ListRoom:
+    """An int64 buffer that lists of ints are read into (``optimized._pyints.read_int64``) for one C call."""
 
-    Negative values pass: the C call that reads the array rejects them in the reference's order.
-    """
-    if not isinstance(values, (list, tuple)) or type(values) not in (list, tuple) or not values:
-        return None
-    if set(map(type, values)) != {int}:
-        return None
-    try:
-        return array(typecode, values)
-    except OverflowError:
-        return None
+    __slots__ = ("address", "buffer", "capacity", "pointer")
+
+    def __init__(self, ffi: Any, capacity: int) -> None:
+        self.capacity = capacity
+        self.buffer = array("q", bytes(8 * self.capacity))
+        self.address = self.buffer.buffer_info()[0]
+        self.pointer = ffi.cast("void *", self.address)

@@ -36,6 +36,8 @@ import reference
 from fuzz.targets import TargetError, resolve
 
 PEERS = ("optimized", "reference", "sglang", "vllm", "minisgl")
+# ours evicting into its own buffer: the eviction groups run it too
+EVICT_VARIANTS = ("optimized-out",)
 # ours in every input format it takes, and SGLang with its list key: the insert and match groups run these too
 FORMATS = ("optimized-int32", "optimized-int64", "optimized-list", "optimized-numpy", "optimized-array", "sglang-list")
 
@@ -209,6 +211,23 @@ class OursArrayDriver(OursDriver):
 
     def slots(self, slots: list[int]) -> Any:
         return array("q", slots)
+
+
+class OursOutDriver(OursDriver):
+    """Ours evicting into one buffer it keeps (``evict(size, out=)``): nothing allocated per call."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "optimized-out"
+        self.out = torch.empty(1 << 16, dtype=torch.int32)
+
+    def evict(self, num_tokens: int) -> Any:
+        n = -(-num_tokens // self.page_size) * self.page_size
+        return self.cache.evict(num_tokens, out=self.out), n
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        out, n = evicted
+        return [int(s) for s in out[: n : self.page_size].tolist()]
 
 
 class ReferenceDriver(OursDriver):
@@ -391,6 +410,7 @@ DRIVERS: dict[str, Callable[[int, int], Driver]] = {
     "optimized-list": OursListDriver,
     "optimized-numpy": OursNumpyDriver,
     "optimized-array": OursArrayDriver,
+    "optimized-out": OursOutDriver,
     "sglang": SGLangDriver,
     "sglang-list": SGLangListDriver,
     "vllm": VLLMDriver,

@@ -75,7 +75,7 @@ def test_table_match_5000(benchmark: Any, impl: str, page_size: int) -> None:
     benchmark.pedantic(pp.match_some, args=(loaded.driver, loaded.tokens, TABLE["matches"]), rounds=3, iterations=1)
 
 
-@pytest.mark.parametrize("impl", pp.PEERS)
+@pytest.mark.parametrize("impl", pp.PEERS + pp.EVICT_VARIANTS)
 def test_table_evict_one_page_400_times(benchmark: Any, impl: str) -> None:
     """The table: evict one page (P=16), 400 times, from the loaded cache; per evicted page."""
     needs(impl)
@@ -92,7 +92,7 @@ def test_table_evict_one_page_400_times(benchmark: Any, impl: str) -> None:
     benchmark.extra_info["pages"] = sum(len(loaded.driver.evicted_starts(r)) for r in results)
 
 
-@pytest.mark.parametrize("impl", pp.PEERS)
+@pytest.mark.parametrize("impl", pp.PEERS + pp.EVICT_VARIANTS)
 def test_table_evict_64_pages_per_call(benchmark: Any, impl: str) -> None:
     """The table's cache, evicting 64 pages (1,024 tokens: one prefill's worth) per call, 100 times; per page."""
     needs(impl)
@@ -109,7 +109,7 @@ def test_table_evict_64_pages_per_call(benchmark: Any, impl: str) -> None:
     benchmark.extra_info["pages"] = sum(len(loaded.driver.evicted_starts(r)) for r in results)
 
 
-@pytest.mark.parametrize("impl", pp.PEERS)
+@pytest.mark.parametrize("impl", pp.PEERS + pp.EVICT_VARIANTS)
 @pytest.mark.parametrize("leaves", [1_000, 20_000])
 def test_b_peers_evict_one_page_at_n_leaves(benchmark: Any, impl: str, leaves: int) -> None:
     """(b) evict one page from ``leaves`` one-page leaves (P=16); a new leaf replaces it between rounds."""
