@@ -116,3 +116,24 @@ def test_evict_refuses_a_buffer_it_cannot_fill_and_changes_nothing(out: object) 
     with pytest.raises(InvalidTypeError, match="out must be"):
         cache.evict(3, out=out)  # type: ignore[arg-type]
     assert cache.abstract_state() == before
+
+
+class Color(int):
+    """An int subclass: in the token domain (only bool is not), read through the spec's checks."""
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [[1, True, 3, 4], [1, np.int64(2), 3, 4], [1, 2**63, 3, 4], [1, 2, 3.0, 4], [1, Color(2), 3, 4], (1, -2, 3, 4)],
+    ids=["bool", "numpy scalar", "past int64", "float", "int subclass", "negative in a tuple"],
+)
+def test_a_list_the_c_reader_does_not_take_gets_the_references_answer(tokens: list[Any]) -> None:
+    """The list reader takes exact ints only; anything else goes through the spec's checks, as in the reference."""
+
+    def outcome(cache: Any) -> object:
+        try:
+            return cache.insert_prefix(tokens, [0, 1, 2, 3]).cached_len, cache.match_prefix(tokens).cached_len
+        except CacheError as exc:
+            return type(exc).__name__
+
+    assert outcome(optimized.RadixPrefixCache(2)) == outcome(reference.RadixPrefixCache(2))
