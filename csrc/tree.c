@@ -870,11 +870,13 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
     if (count == 0) {
         return RADIX_TREE_OK;
     }
+    /* the new pages' starts so far (a set: no page given twice); on the stack for a few pages */
     int64_t capacity = 64;
     while (capacity < 2 * count) {
         capacity *= 2;
     }
-    int64_t *seen = malloc((size_t)capacity * sizeof *seen);
+    int64_t on_stack[64];
+    int64_t *seen = capacity == 64 ? on_stack : malloc((size_t)capacity * sizeof *seen);
     if (seen == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -910,7 +912,9 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
             *bad = at / p;
         }
     }
-    free(seen);
+    if (seen != on_stack) {
+        free(seen);
+    }
     return status;
 }
 

@@ -128,6 +128,8 @@ class RadixPrefixCache(ev.EmitsEvents):
         self._token_room = _ListRoom(self._ffi, 4096)
         self._slot_room = _ListRoom(self._ffi, 4096)
         self._evict_c = self._lib.radix_tree_evict
+        self._match_c = self._lib.radix_tree_match
+        self._insert_c = self._lib.radix_tree_insert
         # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
         # cached page is by its first slot (namespace, page hash, depth): evict reports slots only
         self.events: list[ev.Event] | None = [] if enable_events else None
@@ -166,16 +168,15 @@ class RadixPrefixCache(ev.EmitsEvents):
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
         # WALK + UPDATE: stamp the path, split the node the match ends in
         walk = self._walk
-        status = self._lib.radix_tree_match(
-            self._tree, root, tokens, width, n - n % self.page_size, n, self.clock, walk
-        )
+        status = self._match_c(self._tree, root, tokens, width, n - n % self.page_size, n, self.clock, walk)
         if status != _OK:
             self._raise_for(status, tokens=values, bad=walk.bad)
         self.clock += 1
-        self.counter.matched(namespace, n, walk.length)
-        if walk.length == 0:
+        length = walk.length
+        self.counter.matched(namespace, n, length)
+        if length == 0:
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
-        return RadixCacheHandle(walk.length, walk.node, walk.version, namespace, self)
+        return RadixCacheHandle(length, walk.node, walk.version, namespace, self)
 
     def insert_prefix(
         self,
@@ -187,7 +188,11 @@ class RadixPrefixCache(ev.EmitsEvents):
         # CHECK in the reference's order (tokens, slots, namespace, lengths, new pages): types here, the
         # ranges and the new pages in C; an error found here first looks for one the reference finds before
         tokens, n, width, values = self._tokens(input_ids)
-        slots, n_slots, slot_width, slot_values = self._in_order(self._slots, indices, input_ids=input_ids)
+        try:
+            slots, n_slots, slot_width, slot_values = self._slots(indices)
+        except CacheError:
+            as_tokens(input_ids)  # type: ignore[arg-type]  # an error the reference finds first
+            raise
         if namespace is not None:
             namespace = self._in_order(check_namespace, namespace, input_ids=input_ids, indices=indices)
         if n != n_slots:
@@ -202,9 +207,7 @@ class RadixPrefixCache(ev.EmitsEvents):
         root = self._new_root(namespace) if found is None else found
         # WALK + UPDATE (C checks first and changes nothing on error)
         walk = self._walk
-        status = self._lib.radix_tree_insert(
-            self._tree, root, tokens, width, slots, slot_width, end, n, self.clock, walk
-        )
+        status = self._insert_c(self._tree, root, tokens, width, slots, slot_width, end, n, self.clock, walk)
         if status != _OK:
             if new_root:
                 self._drop_root(root)

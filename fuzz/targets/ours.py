@@ -196,17 +196,25 @@ class ReferenceCache(TreeTarget[RadixCacheHandle, reference.RadixPrefixCache]):
         return list(self.cache.reset())
 
 
-# the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share);
-# a format that cannot hold a value (a negative slot in int32 is fine; 2**31 is not) falls back to a list
-INPUT_FORMATS: tuple[Callable[[list[int]], Any], ...] = (
-    list,
-    lambda values: torch.tensor(values, dtype=torch.int32),
-    lambda values: torch.tensor(values, dtype=torch.int64),
-    lambda values: numpy.array(values, dtype=numpy.int64),
-    lambda values: numpy.array(values, dtype=numpy.int32),
-    lambda values: array("q", values),
-    tuple,
+# the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share),
+# with the bits of the integers each holds: values a format cannot hold (past int32, say) go as a list
+INPUT_FORMATS: tuple[tuple[Callable[[list[int]], Any], int | None], ...] = (
+    (list, None),
+    (lambda values: torch.tensor(values, dtype=torch.int32), 32),
+    (lambda values: torch.tensor(values, dtype=torch.int64), 64),
+    (lambda values: numpy.array(values, dtype=numpy.int64), 64),
+    (lambda values: numpy.array(values, dtype=numpy.int32), 32),
+    (lambda values: array("q", values), 64),
+    (tuple, None),
 )
+
+
+def fits(values: list[int], bits: int | None) -> bool:
+    """True when every value is an int that a signed integer of ``bits`` bits holds (any, for None)."""
+    if bits is None or not values:
+        return True
+    limit = 1 << (bits - 1)
+    return all(type(value) is int for value in values) and -limit <= min(values) and max(values) < limit
 
 
 class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
@@ -223,11 +231,8 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
 
     def convert(self, values: list[int], shift: int = 0) -> Any:
         """``values`` in the next input format (``shift`` picks another one for the slots of the same call)."""
-        fmt = INPUT_FORMATS[(self.calls + shift) % len(INPUT_FORMATS)]
-        try:
-            return fmt(values)
-        except (OverflowError, RuntimeError, TypeError, ValueError):
-            return list(values)  # a value the format cannot hold (past int32 or int64): the list path
+        fmt, bits = INPUT_FORMATS[(self.calls + shift) % len(INPUT_FORMATS)]
+        return fmt(values) if fits(values, bits) else list(values)
 
     def match_prefix(self, tokens: list[int], namespace: Namespace) -> OptimizedHandle:
         self.calls += 1
