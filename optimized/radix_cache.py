@@ -128,6 +128,10 @@ class RadixPrefixCache(ev.EmitsEvents):
         self._token_room = _ListRoom(self._ffi, 4096)
         self._slot_room = _ListRoom(self._ffi, 4096)
         self._evict_c = self._lib.radix_tree_evict
+        # evict(out=): the caller's buffer of the last call, its address and C pointer (checked once)
+        self._out: torch.Tensor | None = None
+        self._out_address = 0
+        self._out_pointer: Any = None
         self._match_c = self._lib.radix_tree_match
         self._insert_c = self._lib.radix_tree_insert
         # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
@@ -261,16 +265,17 @@ class RadixPrefixCache(ev.EmitsEvents):
             raise InvalidSizeError(f"cannot evict a negative size ({size})")
         p = self.page_size
         pages = (size + p - 1) // p
-        slots = torch.empty(pages * p, dtype=torch.int32) if out is None else self._check_out(out, pages * p)
+        if out is None:
+            slots = torch.empty(pages * p, dtype=torch.int32)
+            pointer = self._cast("int32_t *", slots.data_ptr())
+        elif out is self._out and out.data_ptr() == self._out_address and out.numel() >= pages * p:
+            slots, pointer = out, self._out_pointer  # the buffer of the last call, checked then
+        else:
+            slots = self._check_out(out, pages * p)
+            pointer = self._cast("int32_t *", slots.data_ptr())
+            self._out, self._out_address, self._out_pointer = slots, slots.data_ptr(), pointer
         # UPDATE
-        status = self._evict_c(
-            self._tree,
-            pages,
-            self._cast("int32_t *", slots.data_ptr()),
-            self._emptied,
-            self._emptied_room,
-            self._n_emptied,
-        )
+        status = self._evict_c(self._tree, pages, pointer, self._emptied, self._emptied_room, self._n_emptied)
         if status:
             self._after_evict(status, size)
         self._evict_clock_sum += self.clock * pages

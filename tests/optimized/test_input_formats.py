@@ -137,3 +137,20 @@ def test_a_list_the_c_reader_does_not_take_gets_the_references_answer(tokens: li
             return type(exc).__name__
 
     assert outcome(optimized.RadixPrefixCache(2)) == outcome(reference.RadixPrefixCache(2))
+
+
+def test_evict_checks_a_kept_buffer_again_when_it_changed() -> None:
+    """The last call's buffer is trusted only while it is the same tensor, at the same address, as large."""
+    cache = optimized.RadixPrefixCache(1)
+    cache.insert_prefix(list(range(1, 9)), list(range(8)))
+    buffer = torch.zeros(4, dtype=torch.int32)
+    assert cache.evict(2, out=buffer)[:2].tolist() == [6, 7]
+    buffer.resize_(1)  # smaller: now too small for two slots
+    with pytest.raises(InvalidTypeError, match="out must be"):
+        cache.evict(2, out=buffer)
+    buffer.resize_(1 << 16)  # larger: moved
+    assert cache.evict(2, out=buffer)[:2].tolist() == [4, 5]
+    other = torch.zeros(2, dtype=torch.int32)
+    assert cache.evict(2, out=other).tolist() == [2, 3]
+    assert cache.evict(1, out=buffer)[:1].tolist() == [1]
+    cache.check_integrity()
