@@ -467,16 +467,9 @@ class RadixPrefixCache(ev.EmitsEvents):
             width = _WIDTH.get(input_ids.dtype)
             if width is not None and input_ids.is_cpu and input_ids.dim() == 1 and input_ids.is_contiguous():
                 return self._cast("void *", input_ids.data_ptr()), input_ids.numel(), width, input_ids
-        if type(input_ids) is list or type(input_ids) is tuple:
-            n = len(input_ids)
-            if n > self._token_room.capacity:
-                self._token_room = _ListRoom(self._ffi, 2 * n)
-            if read_int64(input_ids, self._token_room.address, self._token_room.capacity) == n:
-                return self._token_room.pointer, n, 8, input_ids
-        else:
-            view = int_view(input_ids)
-            if view is not None:
-                return self._from_buffer(view), len(view), view.itemsize, view
+        read = self._read_in_place(input_ids, "_token_room")
+        if read is not None:
+            return read
         ids = as_tokens(input_ids)  # type: ignore[arg-type]
         return self._cast("void *", ids.data_ptr()), ids.numel(), 8, ids
 
@@ -498,18 +491,24 @@ class RadixPrefixCache(ev.EmitsEvents):
                 and indices.is_contiguous()
             ):
                 return self._cast("void *", indices.data_ptr()), indices.numel(), width, indices
-        if type(indices) is list or type(indices) is tuple:
-            n = len(indices)
-            if n > self._slot_room.capacity:
-                self._slot_room = _ListRoom(self._ffi, 2 * n)
-            if read_int64(indices, self._slot_room.address, self._slot_room.capacity) == n:
-                return self._slot_room.pointer, n, 8, indices
-        else:
-            view = int_view(indices)
-            if view is not None:
-                return self._from_buffer(view), len(view), view.itemsize, view
+        read = self._read_in_place(indices, "_slot_room")
+        if read is not None:
+            return read
         slots = as_slots(indices, self.device).cpu().contiguous()  # type: ignore[arg-type]
         return self._cast("void *", slots.data_ptr()), slots.numel(), 4, slots
+
+    def _read_in_place(self, values: object, room: str) -> tuple[Any, int, int, Any] | None:
+        """A list or tuple of exact ints, read in one C pass into the buffer named ``room`` (grown as needed), or
+        a buffer of native int32/int64 as it is: (pointer, count, width, owner) for C; None for anything else."""
+        if type(values) is list or type(values) is tuple:
+            n = len(values)
+            kept: _ListRoom = getattr(self, room)
+            if n > kept.capacity:
+                kept = _ListRoom(self._ffi, 2 * n)
+                setattr(self, room, kept)
+            return (kept.pointer, n, 8, values) if read_int64(values, kept.address, kept.capacity) == n else None
+        view = int_view(values)
+        return None if view is None else (self._from_buffer(view), len(view), view.itemsize, view)
 
     def _in_order(self, check: Callable[..., _T], *args: Any, input_ids: object, indices: object = None) -> _T:
         """``check(*args)``; when it raises, first raise what the reference checks before it (tokens, slots)."""

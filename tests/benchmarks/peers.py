@@ -20,6 +20,7 @@ A peer that is not installed is skipped with the command that installs it.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import random
@@ -145,72 +146,43 @@ class OursDriver(Driver):
         return self.cache.tree_stats()["memory_bytes"]
 
 
-class OursInt32Driver(OursDriver):
-    """Ours with int32 token and slot tensors (mini-sglang's format)."""
+class OursFormatDriver(OursDriver):
+    """Ours with token ids and slots in another input format (``FORMAT_CONVERTERS``)."""
 
-    def __init__(self, page_size: int, pool_pages: int) -> None:
+    def __init__(self, page_size: int, pool_pages: int, name: str = "optimized") -> None:
         super().__init__(page_size, pool_pages)
-        self.name = "optimized-int32"
+        self.name = name
+        self.convert_tokens, self.convert_slots = FORMAT_CONVERTERS[name]
 
     def tokens(self, ids: list[int]) -> Any:
-        return torch.tensor(ids, dtype=torch.int32)
-
-
-class OursInt64Driver(OursDriver):
-    """Ours with int64 token and slot tensors."""
-
-    def __init__(self, page_size: int, pool_pages: int) -> None:
-        super().__init__(page_size, pool_pages)
-        self.name = "optimized-int64"
+        return self.convert_tokens(ids)
 
     def slots(self, slots: list[int]) -> Any:
-        return torch.tensor(slots, dtype=torch.int64)
+        return self.convert_slots(slots)
 
 
-class OursListDriver(OursDriver):
-    """Ours with Python lists of ints (what SGLang's and vLLM's requests hold)."""
-
-    def __init__(self, page_size: int, pool_pages: int) -> None:
-        super().__init__(page_size, pool_pages)
-        self.name = "optimized-list"
-
-    def tokens(self, ids: list[int]) -> Any:
-        return list(ids)
-
-    def slots(self, slots: list[int]) -> Any:
-        return list(slots)
+def _int32(values: list[int]) -> Any:
+    return torch.tensor(values, dtype=torch.int32)
 
 
-class OursNumpyDriver(OursDriver):
-    """Ours with numpy int64 arrays."""
-
-    def __init__(self, page_size: int, pool_pages: int) -> None:
-        super().__init__(page_size, pool_pages)
-        self.name = "optimized-numpy"
-
-    def tokens(self, ids: list[int]) -> Any:
-        import numpy
-
-        return numpy.array(ids, dtype=numpy.int64)
-
-    def slots(self, slots: list[int]) -> Any:
-        import numpy
-
-        return numpy.array(slots, dtype=numpy.int64)
+def _int64(values: list[int]) -> Any:
+    return torch.tensor(values, dtype=torch.int64)
 
 
-class OursArrayDriver(OursDriver):
-    """Ours with ``array('q')`` (SGLang's key storage)."""
+def _numpy(values: list[int]) -> Any:
+    import numpy
 
-    def __init__(self, page_size: int, pool_pages: int) -> None:
-        super().__init__(page_size, pool_pages)
-        self.name = "optimized-array"
+    return numpy.array(values, dtype=numpy.int64)
 
-    def tokens(self, ids: list[int]) -> Any:
-        return array("q", ids)
 
-    def slots(self, slots: list[int]) -> Any:
-        return array("q", slots)
+# ours in each input format beside the int64 tokens / int32 slots of "optimized": (tokens, slots) converters
+FORMAT_CONVERTERS: dict[str, tuple[Callable[[list[int]], Any], Callable[[list[int]], Any]]] = {
+    "optimized-int32": (_int32, _int32),  # mini-sglang's format
+    "optimized-int64": (_int64, _int64),
+    "optimized-list": (list, list),  # what SGLang's and vLLM's requests hold
+    "optimized-numpy": (_numpy, _numpy),
+    "optimized-array": (lambda values: array("q", values), lambda values: array("q", values)),  # SGLang's key
+}
 
 
 class OursOutDriver(OursDriver):
@@ -405,11 +377,7 @@ class MiniSGLangDriver(Driver):
 DRIVERS: dict[str, Callable[[int, int], Driver]] = {
     "optimized": OursDriver,
     "reference": ReferenceDriver,
-    "optimized-int32": OursInt32Driver,
-    "optimized-int64": OursInt64Driver,
-    "optimized-list": OursListDriver,
-    "optimized-numpy": OursNumpyDriver,
-    "optimized-array": OursArrayDriver,
+    **{name: functools.partial(OursFormatDriver, name=name) for name in FORMAT_CONVERTERS},
     "optimized-out": OursOutDriver,
     "sglang": SGLangDriver,
     "sglang-list": SGLangListDriver,
