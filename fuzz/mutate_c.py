@@ -1,0 +1,300 @@
+"""``python -m fuzz.mutate_c``: mutation testing of the C tree (``csrc/tree.c``).
+
+mutmut sees Python only; this applies standard mutation operators to the C
+source, one mutant at a time, and asks whether the campaigns notice:
+
+* ``ror``: a relational operator replaced by its neighbour (``<`` and
+  ``<=``, ``>`` and ``>=``, ``==`` and ``!=``);
+* ``const``: an integer literal (0 to 64) plus or minus one;
+* ``delete``: an expression statement deleted (a call, an assignment, an
+  increment; never a declaration, a return, a break or a brace);
+* ``swap``: the two arguments of a two-argument call swapped.
+
+Only code is mutated: comments, preprocessor lines, string literals and the
+cffi declarations' header are left alone. Each mutant is built in a copy of
+the checkout (``csrc/build_ffi.py``) and faced with the cache and the manager
+machines on the optimized implementation, side by side, for ``--seconds``
+each. Verdicts: **killed** (a campaign failed or crashed, or hung past its
+budget), **survived** (both campaigns clean), **build failed** (the mutant is
+not C; it counts in neither). ``--sample K --seed S`` draws a reproducible
+subset of the mutants; ``--json`` writes every verdict. Exit status 0 when the
+score reaches ``--goal`` (default 90 %), 1 below it, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fuzz import sanitize
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = "csrc/tree.c"
+OPERATORS = ("ror", "const", "delete", "swap")
+ROR = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "=="}
+# a relational operator between operands (not part of <<, >>, ->, <<=, >>=)
+ROR_PATTERN = re.compile(r"(?<![<>=!\-])(<=|>=|==|!=|<|>)(?![<>=])")
+CONST_PATTERN = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
+# f(a, b); with plain arguments (no nested call or comma inside)
+SWAP_PATTERN = re.compile(r"\b(\w+)\(([^(),]+),\s*([^(),]+)\)")
+STATEMENT_PATTERN = re.compile(r"^\s+[\w\->.\[\]()*&+ ]+(\+\+|--|[-+*/|&]?=[^=].*|\(.*\));\s*$")
+SKIPPED_STATEMENTS = ("return", "break", "continue", "goto", "case", "default")
+DECLARATION_PATTERN = re.compile(
+    r"^\s*(const\s+)?(static\s+)?(u?int\d+_t|int|char|size_t|double|void|\w+_t|struct\s+\w+|"
+    r"segment|node_t|child_cell|leaf_entry|radix_tree)\s*\**\s*\w+\s*(=|;|\[)"
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One edit of one line of the source."""
+
+    number: int
+    operator: str
+    line: int
+    before: str
+    after: str
+
+    def describe(self) -> str:
+        after = self.after.strip() or "(deleted)"
+        return f"#{self.number} {self.operator} line {self.line}: {self.before.strip()} -> {after}"
+
+
+@dataclass
+class Verdict:
+    mutant: Mutant
+    verdict: str
+    seconds: float
+    detail: str = ""
+
+
+def code_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of the lines that are code: not in a comment, not preprocessor."""
+    in_comment = False
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if in_comment:
+            if "*/" in stripped:
+                in_comment = False
+            continue
+        if stripped.startswith("/*"):
+            in_comment = "*/" not in stripped
+            continue
+        if not stripped or stripped.startswith(("#", "//", "*")):
+            continue
+        yield number, line
+
+
+def strip_strings(line: str) -> str:
+    """The line with string and char literals and trailing comments blanked (same length), so that the
+    patterns never match inside them."""
+    out = re.sub(r'"(\\.|[^"\\])*"', lambda m: " " * len(m.group(0)), line)
+    out = re.sub(r"'(\\.|[^'\\])*'", lambda m: " " * len(m.group(0)), out)
+    cut = out.find("/*")
+    return out if cut < 0 else out[:cut] + " " * (len(out) - cut)
+
+
+def mutants_of(text: str) -> list[Mutant]:
+    """Every mutant of the source, in a fixed order (line, operator, position)."""
+    found: list[Mutant] = []
+
+    def add(operator: str, number: int, before: str, after: str) -> None:
+        if after != before:
+            found.append(Mutant(len(found), operator, number, before, after))
+
+    for number, line in code_lines(text):
+        scan = strip_strings(line)
+        for match in ROR_PATTERN.finditer(scan):
+            if "#include" in scan:
+                continue
+            start, end = match.span(1)
+            add("ror", number, line, line[:start] + ROR[match.group(1)] + line[end:])
+        for match in CONST_PATTERN.finditer(scan):
+            value = int(match.group(1))
+            if value > 64 or (re.search(r"\w\[\s*$", scan[: match.start(1)]) and DECLARATION_PATTERN.match(scan)):
+                continue
+            start, end = match.span(1)
+            for changed in (value + 1, value - 1):
+                if changed >= 0:
+                    add("const", number, line, line[:start] + str(changed) + line[end:])
+        stripped = scan.strip()
+        if (
+            STATEMENT_PATTERN.match(scan)
+            and not stripped.startswith(SKIPPED_STATEMENTS)
+            and not DECLARATION_PATTERN.match(scan)
+            and not stripped.startswith(("if", "for", "while", "}", "{", "else"))
+        ):
+            add("delete", number, line, "")
+        for match in SWAP_PATTERN.finditer(scan):
+            if match.group(1) in ("if", "while", "for", "sizeof", "return"):
+                continue
+            a, b = match.group(2).strip(), match.group(3).strip()
+            if a == b:
+                continue
+            start, end = match.span(0)
+            add("swap", number, line, line[:start] + f"{match.group(1)}({b}, {a})" + line[end:])
+    return found
+
+
+def apply(text: str, mutant: Mutant) -> str:
+    lines = text.splitlines(keepends=True)
+    assert lines[mutant.line - 1].rstrip("\n") == mutant.before, f"{mutant.describe()}: the source changed"
+    lines[mutant.line - 1] = mutant.after + "\n" if mutant.after else ""
+    return "".join(lines)
+
+
+def run_mutant(mutant: Mutant, text: str, seconds: float, seed: int) -> Verdict:
+    """Build the mutant in a copy and run the cache and manager machines on it, side by side."""
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="radixspec-mutant-") as tmp:
+        tree = Path(tmp) / "tree"
+        shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(*sanitize.COPY_IGNORE))
+        (tree / SOURCE).write_text(apply(text, mutant))
+        try:
+            sanitize.build(tree, sanitize=False)
+        except RuntimeError as exc:
+            return Verdict(mutant, "build failed", time.monotonic() - began, str(exc).splitlines()[-1][:200])
+        procs = {
+            machine: subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "fuzz",
+                    "--machine",
+                    machine,
+                    "--impl",
+                    "optimized",
+                    "--workers",
+                    "0",
+                    "--minutes",
+                    f"{seconds / 60:.4f}",
+                    "--seed",
+                    str(seed),
+                    "--no-shrink",
+                    "--quiet",
+                ],
+                cwd=tree,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for machine in ("cache", "manager")
+        }
+        deadline = time.monotonic() + seconds + 30
+        verdict, detail = "survived", ""
+        while procs:
+            for machine, proc in list(procs.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                del procs[machine]
+                if code != 0:
+                    _, err = proc.communicate()
+                    verdict = "killed"
+                    detail = f"{machine}: exit {code}" + (
+                        ": " + err.strip().splitlines()[-1][:160] if err.strip() else ""
+                    )
+            if verdict == "killed" or time.monotonic() > deadline:
+                if verdict != "killed":
+                    verdict, detail = "killed", f"{', '.join(procs)}: hung past the budget"
+                for proc in procs.values():
+                    proc.kill()
+                    proc.communicate()
+                break
+            time.sleep(0.1)
+    return Verdict(mutant, verdict, time.monotonic() - began, detail)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fuzz.mutate_c", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sample", type=int, default=None, help="draw this many mutants (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample and of the campaigns")
+    parser.add_argument("--seconds", type=float, default=20.0, help="budget of each machine per mutant (default 20)")
+    parser.add_argument("--operator", choices=OPERATORS, nargs="+", default=list(OPERATORS))
+    parser.add_argument("--list", action="store_true", help="list the mutants (numbered) and stop")
+    parser.add_argument("--only", type=int, nargs="+", default=None, help="only these mutant numbers")
+    parser.add_argument("--goal", type=float, default=90.0, help="the score (percent of built mutants killed) to reach")
+    parser.add_argument("--json", type=Path, default=None, help="write every verdict here")
+    args = parser.parse_args(argv)
+    if args.sample is not None and args.sample < 1:
+        parser.error(f"--sample must be >= 1, got {args.sample}")
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be > 0, got {args.seconds}")
+    text = (ROOT / SOURCE).read_text()
+    every = [m for m in mutants_of(text) if m.operator in args.operator]
+    chosen = every
+    if args.only is not None:
+        chosen = [m for m in every if m.number in set(args.only)]
+    elif args.sample is not None and args.sample < len(every):
+        chosen = sorted(random.Random(args.seed).sample(every, args.sample), key=lambda m: m.number)
+    if args.list:
+        for mutant in chosen:
+            print(mutant.describe())
+        print(f"{len(chosen)} of {len(every)} mutants of {SOURCE}")
+        return 0
+    print(
+        f"{len(chosen)} of {len(every)} mutants of {SOURCE} ({', '.join(args.operator)}); cache and manager"
+        f" machines, {args.seconds:g} s each per mutant, seed {args.seed}",
+        flush=True,
+    )
+    verdicts: list[Verdict] = []
+    began = time.monotonic()
+    for index, mutant in enumerate(chosen, 1):
+        result = run_mutant(mutant, text, args.seconds, args.seed)
+        verdicts.append(result)
+        print(
+            f"[{index}/{len(chosen)} {time.monotonic() - began:6.0f} s] {result.verdict:<12} {result.seconds:5.1f} s"
+            f"  {mutant.describe()}" + (f"  ({result.detail})" if result.detail and result.verdict != "killed" else ""),
+            flush=True,
+        )
+    killed = sum(v.verdict == "killed" for v in verdicts)
+    built = sum(v.verdict != "build failed" for v in verdicts)
+    score = 100.0 * killed / built if built else 0.0
+    print(
+        f"\nkilled {killed}, survived {built - killed}, build failed {len(verdicts) - built};"
+        f" score {score:.1f} % of {built} built mutants in {time.monotonic() - began:.0f} s"
+    )
+    for operator in args.operator:
+        mine = [v for v in verdicts if v.mutant.operator == operator and v.verdict != "build failed"]
+        if mine:
+            k = sum(v.verdict == "killed" for v in mine)
+            print(f"  {operator:<7} {k}/{len(mine)} killed")
+    survivors = [v for v in verdicts if v.verdict == "survived"]
+    if survivors:
+        print("survivors:")
+        for v in survivors:
+            print(f"  {v.mutant.describe()}")
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "source": SOURCE,
+                    "seed": args.seed,
+                    "seconds": args.seconds,
+                    "score": score,
+                    "verdicts": [
+                        {**asdict(v.mutant), "verdict": v.verdict, "seconds": v.seconds, "detail": v.detail}
+                        for v in verdicts
+                    ],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0 if score >= args.goal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""``python -m fuzz.mutate_c``: the mutants it makes of C source, its sample, its verdicts (no campaign run here)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fuzz import mutate_c
+
+SNIPPET = """/* a comment: if (a < b) { x = 1; } */
+#include "tree.h"
+#define LIMIT 16
+
+static int f(int a, int b) {
+    if (a < b && b != 0) {
+        count(a, b);
+        a = b + 1;
+    }
+    printf("%d < %d", a, b);
+    return a >= 2;
+}
+"""
+
+
+def test_every_operator_makes_its_mutants_on_code_only() -> None:
+    mutants = mutate_c.mutants_of(SNIPPET)
+    described = {(m.operator, m.after.strip()) for m in mutants}
+    assert ("ror", "if (a <= b && b != 0) {") in described
+    assert ("ror", "if (a < b && b == 0) {") in described
+    assert ("ror", "return a > 2;") in described
+    assert ("const", "a = b + 2;") in described and ("const", "a = b + 0;") in described
+    assert ("delete", "") in {(m.operator, m.after) for m in mutants if m.before.strip() == "count(a, b);"}
+    assert ("swap", "count(b, a);") in described
+    # never in a comment, a preprocessor line or a string literal
+    assert not any(m.line in (1, 2, 3) for m in mutants)
+    assert all('"%d < %d"' in m.after for m in mutants if '"%d < %d"' in m.before and m.operator != "delete")
+    # returns are never deleted
+    assert not any(m.operator == "delete" and "return" in m.before for m in mutants)
+
+
+def test_a_mutant_changes_exactly_its_line() -> None:
+    for mutant in mutate_c.mutants_of(SNIPPET):
+        changed = mutate_c.apply(SNIPPET, mutant)
+        before, after = SNIPPET.splitlines(), changed.splitlines()
+        if mutant.operator == "delete":
+            assert len(after) == len(before) - 1 and before[mutant.line - 1] not in after[mutant.line - 1 : mutant.line]
+        else:
+            differ = [i for i, (x, y) in enumerate(zip(before, after, strict=True)) if x != y]
+            assert differ == [mutant.line - 1]
+
+
+def test_the_tree_has_mutants_of_every_operator_and_the_sample_is_reproducible() -> None:
+    text = (mutate_c.ROOT / mutate_c.SOURCE).read_text()
+    mutants = mutate_c.mutants_of(text)
+    assert {m.operator for m in mutants} == set(mutate_c.OPERATORS)
+    assert len(mutants) > 500
+    first = random.Random(3).sample(mutants, 10)
+    assert first == random.Random(3).sample(mutate_c.mutants_of(text), 10)
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--sample", "0"], ["--seconds", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            mutate_c.main(argv)
+        assert exit_info.value.code == 2
+
+
+def test_list_names_the_sampled_mutants(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mutate_c.main(["--list", "--sample", "5", "--seed", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6 and out[-1].startswith("5 of ")
