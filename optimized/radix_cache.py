@@ -125,8 +125,8 @@ class RadixPrefixCache(ev.EmitsEvents):
         self._cast = self._ffi.cast
         self._from_buffer = self._ffi.from_buffer
         # where lists of token ids and slots are read to (grown as needed)
-        self._token_room = _ListRoom(self._ffi, 4096)
-        self._slot_room = _ListRoom(self._ffi, 4096)
+        self._token_room = _ListRoom(self._ffi, 256)
+        self._slot_room = _ListRoom(self._ffi, 256)
         self._evict_c = self._lib.radix_tree_evict
         # evict(out=): the caller's buffer of the last call, its address and C pointer (checked once)
         self._out: torch.Tensor | None = None
