@@ -13,7 +13,7 @@ ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.radixspec-installed
 
-.PHONY: venv fuzz test lint crosshair sanitize bench mutation ray clean-venv
+.PHONY: venv fuzz test lint crosshair sanitize bench mutation mutation-full ray clean-venv
 
 venv: $(STAMP)
 
@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
 # the tox environments (tox.ini), run by the tox of .venv
-lint crosshair sanitize bench mutation ray: $(STAMP)
+lint crosshair sanitize bench mutation mutation-full ray: $(STAMP)
 	$(PY) -m tox -e $@ $(if $(ARGS),-- $(ARGS),)
 
 clean-venv:

@@ -45,6 +45,8 @@ class BatchSpec:
     deadline: float
     # --db: a directory or redis://host:port/n, or None
     database: str | None = None
+    # a shallow batch: short examples, no big trees (fuzz.profiles.SHALLOW_STEPS; the machine's SHALLOW)
+    shallow: bool = False
 
 
 @dataclass
@@ -63,6 +65,8 @@ class FailureReport:
     shrunk: bool
     # the @reproduce_failure line Hypothesis printed
     reproduce: str = ""
+    # found by a shallow batch (its machine is rebuilt shallow to replay it)
+    shallow: bool = False
 
 
 @dataclass
@@ -98,7 +102,7 @@ def machine_class(spec: BatchSpec) -> type[RuleBasedStateMachine]:
     """The state machine class the spec names (a target is resolved here, in the worker)."""
     from .machines import machine_for
 
-    return machine_for(spec.machine, spec.targets, spec.device, spec.lru)
+    return machine_for(spec.machine, spec.targets, spec.device, spec.lru, spec.shallow)
 
 
 def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
@@ -175,4 +179,5 @@ def failure_report(spec: BatchSpec, exc: BaseException, found_at: float, reporte
         reported_at=reported_at,
         shrunk=spec.shrink,
         reproduce=reproduce,
+        shallow=spec.shallow,
     )

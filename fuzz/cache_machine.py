@@ -75,8 +75,10 @@ SLOT_RANGES = ("low", "low", "low", "high")
 RESET_AT_PAGES = 6
 # the bulk rules stop growing a tree past this many pages (each step's checks are O(pages))
 BIG_TREE_PAGES = 4000
-# pages of a long key in a small example
-LONG_KEY_PAGES = 256
+# pages of a long key in a small example, and in a shallow batch's example
+LONG_KEY_PAGES, SHALLOW_KEY_PAGES = 256, 16
+# touch_parents_out_of_order: the leaves whose parents it touches, and the most pages it then evicts one by one
+TOUCHED_LEAVES, DRAIN_PAGES = 12, 48
 # branches of one bulk insert: small examples, big ones
 BRANCHES = ((2, 8, 16, 64), (8, 64, 256, 600))
 # above this many pages, the whole-state comparison runs every CHECK_EVERY steps (and at the end), not every step
@@ -128,6 +130,8 @@ class CacheMachine(RuleBasedStateMachine):
     # what the machine drives (fuzz.machines.machine_for sets these): --impl and --target name them alike
     TARGETS: ClassVar[tuple[TargetInfo, ...]] = tuple(IMPLEMENTATIONS.values())
     LRU: ClassVar[str] = "strict"
+    # a shallow batch (fuzz.machines.machine_for): no big example, long keys cut to SHALLOW_KEY_PAGES pages
+    SHALLOW: ClassVar[bool] = False
 
     seqs = Bundle("seqs")
     handles = Bundle("handles")
@@ -175,7 +179,7 @@ class CacheMachine(RuleBasedStateMachine):
         for info in self.TARGETS:
             if info.page_sizes is not None:
                 page_size = info.page_sizes[page_size % len(info.page_sizes)]
-        self.page_size, self.big = page_size, big
+        self.page_size, self.big = page_size, big and not self.SHALLOW
         self.model = pc.new_state(page_size)
         for info in self.TARGETS:
             assert info.cache_factory is not None, f"target {info.name} has no prefix cache"
@@ -228,11 +232,13 @@ class CacheMachine(RuleBasedStateMachine):
     def long_seq(self, base: tuple[int, ...], tokens: int, salt: int) -> tuple[int, ...]:
         """A key thousands of tokens long (past the C compare's 1 KiB blocks), after ``base``'s whole pages.
 
-        Small examples keep it to LONG_KEY_PAGES pages (long keys need big pages there); big ones do not.
+        Small examples keep it to LONG_KEY_PAGES pages (long keys need big pages there), shallow ones to
+        SHALLOW_KEY_PAGES; big ones do not.
         """
         STATS.record_rule("cache.long_seq")
         p = self.page_size
-        count = max(1, tokens // p) if self.big else max(1, min(tokens // p, LONG_KEY_PAGES))
+        cap = None if self.big else SHALLOW_KEY_PAGES if self.SHALLOW else LONG_KEY_PAGES
+        count = max(1, tokens // p if cap is None else min(tokens // p, cap))
         pages = [page_pattern((salt + i * (i % 3)) % NUM_PATTERNS, p) for i in range(count)]
         return tuple(build_sequence(p, [], [], base) + [token for page in pages for token in page])
 
@@ -331,6 +337,27 @@ class CacheMachine(RuleBasedStateMachine):
         pages = list(self.model.entries)
         namespace, prefix = pages[which % len(pages)]
         return self.match_prefix(prefix.tokens + tuple(extra), namespace)
+
+    @precondition(lambda self: len(self.model.entries) >= 2)
+    @rule(order=st.permutations(range(TOUCHED_LEAVES)), evict_pages=st.sampled_from([0, 1, 4, DRAIN_PAGES]))
+    def touch_parents_out_of_order(self, order: list[int], evict_pages: int = 0) -> None:
+        """Match the parent page's path of each evictable leaf (up to TOUCHED_LEAVES, in caching order) in the
+        drawn order, then evict up to ``evict_pages`` pages one at a time.
+
+        The leaves keep their older stamps and go first; each exposes its parent, an evictable leaf now whose
+        stamp is out of order with the ones queued: the C tree's eviction heap (not its in-order ring) then
+        orders the parents. Each one-page eviction shows which leaf went (a larger one's slots come back
+        sorted, so only its set is seen)."""
+        STATS.record_rule("cache.touch_parents_out_of_order")
+        leaves = pc.get_evictable_leaves(self.model)[:TOUCHED_LEAVES]
+        for index in order:
+            if index < len(leaves):
+                namespace, prefix = leaves[index]
+                self.match_prefix(prefix.tokens[: len(prefix.tokens) - self.page_size], namespace)
+        for _ in range(evict_pages):
+            if not self.every(lambda p: p.eviction_trigger == "evict") or not pc.size_info(self.model).evictable_size:
+                break
+            self.checked_evict(1)
 
     @rule(target=handles, seq=seqs, namespace=namespaces, where=st.sampled_from(SLOT_RANGES))
     def insert_prefix(self, seq: tuple[int, ...], namespace: Namespace, where: str = "low") -> Any:

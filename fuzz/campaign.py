@@ -45,6 +45,7 @@ from .cli import (
     parse_args,
 )
 from .messages import bounded
+from .profiles import SHALLOW_STEPS
 from .report import Progress, print_summary, write_json
 from .stats import CampaignStats
 
@@ -146,6 +147,9 @@ class Campaign:
             examples = min(examples, self.args.examples - state.examples)
         index = state.batches
         state.batches += 1
+        # every other batch of a machine is shallow, its first included: cheap examples first, so that the
+        # deep states cost shallow bugs no time
+        shallow = index % 2 == 0
         state.examples += examples
         deadline = (self.start + self.budget_s - MARGIN_S) if self.budget_s else float("inf")
         return BatchSpec(
@@ -155,11 +159,12 @@ class Campaign:
             device=self.args.device,
             seed=batch_seed(self.args.seed, state.name, index),
             examples=examples,
-            steps=self.args.steps,
+            steps=min(self.args.steps, SHALLOW_STEPS) if shallow else self.args.steps,
             shrink=not self.args.no_shrink,
             start=self.start,
             deadline=deadline,
             database=self.args.db,
+            shallow=shallow,
         )
 
     def examples_done(self, state: MachineState) -> bool:
@@ -240,6 +245,7 @@ class Campaign:
                 failure.shrunk,
                 name,
                 failure.reproduce,
+                failure.shallow,
             )
             path: Path | None = None
             try:

@@ -66,10 +66,12 @@ def machine_for(
     targets: tuple[str, ...] = tuple(IMPLEMENTATIONS),
     device: str = "cpu",
     lru: str | None = None,
+    shallow: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """The machine ``name`` driving the spec beside ``targets`` (names as --impl and --target take them; the
-    kv machine: the pool on ``device``), in LRU mode ``lru`` (default: the profiles'). Notes the time of its
-    first failure."""
+    kv machine: the pool on ``device``), in LRU mode ``lru`` (default: the profiles'); ``shallow``: a shallow
+    batch's machine (the cache machine grows no big trees and no long keys). Notes the time of its first
+    failure."""
     base: type[RuleBasedStateMachine] = MACHINES[name]
 
     def __init__(self: RuleBasedStateMachine) -> None:
@@ -89,7 +91,12 @@ def machine_for(
             FailureClock.failed(exc)
             raise
 
-    attributes: dict[str, object] = {"__init__": __init__, "teardown": teardown, "__module__": base.__module__}
+    attributes: dict[str, object] = {
+        "__init__": __init__,
+        "teardown": teardown,
+        "__module__": base.__module__,
+        "SHALLOW": shallow,
+    }
     if name in ("cache", "manager"):
         infos = tuple(resolve(target, check=False) for target in targets)
         attributes["TARGETS"] = infos

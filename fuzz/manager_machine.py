@@ -30,6 +30,7 @@ made the same way).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -60,7 +61,14 @@ from .targets.ours import IMPLEMENTATIONS
 Target = CacheManagerTarget[Any, Any]
 
 ROWS = 6
+# how a batch's results or an abort run: outside a lazy free region, inside one, or inside one whose body then
+# raises (an engine's forward that fails after freeing: the region must still hand back every page it held)
+REGIONS = ("none", "lazy", "lazy, body raises")
 MAX_PAGES_PER_REQ = 12
+
+
+class BodyRaised(Exception):
+    """Raised by the machine inside a lazy free region, after the frees: what a failing forward does."""
 
 
 @dataclass
@@ -102,6 +110,8 @@ class ManagerMachine(RuleBasedStateMachine):
         # each target's KV events, replayed as a router would (spec/events.py)
         self.replayers: dict[int, ev.Replayer] = {}
         self.next_uid = 0
+        # the namespace each prompt was last admitted in
+        self.namespace_of: dict[tuple[int, ...], Namespace] = {}
 
     # the spec's relations are checked around every call on exact targets (the exhaustive checker turns them
     # off while it replays a path it already checked)
@@ -197,11 +207,23 @@ class ManagerMachine(RuleBasedStateMachine):
         self.try_admit(prompt, self.ns(namespace), max_new_tokens)
         return prompt
 
+    @precondition(lambda self: len(self.live) < ROWS)
+    @rule(target=prompts, base=prompts, max_new_tokens=st.integers(1, 6))
+    def admit_cached_prefix(self, base: tuple[int, ...], max_new_tokens: int) -> Any:
+        """Admit the whole pages of an earlier prompt, in its namespace: often every page is cached, so the
+        match must stop a token short (match_req leaves the last token to be recomputed)."""
+        STATS.record_rule("manager.admit_cached_prefix")
+        prompt = base[: len(base) - len(base) % self.page_size]
+        if prompt and len(prompt) + max_new_tokens <= MAX_PAGES_PER_REQ * self.page_size:
+            self.try_admit(prompt, self.namespace_of.get(base), max_new_tokens)
+        return prompt
+
     def try_admit(self, prompt: tuple[int, ...], namespace: Namespace, max_new_tokens: int) -> None:
         """Admit ``prompt`` on every target if each finds room (they must agree)."""
         if not prompt and not self.validates:
             STATS.skipped["admit of an empty prompt"] += 1
             return
+        self.namespace_of[prompt] = namespace
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         used = {live.reqs[0].table_idx for live in self.live}
         table_idx = min(set(range(ROWS)) - used)
@@ -251,24 +273,24 @@ class ManagerMachine(RuleBasedStateMachine):
             self.live.append(LiveReq(uid, len(prompt), max_new_tokens, reqs, cached, tokens=list(prompt)))
 
     @precondition(lambda self: bool(self.live))
-    @rule(chunk=st.integers(1, 40), lazy=st.booleans())
-    def forward_all(self, chunk: int, lazy: bool) -> None:
+    @rule(chunk=st.integers(1, 40), region=st.sampled_from(REGIONS))
+    def forward_all(self, chunk: int, region: str) -> None:
         """One batch of every live request, in admission order."""
         STATS.record_rule("manager.forward_all")
-        self.forward(list(self.live), chunk, lazy)
+        self.forward(list(self.live), chunk, region)
 
     @precondition(lambda self: bool(self.live))
     @rule(
         picks=st.lists(st.integers(0, ROWS - 1), min_size=1, max_size=ROWS, unique=True),
         chunk=st.integers(1, 40),
-        lazy=st.booleans(),
+        region=st.sampled_from(REGIONS),
     )
-    def forward_some(self, picks: list[int], chunk: int, lazy: bool) -> None:
+    def forward_some(self, picks: list[int], chunk: int, region: str) -> None:
         """One batch of the picked live requests."""
         STATS.record_rule("manager.forward_some")
-        self.forward([self.live[i] for i in dict.fromkeys(i % len(self.live) for i in picks)], chunk, lazy)
+        self.forward([self.live[i] for i in dict.fromkeys(i % len(self.live) for i in picks)], chunk, region)
 
-    def forward(self, batch: list[LiveReq], chunk: int, lazy: bool) -> None:
+    def forward(self, batch: list[LiveReq], chunk: int, region: str) -> None:
         """Allocate pages for prefill chunks and decode steps, then process the results.
 
         An allocation the pool cannot satisfy is not sent to targets that do not validate.
@@ -295,7 +317,8 @@ class ManagerMachine(RuleBasedStateMachine):
                 for live in batch:
                     impl.set_lengths(live.reqs[impl_index], live.cached_len, live.cached_len)
             return
-        self.process_results(batch, targets, lazy)
+        # after the forward: chunks advance, a completed prefill is cached, a finished request is released
+        self.in_region(region, lambda: self.advance(batch, targets))
 
     def allocate(self, batch: list[LiveReq], copies: int = 1) -> Any:
         """allocate_paged of the batch on every implementation, checked against the spec's relation."""
@@ -354,16 +377,22 @@ class ManagerMachine(RuleBasedStateMachine):
             for index in self.exact:
                 sm.lazy_free_region(inside[index][0], after[index][0])
 
-    def process_results(self, batch: list[LiveReq], targets: list[int], lazy: bool) -> None:
-        """After the forward: chunks advance; a completed prefill is cached; a finished request is released."""
+    def in_region(self, region: str, body: Callable[[], None]) -> None:
+        """Run ``body`` on every target as ``region`` says (see REGIONS); after a lazy region, its exit law."""
+        lazy = region != "none"
         inside = None
-        with ExitStack() as stack:
-            if lazy:
-                for impl in self.impls:
-                    stack.enter_context(impl.lazy_free_region())
-                self.check_nested_lazy_region_is_rejected()
-            self.advance(batch, targets)
-            inside = self.observe({}) if lazy else None
+        try:
+            with ExitStack() as stack:
+                if lazy:
+                    for impl in self.impls:
+                        stack.enter_context(impl.lazy_free_region())
+                    self.check_nested_lazy_region_is_rejected()
+                body()
+                inside = self.observe({}) if lazy else None
+                if region == "lazy, body raises":
+                    raise BodyRaised("the body of the lazy free region raised after its frees")
+        except BodyRaised:
+            STATS.record_rule("manager.lazy_free_region[body raises]")
         self.lazy_exit_law(inside)
 
     def advance(self, batch: list[LiveReq], targets: list[int]) -> None:
@@ -390,19 +419,12 @@ class ManagerMachine(RuleBasedStateMachine):
         self.cache(live, False, "cache_req(finished=False)")
 
     @precondition(lambda self: bool(self.live))
-    @rule(pick=st.integers(0, ROWS - 1), lazy=st.booleans())
-    def abort(self, pick: int, lazy: bool) -> None:
+    @rule(pick=st.integers(0, ROWS - 1), region=st.sampled_from(REGIONS))
+    def abort(self, pick: int, region: str) -> None:
         """Abort a live request between batches."""
         STATS.record_rule("manager.abort")
         live = self.live[pick % len(self.live)]
-        inside = None
-        with ExitStack() as stack:
-            if lazy:
-                for impl in self.impls:
-                    stack.enter_context(impl.lazy_free_region())
-            self.release(live, "abort")
-            inside = self.observe({}) if lazy else None
-        self.lazy_exit_law(inside)
+        self.in_region(region, lambda: self.release(live, "abort"))
 
     def release(self, live: LiveReq, why: str) -> None:
         """cache_req(finished=True) on every implementation; the request leaves the live set."""

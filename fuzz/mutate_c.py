@@ -17,8 +17,15 @@ machines on the optimized implementation, side by side, for ``--seconds``
 each. Verdicts: **killed** (a campaign failed or crashed, or hung past its
 budget), **survived** (both campaigns clean), **build failed** (the mutant is
 not C; it counts in neither). ``--sample K --seed S`` draws a reproducible
-subset of the mutants; ``--json`` writes every verdict. Exit status 0 when the
-score reaches ``--goal`` (default 90 %), 1 below it, 2 on a usage error.
+subset of the mutants; ``--json`` writes every verdict. ``--sanitize`` builds
+each mutant with ASan + UBSan (``fuzz.sanitize``), so that a memory error a
+plain build survives (an overrun by one item) kills it.
+
+A survivor listed in ``EQUIVALENT`` (by its line before and after) carries the
+argument why no caller can tell it from the tree; the score counts the
+mutants that are not equivalent: killed / (built - equivalent). Exit status 0
+when the score reaches ``--goal`` (default 90 %), 1 below it, 2 on a usage
+error.
 """
 
 from __future__ import annotations
@@ -55,6 +62,33 @@ DECLARATION_PATTERN = re.compile(
 )
 
 
+# survivors no caller can tell from the tree, by (function, line before, line after stripped): the argument
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (
+        "compare_entries",
+        "return entry_before(*x, *y) ? -1 : entry_before(*y, *x) ? 1 : 0;",
+        "return entry_before(*x, *y) ? -1 : entry_before(*y, *x) ? 2 : 0;",
+    ): "a qsort comparator's result: any positive value means the same",
+    (
+        "radix_tree_insert",
+        "} else if ((status = reserve(tree, 1, 0)) != RADIX_TREE_OK) {",
+        "} else if ((status = reserve(tree, 1, 1)) != RADIX_TREE_OK) {",
+    ): "the insert reserves room for one page more than it uses: capacity only, never read",
+    (
+        "radix_tree_check",
+        "int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = calloc((size_t)(tree->nodes_high >= 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+    ): "the check's mark buffer: nodes_high is never 0 (the first root is made with the tree)",
+    (
+        "radix_tree_free",
+        "for (int64_t id = 0; id < tree->nodes_high; ++id) {",
+        "for (int64_t id = 1; id < tree->nodes_high; ++id) {",
+    ): "the tree's release skips node 0, the first root, which never holds a segment",
+}
+# a top-level line that opens a function: its name
+FUNCTION_PATTERN = re.compile(r"^[a-z][\w\s*]*?\b(\w+)\(")
+
+
 @dataclass(frozen=True)
 class Mutant:
     """One edit of one line of the source."""
@@ -64,10 +98,17 @@ class Mutant:
     line: int
     before: str
     after: str
+    # the function the line is in
+    function: str = ""
 
     def describe(self) -> str:
         after = self.after.strip() or "(deleted)"
-        return f"#{self.number} {self.operator} line {self.line}: {self.before.strip()} -> {after}"
+        return f"#{self.number} {self.operator} line {self.line} ({self.function}): {self.before.strip()} -> {after}"
+
+    @property
+    def equivalent(self) -> str | None:
+        """The argument why no caller can tell this mutant from the tree (EQUIVALENT), or None."""
+        return EQUIVALENT.get((self.function, self.before.strip(), self.after.strip()))
 
 
 @dataclass
@@ -107,10 +148,11 @@ def strip_strings(line: str) -> str:
 def mutants_of(text: str) -> list[Mutant]:
     """Every mutant of the source, in a fixed order (line, operator, position)."""
     found: list[Mutant] = []
+    functions = function_by_line(text)
 
     def add(operator: str, number: int, before: str, after: str) -> None:
         if after != before:
-            found.append(Mutant(len(found), operator, number, before, after))
+            found.append(Mutant(len(found), operator, number, before, after, functions[number]))
 
     for number, line in code_lines(text):
         scan = strip_strings(line)
@@ -146,6 +188,17 @@ def mutants_of(text: str) -> list[Mutant]:
     return found
 
 
+def function_by_line(text: str) -> dict[int, str]:
+    """The function each line (numbered from 1) is in: the last top-level line before it that opens one."""
+    out, current = {}, ""
+    for number, line in enumerate(text.splitlines(), 1):
+        found = FUNCTION_PATTERN.match(line)
+        if found is not None:
+            current = found.group(1)
+        out[number] = current
+    return out
+
+
 def apply(text: str, mutant: Mutant) -> str:
     lines = text.splitlines(keepends=True)
     assert lines[mutant.line - 1].rstrip("\n") == mutant.before, f"{mutant.describe()}: the source changed"
@@ -153,15 +206,16 @@ def apply(text: str, mutant: Mutant) -> str:
     return "".join(lines)
 
 
-def run_mutant(mutant: Mutant, text: str, seconds: float, seed: int) -> Verdict:
-    """Build the mutant in a copy and run the cache and manager machines on it, side by side."""
+def run_mutant(mutant: Mutant, text: str, seconds: float, seed: int, sanitized: bool = False) -> Verdict:
+    """Build the mutant in a copy (with ASan + UBSan when ``sanitized``) and run the cache and manager machines
+    on it, side by side."""
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="radixspec-mutant-") as tmp:
         tree = Path(tmp) / "tree"
         shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(*sanitize.COPY_IGNORE))
         (tree / SOURCE).write_text(apply(text, mutant))
         try:
-            sanitize.build(tree, sanitize=False)
+            sanitize.build(tree, sanitize=sanitized)
         except RuntimeError as exc:
             return Verdict(mutant, "build failed", time.monotonic() - began, str(exc).splitlines()[-1][:200])
         procs = {
@@ -184,6 +238,7 @@ def run_mutant(mutant: Mutant, text: str, seconds: float, seed: int) -> Verdict:
                     "--quiet",
                 ],
                 cwd=tree,
+                env=sanitize.sanitized_env() if sanitized else None,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -225,7 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--operator", choices=OPERATORS, nargs="+", default=list(OPERATORS))
     parser.add_argument("--list", action="store_true", help="list the mutants (numbered) and stop")
     parser.add_argument("--only", type=int, nargs="+", default=None, help="only these mutant numbers")
-    parser.add_argument("--goal", type=float, default=90.0, help="the score (percent of built mutants killed) to reach")
+    parser.add_argument(
+        "--goal", type=float, default=90.0, help="the score to reach: percent killed of the built, not equivalent"
+    )
+    parser.add_argument(
+        "--sanitize", action="store_true", help="build each mutant with ASan + UBSan (memory errors kill it)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every verdict here")
     args = parser.parse_args(argv)
     if args.sample is not None and args.sample < 1:
@@ -246,13 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(
         f"{len(chosen)} of {len(every)} mutants of {SOURCE} ({', '.join(args.operator)}); cache and manager"
-        f" machines, {args.seconds:g} s each per mutant, seed {args.seed}",
+        f" machines, {args.seconds:g} s each per mutant, seed {args.seed}"
+        + (", built with ASan + UBSan" if args.sanitize else ""),
         flush=True,
     )
     verdicts: list[Verdict] = []
     began = time.monotonic()
     for index, mutant in enumerate(chosen, 1):
-        result = run_mutant(mutant, text, args.seconds, args.seed)
+        result = run_mutant(mutant, text, args.seconds, args.seed, args.sanitize)
         verdicts.append(result)
         print(
             f"[{index}/{len(chosen)} {time.monotonic() - began:6.0f} s] {result.verdict:<12} {result.seconds:5.1f} s"
@@ -260,11 +321,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     killed = sum(v.verdict == "killed" for v in verdicts)
+    equivalent = sum(v.verdict == "survived" and v.mutant.equivalent is not None for v in verdicts)
     built = sum(v.verdict != "build failed" for v in verdicts)
-    score = 100.0 * killed / built if built else 0.0
+    counted = built - equivalent
+    score = 100.0 * killed / counted if counted else 0.0
     print(
-        f"\nkilled {killed}, survived {built - killed}, build failed {len(verdicts) - built};"
-        f" score {score:.1f} % of {built} built mutants in {time.monotonic() - began:.0f} s"
+        f"\nkilled {killed}, survived {built - killed} ({equivalent} of them equivalent, argued in EQUIVALENT),"
+        f" build failed {len(verdicts) - built}; score {score:.1f} % of the {counted} built mutants that are not"
+        f" equivalent ({100.0 * killed / built if built else 0.0:.1f} % of all {built} built) in"
+        f" {time.monotonic() - began:.0f} s"
     )
     for operator in args.operator:
         mine = [v for v in verdicts if v.mutant.operator == operator and v.verdict != "build failed"]
@@ -275,7 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if survivors:
         print("survivors:")
         for v in survivors:
-            print(f"  {v.mutant.describe()}")
+            argument = v.mutant.equivalent
+            print(f"  {v.mutant.describe()}" + (f"\n      equivalent: {argument}" if argument else ""))
     if args.json is not None:
         args.json.write_text(
             json.dumps(
@@ -284,8 +350,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seed": args.seed,
                     "seconds": args.seconds,
                     "score": score,
+                    "sanitized": args.sanitize,
                     "verdicts": [
-                        {**asdict(v.mutant), "verdict": v.verdict, "seconds": v.seconds, "detail": v.detail}
+                        {
+                            **asdict(v.mutant),
+                            "verdict": v.verdict,
+                            "seconds": v.seconds,
+                            "detail": v.detail,
+                            "equivalent": v.mutant.equivalent,
+                        }
                         for v in verdicts
                     ],
                 },

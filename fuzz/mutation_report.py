@@ -63,13 +63,18 @@ def parse_results(text: str) -> list[Mutant]:
     return out
 
 
-def exit_codes(root: Path) -> dict[str, int]:
-    """Each checked mutant's exit code, from the ``*.meta`` files mutmut writes under ``root/mutants``."""
-    codes: dict[str, int] = {}
+def exit_codes_by_name(root: Path) -> dict[str, int | None]:
+    """Every mutant mutmut made under ``root/mutants`` with its exit code (None: not checked yet), from the
+    ``*.meta`` files it writes (each verdict the moment it has it)."""
+    codes: dict[str, int | None] = {}
     for meta in sorted((root / "mutants").rglob("*.meta")):
-        found = json.loads(meta.read_text()).get("exit_code_by_key", {})
-        codes.update({name: code for name, code in found.items() if code is not None})
+        codes.update(json.loads(meta.read_text()).get("exit_code_by_key", {}))
     return codes
+
+
+def exit_codes(root: Path) -> dict[str, int]:
+    """Each checked mutant's exit code."""
+    return {name: code for name, code in exit_codes_by_name(root).items() if code is not None}
 
 
 def mark_aborts(mutants: Iterable[Mutant], codes: dict[str, int]) -> None:
@@ -416,6 +421,17 @@ def score(mutants: list[Mutant]) -> tuple[int, int]:
     return sum(m.status in KILLED for m in checked), len(checked)
 
 
+def equivalent_survivors(mutants: list[Mutant]) -> int:
+    """Survivors in a class argued equivalent (or GPU-only)."""
+    return sum(classify(m).startswith(("equivalent", "off-CPU")) for m in mutants if survived(m))
+
+
+def score_without_equivalents(mutants: list[Mutant]) -> float:
+    """Percent killed of the checked mutants that are not argued equivalent survivors."""
+    killed, checked = score(mutants)
+    return 100 * killed / max(checked - equivalent_survivors(mutants), 1)
+
+
 def report(mutants: list[Mutant]) -> str:
     """The summary: score per module, overall, and without the equivalent classes; survivors per class."""
     by_module: dict[str, list[Mutant]] = defaultdict(list)
@@ -426,15 +442,13 @@ def report(mutants: list[Mutant]) -> str:
         killed, checked = score(group)
         lines.append(f"| {module} | {killed} | {checked} | {100 * killed / max(checked, 1):.1f} % |")
     killed, checked = score(mutants)
-    survivors = [m for m in mutants if survived(m)]
-    classes = Counter(classify(m) for m in survivors)
-    equivalent = sum(n for name, n in classes.items() if name.startswith(("equivalent", "off-CPU")))
+    classes = Counter(classify(m) for m in mutants if survived(m))
     lines += [
         "",
         f"mutants {len(mutants)}, checked {checked}, killed {killed} (timeouts and crashes included): "
         f"{100 * killed / max(checked, 1):.1f} %",
-        f"without the {equivalent} equivalent or GPU-only survivors: "
-        f"{100 * killed / max(checked - equivalent, 1):.1f} %",
+        f"without the {equivalent_survivors(mutants)} equivalent or GPU-only survivors: "
+        f"{score_without_equivalents(mutants):.1f} %",
         "",
         "| survivors | class |",
         "|---:|---|",
@@ -464,20 +478,27 @@ def survivors_markdown(mutants: list[Mutant]) -> str:
     return "\n".join(out)
 
 
+def load(root: Path) -> list[Mutant]:
+    """The mutants of the mutmut run in ``root`` with their statuses (aborts marked), survivors with their diffs;
+    empty when there is none."""
+    run = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=root, capture_output=True, text=True
+    )
+    mutants = parse_results(run.stdout) if run.returncode == 0 else []
+    mark_aborts(mutants, exit_codes(root))
+    add_diffs([m for m in mutants if survived(m)], root)
+    return mutants
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fuzz.mutation_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path("."), help="where mutmut ran (holds mutants/)")
     parser.add_argument("--out", type=Path, help="write every survivor with its diff here (markdown)")
     args = parser.parse_args(argv)
-    run = subprocess.run(
-        [sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=args.root, capture_output=True, text=True
-    )
-    mutants = parse_results(run.stdout) if run.returncode == 0 else []
+    mutants = load(args.root)
     if not mutants:
         print(f"no mutmut results under {args.root}: run tox -e mutation first", file=sys.stderr)
         return 1
-    mark_aborts(mutants, exit_codes(args.root))
-    add_diffs([m for m in mutants if survived(m)], args.root)
     print(report(mutants))
     if args.out is not None:
         args.out.write_text(survivors_markdown(mutants) + "\n")

@@ -161,6 +161,15 @@ BUGS: tuple[PlantedBug, ...] = (
         "reference",
     ),
     PlantedBug(
+        "lazy free region loses its frees when its body raises",
+        "reference/cache_manager.py",
+        "        try:\n            yield\n        finally:\n            held, self.lazy_frees = self.lazy_frees, None\n"
+        "            self.free_slots.extend(held)\n",
+        "        yield\n        held, self.lazy_frees = self.lazy_frees, None\n        self.free_slots.extend(held)\n",
+        "manager",
+        "reference",
+    ),
+    PlantedBug(
         "cache_req forgets to free [old_handle.cached_len : cached_len)",
         "optimized/cache_manager.py",
         "        self._free(row[old_handle.cached_len : cached_len])\n",

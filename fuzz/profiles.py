@@ -33,6 +33,9 @@ settings.register_profile(
 )
 # per batch of a campaign (python -m fuzz runs batch after batch with new seeds)
 CAMPAIGN_EXAMPLES, CAMPAIGN_STEPS = 40, 80
+# steps per example of a shallow batch (every other batch of a machine, its first included): short examples
+# with no big trees find shallow bugs in seconds, while the deep batches between them grow the big states
+SHALLOW_STEPS = 20
 settings.register_profile(
     "campaign",
     max_examples=CAMPAIGN_EXAMPLES,

@@ -42,9 +42,10 @@ def build_machine(
     targets: tuple[str, ...] = ("reference", "optimized"),
     lru: str | None = None,
     device: str = "cpu",
+    shallow: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """The machine class a campaign ran (for a regression file: call it, then replay the steps)."""
-    return machine_for(machine, targets, device, lru)
+    return machine_for(machine, targets, device, lru, shallow)
 
 
 def regression_source(
@@ -58,9 +59,10 @@ def regression_source(
     shrunk: bool,
     name: str,
     reproduce: str = "",
+    shallow: bool = False,
 ) -> str:
     """The text of a pytest file replaying ``program`` (Hypothesis's printed steps)."""
-    args = f"{machine!r}, targets={targets!r}, lru={lru!r}, device={device!r}"
+    args = f"{machine!r}, targets={targets!r}, lru={lru!r}, device={device!r}" + (", shallow=True" if shallow else "")
     steps = []
     for statement in program:
         if re.fullmatch(r"state = \w+\(\)", statement.strip()):

@@ -281,3 +281,31 @@ def test_a_failure_report_keeps_only_the_program_steps() -> None:
     ]
     compile("\n".join(report.program), "program", "exec")
     assert report.reproduce == "@reproduce_failure('6.170.17', b'AXic')"
+
+
+def test_every_other_batch_of_a_machine_is_shallow_and_its_failures_replay_shallow() -> None:
+    from fuzz.batches import failure_report
+    from fuzz.profiles import SHALLOW_STEPS
+    from fuzz.regression import build_machine, regression_source
+
+    out = io.StringIO()
+    run = campaign.Campaign(campaign.parse_args(["--machine", "cache", "--minutes", "1"]), out)
+    run.start = time.time()
+    run.machines = {"cache": campaign.MachineState("cache")}
+    specs = [run.next_spec() for _ in range(4)]
+    assert [(s.shallow, s.steps) for s in specs if s] == [
+        (True, SHALLOW_STEPS),
+        (False, run.args.steps),
+        (True, SHALLOW_STEPS),
+        (False, run.args.steps),
+    ]
+    error = AssertionError("differs")
+    error.add_note("state = CacheMachine()")
+    report = failure_report(specs[0], error, 1.0, 2.0)  # type: ignore[arg-type]
+    assert report.shallow
+    source = regression_source(
+        ["state = CacheMachine()"], "cache", ("reference",), None, "cpu", 1, "e", False, "t.py", "", report.shallow
+    )
+    assert "build_machine('cache', targets=('reference',), lru=None, device='cpu', shallow=True)()" in source
+    assert build_machine("cache", ("reference",), shallow=True).SHALLOW  # type: ignore[attr-defined]
+    assert not build_machine("cache", ("reference",)).SHALLOW  # type: ignore[attr-defined]

@@ -70,3 +70,17 @@ def test_list_names_the_sampled_mutants(capsys: pytest.CaptureFixture[str]) -> N
     assert mutate_c.main(["--list", "--sample", "5", "--seed", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 6 and out[-1].startswith("5 of ")
+
+
+def test_each_mutant_names_its_function() -> None:
+    mutants = mutate_c.mutants_of(SNIPPET)
+    assert mutants and {m.function for m in mutants} == {"f"}
+
+
+def test_every_argued_equivalent_names_exactly_one_mutant_of_the_tree() -> None:
+    # an argument whose line changed is stale: it must be argued again, never match a new mutant by chance
+    mutants = mutate_c.mutants_of((mutate_c.ROOT / mutate_c.SOURCE).read_text())
+    for key, argument in mutate_c.EQUIVALENT.items():
+        matching = [m for m in mutants if (m.function, m.before.strip(), m.after.strip()) == key]
+        assert len(matching) == 1, f"{key}: {len(matching)} mutants"
+        assert matching[0].equivalent == argument and argument

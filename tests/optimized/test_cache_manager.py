@@ -59,6 +59,25 @@ def test_cache_req_and_lazy_frees_match_the_reference() -> None:
     assert fast.abstract_state().cache == slow.abstract_state().cache
 
 
+@pytest.mark.parametrize("module", [reference, optimized], ids=["reference", "optimized"])
+def test_lazy_free_region_hands_back_its_frees_when_its_body_raises(module: object) -> None:
+    # a forward that fails after its frees: the held pages still join the free list, and the region closes
+    manager = module.CacheManager(4, 2, module.make_page_table(1, 8))  # type: ignore[attr-defined]
+    req = admit(manager, [5, 5, 6, 6, 7], 0)
+    req.device_len = 5
+    manager.allocate_paged([req])
+    req.cached_len = 5
+    with pytest.raises(RuntimeError, match="forward failed"), manager.lazy_free_region():
+        manager.cache_req(req, finished=True)
+        raise RuntimeError("forward failed")
+    state = manager.abstract_state()
+    # 4 pages: two cached (the prompt's whole pages), two free again (the tail past the prompt was freed)
+    assert len(state.free_slots) == 2 and state.lazy_frees is None
+    manager.check_integrity([])
+    with manager.lazy_free_region():
+        pass  # the region closed: a new one opens
+
+
 def test_bools_and_floats_in_plain_lists_are_refused_as_the_reference_refuses_them() -> None:
     # the optimized cache's fast path (a list of plain ints as an array) must not let a bool through
     for cache in (reference.RadixPrefixCache(1), optimized.RadixPrefixCache(1)):

@@ -84,7 +84,8 @@ def test_a_users_cache_that_evicts_a_locked_page_is_caught() -> None:
         "--quiet",
     )
     assert status == 1, text
-    assert "evicted locked page" in text or "size_info" in text
+    # the forgotten lock shows as a locked page evicted, sizes that disagree, or an unlock the toy refuses
+    assert any(symptom in text for symptom in ("evicted locked page", "size_info", "no lock ends at the last page"))
 
 
 @pytest.mark.parametrize("target", ["reference", "optimized"])
