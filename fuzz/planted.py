@@ -219,6 +219,16 @@ BUGS: tuple[PlantedBug, ...] = (
         "scheduler",
     ),
     PlantedBug(
+        # over-conservative, never unsafe: only the law's exact batch (liveness) can tell
+        "running requests reserve one token too many each (shared core)",
+        "reference/decode.py",
+        "            p * compute_pages_to_finish(req.max_device_len, req.alloc_len, p)"
+        " for req in self.running_reqs.values()\n",
+        "            p * compute_pages_to_finish(req.max_device_len + 1, req.alloc_len, p)"
+        " for req in self.running_reqs.values()\n",
+        "scheduler",
+    ),
+    PlantedBug(
         "EOS ignored by the stop rule (shared by every scheduler and baseline)",
         "spec/requests.py",
         "    return sampled >= params.max_tokens or (not params.ignore_eos and token == eos_token_id)\n",

@@ -15,7 +15,10 @@ rule), and the fuzzer checks them on every step of every scheduler.
   reserved for every running or admitted request, fit in what is available
   once its matched prefix is locked; the first request that does not fit
   stops the batch (nobody overtakes it). Each runs ``min(budget left, prompt
-  tokens left)`` tokens.
+  tokens left)`` tokens. The batch is demanded exactly, so the law is one of
+  liveness as well as safety: a scheduler that admits less than it may (a
+  reservation one token too large, a recheck too strict) breaks it as surely
+  as one that admits too much.
 * **generation law** (``expected_output``): a finished request's output is
   the model's sequence: each token the HashModel's next token of the
   sequence so far, up to ``max_tokens`` or the first EOS (unless
