@@ -79,6 +79,8 @@ BIG_TREE_PAGES = 4000
 LONG_KEY_PAGES, SHALLOW_KEY_PAGES = 256, 16
 # touch_parents_out_of_order: the leaves whose parents it touches, and the most pages it then evicts one by one
 TOUCHED_LEAVES, DRAIN_PAGES = 12, 48
+# a small example of a deep batch takes bulk inserts while its tree is below this many pages
+SMALL_BULK_PAGES = 400
 # branches of one bulk insert: small examples, big ones
 BRANCHES = ((2, 8, 16, 64), (8, 64, 256, 600))
 # above this many pages, the whole-state comparison runs every CHECK_EVERY steps (and at the end), not every step
@@ -253,9 +255,15 @@ class CacheMachine(RuleBasedStateMachine):
         return bool(self.runs) and self.big and len(self.model.entries) < BIG_TREE_PAGES
 
     def bulks(self) -> bool:
-        """Bulk inserts: in a big example (its tree may still grow), or for a target the model follows (wide
-        nodes make its eviction units; small examples of ours spend their steps on the single operations)."""
-        return self.grows() or (self.follow is not None and len(self.model.entries) < BIG_TREE_PAGES)
+        """Bulk inserts: in a big example (its tree may still grow), for a target the model follows (wide nodes
+        make its eviction units), or in a small example of a deep batch while its tree is below SMALL_BULK_PAGES
+        (dozens of leaves: the C tree's children table grows, its eviction queues churn); shallow batches
+        spend their steps on the single operations."""
+        return (
+            self.grows()
+            or (self.follow is not None and len(self.model.entries) < BIG_TREE_PAGES)
+            or (bool(self.runs) and not self.SHALLOW and len(self.model.entries) < SMALL_BULK_PAGES)
+        )
 
     @precondition(bulks)
     @rule(base=seqs, width=st.integers(0, 3), depth=st.integers(1, 3), namespace=namespaces)

@@ -80,6 +80,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "int64_t *marks = calloc((size_t)(tree->nodes_high >= 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
     ): "the check's mark buffer: nodes_high is never 0 (the first root is made with the tree)",
     (
+        "mix64",
+        "x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);",
+        "x = (x ^ (x >> 29)) * UINT64_C(0xBF58476D1CE4E5B9);",
+    ): "the children table's hash mixes differently: any hash finds the same cells, only their places move",
+    (
+        "children_reserve",
+        "while ((tree->children_count + extra) * 2 > tree->children_capacity) {",
+        "while ((tree->children_count + extra) * 3 > tree->children_capacity) {",
+    ): "the children table grows at a third full, not at half: capacity only, the cells found are the same",
+    (
         "radix_tree_free",
         "for (int64_t id = 0; id < tree->nodes_high; ++id) {",
         "for (int64_t id = 1; id < tree->nodes_high; ++id) {",
