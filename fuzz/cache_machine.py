@@ -77,10 +77,10 @@ RESET_AT_PAGES = 6
 BIG_TREE_PAGES = 4000
 # pages of a long key in a small example, and in a shallow batch's example
 LONG_KEY_PAGES, SHALLOW_KEY_PAGES = 256, 16
-# touch_parents_out_of_order: the leaves whose parents it touches, and the most pages it then evicts one by one
+# touch_parents_out_of_order and rematch_leaves: the leaves they touch; the most pages the first then evicts one by one
 TOUCHED_LEAVES, DRAIN_PAGES = 12, 48
 # a small example of a deep batch takes bulk inserts while its tree is below this many pages
-SMALL_BULK_PAGES = 400
+SMALL_BULK_PAGES = 100
 # branches of one bulk insert: small examples, big ones
 BRANCHES = ((2, 8, 16, 64), (8, 64, 256, 600))
 # above this many pages, the whole-state comparison runs every CHECK_EVERY steps (and at the end), not every step
@@ -362,10 +362,27 @@ class CacheMachine(RuleBasedStateMachine):
             if index < len(leaves):
                 namespace, prefix = leaves[index]
                 self.match_prefix(prefix.tokens[: len(prefix.tokens) - self.page_size], namespace)
-        for _ in range(evict_pages):
+        self.evict_one_by_one(evict_pages)
+
+    def evict_one_by_one(self, pages: int) -> None:
+        """Evict up to ``pages`` pages, one per call (where the profile evicts on request)."""
+        for _ in range(pages):
             if not self.every(lambda p: p.eviction_trigger == "evict") or not pc.size_info(self.model).evictable_size:
-                break
+                return
             self.checked_evict(1)
+
+    @precondition(lambda self: bool(self.model.entries) and not self.SHALLOW)
+    @rule(rounds=st.sampled_from([2, 12]), evict_pages=st.sampled_from([0, 1, 4]))
+    def rematch_leaves(self, rounds: int, evict_pages: int = 0) -> None:
+        """Match every evictable leaf (up to TOUCHED_LEAVES) ``rounds`` times over, then evict a few pages one at
+        a time: each match queues the leaf again at its new stamp, so the C tree's queues fill with stale entries
+        until it compacts them (its queue rebuild), as an engine's hot prompts do."""
+        STATS.record_rule("cache.rematch_leaves")
+        leaves = pc.get_evictable_leaves(self.model)[:TOUCHED_LEAVES]
+        for _ in range(rounds):
+            for namespace, prefix in leaves:
+                self.match_prefix(prefix.tokens, namespace)
+        self.evict_one_by_one(evict_pages)
 
     @rule(target=handles, seq=seqs, namespace=namespaces, where=st.sampled_from(SLOT_RANGES))
     def insert_prefix(self, seq: tuple[int, ...], namespace: Namespace, where: str = "low") -> Any:

@@ -83,12 +83,38 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "mix64",
         "x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);",
         "x = (x ^ (x >> 29)) * UINT64_C(0xBF58476D1CE4E5B9);",
-    ): "the children table's hash mixes differently: any hash finds the same cells, only their places move",
+    ): "the hash of the children and slot tables mixes differently: any hash finds the same cells, in other places",
     (
         "children_reserve",
         "while ((tree->children_count + extra) * 2 > tree->children_capacity) {",
         "while ((tree->children_count + extra) * 3 > tree->children_capacity) {",
     ): "the children table grows at a third full, not at half: capacity only, the cells found are the same",
+    (
+        "heap_pop",
+        "if (child >= tree->heap_length) {",
+        "if (child > tree->heap_length) {",
+    ): "at child == heap_length the cell read is the one just taken off the end (never written in the loop): "
+    "it is `last` itself, not before itself, and the loop stops there all the same",
+    (
+        "fifo_grow",
+        "int64_t capacity = tree->fifo_capacity * 2;",
+        "int64_t capacity = tree->fifo_capacity * 3;",
+    ): "the ring grows threefold, not twofold: capacity only, the entries keep their order",
+    (
+        "queue_push",
+        "if (status == RADIX_TREE_OK && tree->fifo_length + tree->heap_length > 2 * tree->node_count + 64) {",
+        "if (status == RADIX_TREE_OK && tree->fifo_length + tree->heap_length > 2 * tree->node_count + 63) {",
+    ): "the queues are compacted one stale entry sooner: when, not what (the rebuild keeps every live leaf)",
+    (
+        "reserve",
+        "if (status == RADIX_TREE_OK && tree->heap_length == tree->heap_capacity) {",
+        "if (status != RADIX_TREE_OK && tree->heap_length == tree->heap_capacity) {",
+    ): "the heap is not grown ahead; heap_push grows it when full: different only when malloc fails",
+    (
+        "scratch_reserve",
+        "while (grown < count) {",
+        "while (grown <= count) {",
+    ): "the scratch buffer grows once more than needed: capacity only",
     (
         "radix_tree_free",
         "for (int64_t id = 0; id < tree->nodes_high; ++id) {",
