@@ -65,9 +65,9 @@ from .targets.api import ExactCache, PageKey, PrefixCacheTarget, Profile, Target
 from .targets.ours import IMPLEMENTATIONS
 
 EVICT_SIZES = ("some", "some", "all", "one", "zero", "over", "negative")
-# bad slots for insert_prefix: shifted, out of order, already cached, given twice, one short, more than the
-# tokens, past 2**31
-BAD_SLOTS = ("misaligned", "scrambled", "cached", "twice", "short", "long", "past_limit")
+# bad slots for insert_prefix: shifted, out of order, one slot inside a page wrong (its start right), already
+# cached, given twice, one short, more than the tokens, past 2**31
+BAD_SLOTS = ("misaligned", "scrambled", "interior", "cached", "twice", "short", "long", "past_limit")
 # where fresh pages come from: the bottom of the slot domain, or its top (just below 2**31), for targets that
 # take any slot; pool targets always draw from their pool
 SLOT_RANGES = ("low", "low", "low", "high")
@@ -79,6 +79,8 @@ BIG_TREE_PAGES = 4000
 LONG_KEY_PAGES, SHALLOW_KEY_PAGES = 256, 16
 # touch_parents_out_of_order and rematch_leaves: the leaves they touch; the most pages the first then evicts one by one
 TOUCHED_LEAVES, DRAIN_PAGES = 12, 48
+# rematch_leaves: rounds enough to outgrow the tree's nodes (see there), up to this many matches
+OUTGROW, OUTGROW_MATCHES = -1, 600
 # a small example of a deep batch takes bulk inserts while its tree is below this many pages
 SMALL_BULK_PAGES = 100
 # branches of one bulk insert: small examples, big ones
@@ -372,13 +374,26 @@ class CacheMachine(RuleBasedStateMachine):
             self.checked_evict(1)
 
     @precondition(lambda self: bool(self.model.entries) and not self.SHALLOW)
-    @rule(rounds=st.sampled_from([2, 12]), evict_pages=st.sampled_from([0, 1, 4]))
-    def rematch_leaves(self, rounds: int, evict_pages: int = 0) -> None:
-        """Match every evictable leaf (up to TOUCHED_LEAVES) ``rounds`` times over, then evict a few pages one at
-        a time: each match queues the leaf again at its new stamp, so the C tree's queues fill with stale entries
-        until it compacts them (its queue rebuild), as an engine's hot prompts do."""
+    @rule(
+        rounds=st.sampled_from([2, 12, OUTGROW]),
+        order=st.permutations(range(TOUCHED_LEAVES)),
+        evict_pages=st.sampled_from([0, 1, 4]),
+    )
+    def rematch_leaves(self, rounds: int, order: list[int] | None = None, evict_pages: int = 0) -> None:
+        """Match every evictable leaf (up to TOUCHED_LEAVES, in the drawn order) ``rounds`` times over, then
+        evict a few pages one at a time: each match queues the leaf again at its new stamp, so the C tree's
+        queues fill with stale entries until it compacts them (its queue rebuild), as an engine's hot prompts do.
+
+        ``OUTGROW``: as many rounds as it takes for the touches alone to outnumber twice the tree's nodes plus
+        64 (a node holds at least a page), so that a queue holding every touch must be compacted; the order then
+        is the leaves' new stamp order, unlike their creation order."""
         STATS.record_rule("cache.rematch_leaves")
         leaves = pc.get_evictable_leaves(self.model)[:TOUCHED_LEAVES]
+        if order is not None:
+            leaves = [leaves[index] for index in order if index < len(leaves)]
+        if rounds == OUTGROW:
+            nodes = len(self.model.entries) + len({namespace for namespace, _ in self.model.entries}) + 1
+            rounds = min(OUTGROW_MATCHES, 2 * nodes + 65) // len(leaves) + 1
         for _ in range(rounds):
             for namespace, prefix in leaves:
                 self.match_prefix(prefix.tokens, namespace)
@@ -620,6 +635,10 @@ class CacheMachine(RuleBasedStateMachine):
             pages[pick] = [s + 1 for s in pages[pick]] if p > 1 else [SLOT_LIMIT if which % 2 else -1]
         elif slots == "scrambled" and p > 1:
             pages[pick] = pages[pick][::-1]
+        elif slots == "interior" and p > 1:
+            # the slot at offset k of the page taken from the next page: every check of the start passes
+            k = 1 + which % (p - 1)
+            pages[pick][k] += p
         elif slots == "cached" and self.model.entries:
             taken = sorted(self.model_starts())
             pages[pick] = [taken[which % len(taken)] + k for k in range(p)]

