@@ -1240,6 +1240,77 @@ int64_t radix_tree_memory(const radix_tree *tree) {
            tree->wide_tokens_capacity * 8 + tree->narrow_slots_capacity * 4;
 }
 
+/* The field a test breaks (radix_tree_break_invariant), or NULL. */
+static int64_t *tree_field(radix_tree *tree, int field) {
+    switch (field) {
+    case RADIX_FIELD_EVICTABLE:
+        return &tree->evictable;
+    case RADIX_FIELD_PROTECTED:
+        return &tree->protected_;
+    case RADIX_FIELD_NODES:
+        return &tree->node_count;
+    case RADIX_FIELD_PAGES:
+        return &tree->page_count;
+    case RADIX_FIELD_ROOTS:
+        return &tree->root_count;
+    case RADIX_FIELD_CHILDREN:
+        return &tree->children_count;
+    case RADIX_FIELD_STARTS:
+        return &tree->starts_count;
+    default:
+        return NULL;
+    }
+}
+
+static int64_t *node_field(radix_tree *tree, int64_t id, int field) {
+    switch (field) {
+    case RADIX_FIELD_REF_COUNT:
+        return &N(id).ref_count;
+    case RADIX_FIELD_LENGTH:
+        return &N(id).length;
+    case RADIX_FIELD_PARENT:
+        return &N(id).parent;
+    case RADIX_FIELD_CHILD_COUNT:
+        return &N(id).child_count;
+    case RADIX_FIELD_CHILD_REFS:
+        return &N(id).child_refs;
+    case RADIX_FIELD_QUEUE_STAMP:
+        return &N(id).queue_stamp;
+    default:
+        return NULL;
+    }
+}
+
+int radix_tree_break_invariant(radix_tree *tree, int field, int64_t nth, int64_t position, int64_t delta) {
+    if (tree == NULL || nth < 0 || position < 0) {
+        return RADIX_TREE_BAD_ARGS;
+    }
+    int64_t *counter = tree_field(tree, field);
+    if (counter != NULL) {
+        *counter += delta;
+        return RADIX_TREE_OK;
+    }
+    int with_pages = field == RADIX_FIELD_SLOT;
+    for (int64_t id = 0; id < tree->nodes_high; ++id) {
+        if (!N(id).alive || (with_pages && N(id).length == 0) || nth-- > 0) {
+            continue;
+        }
+        if (with_pages) {
+            /* modulo 2**32: a delta of 2**31 makes any slot negative, and puts it back */
+            int32_t *slot = &N(id).seg->slots[N(id).offset + position % N(id).length];
+            *slot = (int32_t)((uint32_t)*slot + (uint32_t)delta);
+            return RADIX_TREE_OK;
+        }
+        int64_t *value = node_field(tree, id, field);
+        if (value == NULL) {
+            return RADIX_TREE_BAD_ARGS;
+        }
+        *value += delta;
+        return RADIX_TREE_OK;
+    }
+    return RADIX_TREE_BAD_ARGS;
+}
+
 /* ---------------------------------------------------------------- export and check */
 
 int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_t *tokens, int64_t *pages,
@@ -1315,7 +1386,7 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
     if (marks == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
-    int64_t evictable = 0, protected_ = 0, nodes = 0, pages = 0, roots = 0, evictable_leaves = 0;
+    int64_t evictable = 0, protected_ = 0, nodes = 0, pages = 0, roots = 0;
     for (int64_t id = 0; id < tree->nodes_high; ++id) {
         const node_t *node = &N(id);
         if (!node->alive) {
@@ -1362,7 +1433,6 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
             evictable += node->length;
         }
         if (is_evictable_leaf(tree, id)) {
-            evictable_leaves++;
             if (node->queue_stamp != node->timestamp) {
                 BROKEN("evictable_leaves_are_queued: leaf %lld (stamp %lld) has no live queue entry", (long long)id,
                        (long long)node->timestamp);
@@ -1392,7 +1462,6 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
         }
     }
     /* every live entry of the queues names a live node at its stamp, once */
-    int64_t live_entries = 0;
     for (int64_t k = 0; k < tree->fifo_length + tree->heap_length; ++k) {
         leaf_entry entry = k < tree->fifo_length ? tree->fifo[(tree->fifo_head + k) % tree->fifo_capacity]
                                                   : tree->heap[k - tree->fifo_length];
@@ -1400,7 +1469,6 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
             if (marks[tree->nodes_high + entry.node]++) {
                 BROKEN("evictable_leaves_are_queued: node %lld has two live entries", (long long)entry.node);
             }
-            live_entries++;
         }
     }
     for (int64_t id = 0; id < tree->nodes_high; ++id) {
@@ -1421,8 +1489,6 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
         BROKEN("tables_match_tree: %lld children entries for %lld nodes, %lld starts for %lld pages",
                (long long)tree->children_count, (long long)nodes, (long long)tree->starts_count, (long long)pages);
     }
-    (void)evictable_leaves;
-    (void)live_entries;
     free(marks);
     message[0] = 0;
     return RADIX_TREE_OK;

@@ -147,6 +147,33 @@ int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_
 
 /* Bytes of memory the tree holds (nodes, segments, tables, queues). */
 int64_t radix_tree_memory(const radix_tree *tree);
+
+/* Test support: the fields radix_tree_break_invariant changes. */
+enum radix_tree_field {
+    /* of a node (roots included) */
+    RADIX_FIELD_REF_COUNT = 0,
+    RADIX_FIELD_LENGTH = 1,
+    RADIX_FIELD_PARENT = 2,
+    RADIX_FIELD_CHILD_COUNT = 3,
+    RADIX_FIELD_CHILD_REFS = 4,
+    RADIX_FIELD_QUEUE_STAMP = 5,
+    /* of a node that holds pages: the slot at a token position */
+    RADIX_FIELD_SLOT = 6,
+    /* of the tree: its counters */
+    RADIX_FIELD_EVICTABLE = 7,
+    RADIX_FIELD_PROTECTED = 8,
+    RADIX_FIELD_NODES = 9,
+    RADIX_FIELD_PAGES = 10,
+    RADIX_FIELD_ROOTS = 11,
+    RADIX_FIELD_CHILDREN = 12,
+    RADIX_FIELD_STARTS = 13
+};
+
+/* Test support, so that radix_tree_check is itself checked: add delta to one field, of the nth live node
+ * (in id order; for RADIX_FIELD_SLOT, of the nth live node that holds pages, at token position
+ * position modulo its length) or of the tree. The same call with -delta puts it back. RADIX_TREE_BAD_ARGS
+ * when there is no such node or field (nothing changed then). */
+int radix_tree_break_invariant(radix_tree *tree, int field, int64_t nth, int64_t position, int64_t delta);
 /* cdef-end */
 
 #endif

@@ -43,7 +43,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from spec import events as ev
 from spec import prefix_cache as pc
 from spec.domains import SLOT_LIMIT, Namespace
-from spec.errors import CacheError, InvalidTypeError, StaleHandleError, UnlockError
+from spec.errors import CacheError, IntegrityError, InvalidTypeError, StaleHandleError, UnlockError
 from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
 from spec.invariants import check_invariants
 
@@ -79,8 +79,38 @@ BIG_TREE_PAGES = 4000
 LONG_KEY_PAGES, SHALLOW_KEY_PAGES = 256, 16
 # touch_parents_out_of_order and rematch_leaves: the leaves they touch; the most pages the first then evicts one by one
 TOUCHED_LEAVES, DRAIN_PAGES = 12, 48
+# break_the_tree: each field of the C tree it changes, with a change that breaks an invariant whatever the node
+# (a length by that many pages; a slot modulo 2**32, so 2**31 makes it negative; a queue stamp past any clock)
+BROKEN_FIELDS = (
+    ("ref_count", 1),
+    ("length", 1),
+    ("length", -1),
+    ("parent", 1),
+    ("child_count", 1),
+    ("child_refs", -1),
+    ("queue_stamp", 2**40),
+    ("slot", 2**31),
+    ("evictable", 1),
+    ("protected", 1),
+    ("nodes", -1),
+    ("pages", 1),
+    ("roots", 1),
+    ("children", 1),
+    ("starts", -1),
+)
+# the invariants csrc/tree.c's radix_tree_check names
+TREE_INVARIANTS = (
+    "tree_is_well_formed",
+    "children_find_every_node",
+    "page_slots_are_aligned",
+    "cached_starts_match_tree",
+    "evictable_leaves_are_queued",
+    "ref_counts_cover_children",
+    "size_counters_match_tree",
+    "tables_match_tree",
+)
 # rematch_leaves: rounds enough to outgrow the tree's nodes (see there), up to this many matches
-OUTGROW, OUTGROW_MATCHES = -1, 600
+OUTGROW, OUTGROW_MATCHES = -1, 200
 # a small example of a deep batch takes bulk inserts while its tree is below this many pages
 SMALL_BULK_PAGES = 100
 # branches of one bulk insert: small examples, big ones
@@ -391,6 +421,8 @@ class CacheMachine(RuleBasedStateMachine):
         leaves = pc.get_evictable_leaves(self.model)[:TOUCHED_LEAVES]
         if order is not None:
             leaves = [leaves[index] for index in order if index < len(leaves)]
+        if not leaves:
+            return
         if rounds == OUTGROW:
             nodes = len(self.model.entries) + len({namespace for namespace, _ in self.model.entries}) + 1
             rounds = min(OUTGROW_MATCHES, 2 * nodes + 65) // len(leaves) + 1
@@ -611,6 +643,40 @@ class CacheMachine(RuleBasedStateMachine):
         self.epoch += 1
         if self.lru_model is not None:
             self.lru_model.reset()
+
+    # ------------------------------------------------------------ the integrity check, checked
+
+    @precondition(
+        lambda self: bool(self.model.entries) and any(hasattr(run.target, "break_invariant") for run in self.runs)
+    )
+    @rule(broken=st.sampled_from(BROKEN_FIELDS), which=st.integers(0, 63), position=st.integers(0, 3))
+    def break_the_tree(self, broken: tuple[str, int], which: int, position: int) -> None:
+        """The C tree's own integrity check is checked: one field of a node (a root's included) or one counter
+        changed must fail ``check_integrity`` with the name of an invariant of the tree; put back, the check
+        passes again (the field is the only thing changed)."""
+        field, delta = broken
+        STATS.record_rule(f"cache.break_the_tree[{field}]")
+        delta *= self.page_size if field == "length" else 1
+        for run in self.runs:
+            target: Any = run.target
+            if not hasattr(target, "break_invariant"):
+                continue
+            done = target.break_invariant(field, which, position, delta)
+            if done is None:
+                continue
+            assert done, f"{run.name}: break_invariant refused {field} of a live node ({which}, {position})"
+            try:
+                target.check_integrity()
+                caught = None
+            except IntegrityError as error:
+                caught = str(error)
+            finally:
+                target.break_invariant(field, which, position, -delta)
+            assert caught is not None, (
+                f"{run.name}: check_integrity passed with {field} of node {which} changed by {delta}"
+            )
+            assert caught.split(":")[0] in TREE_INVARIANTS, f"{run.name}: {caught!r} names no invariant of the tree"
+            target.check_integrity()
 
     # ------------------------------------------------------------ bad input
 

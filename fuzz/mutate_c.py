@@ -121,6 +121,22 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "for (int64_t id = 1; id < tree->nodes_high; ++id) {",
     ): "the tree's release skips node 0, the first root, which never holds a segment",
     (
+        "radix_tree_check",
+        "for (int64_t j = 1; j < p; ++j) {",
+        "for (int64_t j = 0; j < p; ++j) {",
+    ): "the check compares a page's slot 0 with its own start (start + 0): always equal",
+    (
+        "radix_tree_check",
+        "int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 0) * 2, sizeof *marks);",
+    ): "the check's mark buffer when nodes_high is 0: never (the first root is made with the tree)",
+    (
+        "radix_tree_check",
+        "if (listed > tree->nodes_high || N(child).parent != id) {",
+        "if (listed >= tree->nodes_high || N(child).parent != id) {",
+    ): "the bound only stops a child list that loops: a list without a cycle holds at most nodes_high - 1 "
+    "children (never the node itself), so both stop the same lists, with the same message",
+    (
         "check_new_pages",
         "for (int64_t k = 1; k < p && status == RADIX_TREE_OK; ++k) {",
         "for (int64_t k = 0; k < p && status == RADIX_TREE_OK; ++k) {",

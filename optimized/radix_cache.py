@@ -452,6 +452,16 @@ class RadixPrefixCache(ev.EmitsEvents):
             "memory_bytes": int(self._lib.radix_tree_memory(self._tree)),
         }
 
+    def break_invariant(self, field: str, nth: int, position: int, delta: int) -> bool:
+        """Test support, so that ``check_integrity`` is itself checked: add ``delta`` to one field of the C tree
+        (``radix_tree_break_invariant``: ``field`` is a ``RADIX_FIELD_`` name in lower case, of the ``nth`` live
+        node or of the tree; a slot modulo 2**32); the same call with ``-delta`` puts it back. False, and
+        nothing changed, when the tree has no such node."""
+        code = getattr(_C, f"RADIX_FIELD_{field.upper()}", None)
+        if code is None:
+            raise InvalidInputError(f"break_invariant: no field {field!r}")
+        return bool(self._lib.radix_tree_break_invariant(self._tree, code, nth, position, delta) == _OK)
+
     # ------------------------------------------------------------ internals
 
     def _tokens(self, input_ids: object) -> tuple[Any, int, int, Any]:

@@ -268,6 +268,14 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
     def reset(self) -> list[int]:
         return [int(slot) for slot in self.cache.reset().tolist()]
 
+    def break_invariant(self, field: str, which: int, position: int, delta: int) -> bool | None:
+        """Test support (the cache machine's break_the_tree): ``delta`` added to one field of the C tree, of its
+        ``which``-th live node modulo their number (nodes with pages only, for a slot); ``-delta`` puts it back.
+        None when there is no such node; else whether the C tree did it."""
+        stats = self.cache.tree_stats()
+        live = stats["nodes"] + (0 if field == "slot" else stats["roots"])
+        return self.cache.break_invariant(field, which % live, position, delta) if live else None
+
 
 # ---------------------------------------------------------------- managers
 

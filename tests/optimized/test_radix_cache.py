@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from fuzz.cache_machine import BROKEN_FIELDS, TREE_INVARIANTS
 from optimized import NaivePrefixCache, RadixPrefixCache
 from reference import RadixPrefixCache as ReferenceCache
-from spec.errors import InvalidInputError, InvalidTypeError, MisalignedPageError, StaleHandleError
+from spec.errors import IntegrityError, InvalidInputError, InvalidTypeError, MisalignedPageError, StaleHandleError
 
 
 def test_slots_come_back_as_int32_tensors_on_the_cache_device() -> None:
@@ -59,6 +60,38 @@ def test_a_page_with_its_start_right_and_an_inner_slot_wrong_is_rejected(cache_t
         cache.insert_prefix([1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 9, 6, 7])
     assert cache.abstract_state() == before
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+def test_every_field_the_machines_break_fails_the_check_and_put_back_passes(page_size: int) -> None:
+    # the cache machine's break_the_tree, on every node of a small tree: a root, a split, a lock, two leaves
+    p, cache = page_size, RadixPrefixCache(page_size=page_size)
+    cache.insert_prefix(list(range(4 * p)), list(range(4 * p)))
+    cache.insert_prefix(list(range(2 * p)) + [99] * (2 * p), list(range(2 * p)) + list(range(8 * p, 10 * p)))
+    cache.lock(cache.match_prefix(list(range(3 * p))))
+    stats = cache.tree_stats()
+    before = cache.abstract_state()
+    broken = 0
+    for field, delta in BROKEN_FIELDS:
+        delta *= p if field == "length" else 1
+        for nth in range(stats["nodes"] + stats["roots"]):
+            for position in (0, p - 1, 3 * p):
+                if not cache.break_invariant(field, nth, position, delta):
+                    continue
+                with pytest.raises(IntegrityError) as caught:
+                    cache.check_integrity()
+                cache.break_invariant(field, nth, position, -delta)
+                assert str(caught.value).split(":")[0] in TREE_INVARIANTS
+                cache.check_integrity()
+                broken += 1
+    # at 3 positions each: 7 node changes on each of the 4 nodes (a split prefix, its two halves, a leaf) and the
+    # root, a slot of each of the 4, 7 counters (whatever the node)
+    assert (stats["nodes"], stats["roots"]) == (4, 1)
+    assert broken == 3 * (7 * 5 + 4 + 7 * 5)
+    assert cache.abstract_state() == before
+    with pytest.raises(InvalidInputError):
+        cache.break_invariant("colour", 0, 0, 1)
+    assert not cache.break_invariant("slot", 4, 0, 1)
 
 
 def test_eviction_pops_the_heap_in_lru_order_across_many_leaves() -> None:
