@@ -121,6 +121,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "for (int64_t id = 1; id < tree->nodes_high; ++id) {",
     ): "the tree's release skips node 0, the first root, which never holds a segment",
     (
+        "radix_tree_export",
+        "int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
+        "int64_t *stack = malloc((size_t)(tree->nodes_high > 1 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
+    ): "the stack's size at nodes_high == 1: both give 1",
+    (
+        "radix_tree_export",
+        "int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
+        "int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 0) * 2 * sizeof *stack);",
+    ): "the export's stack when nodes_high is 0: never (the first root is made with the tree)",
+    (
         "radix_tree_check",
         "for (int64_t j = 1; j < p; ++j) {",
         "for (int64_t j = 0; j < p; ++j) {",

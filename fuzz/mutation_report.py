@@ -212,6 +212,7 @@ CLASSES: list[tuple[str, str, Callable[[str, str, str], bool]]] = [
         lambda n, r, a: (
             bool(re.search(r"x__int_array|x_compute_match_len|x__check_ints", n))
             or bool(re.search(r"ǁ_tokens__|ǁ_slots__", n) and re.search(r"_int_array\(|\.dim\(\) == 1", r))
+            or bool(re.search(r"ǁ_tokens__|ǁ_slots__", n) and re.search(r"read = self\._read_in_place\(", r))
             or bool(re.search(r"x_byte_span", n) and re.search(r"t\.dim\(\) == [12]", r))
             or ("type(None)" in a and "type(" in r)
         ),
@@ -257,7 +258,10 @@ CLASSES: list[tuple[str, str, Callable[[str, str, str], bool]]] = [
     (
         "equivalent: a scratch buffer's size",
         "a C scratch buffer one or two elements larger, or sized by a larger count; C writes within the count given",
-        _argued("", r"ffi\.new\(|3 \* len|_emptied_room"),
+        lambda n, r, a: (
+            _argued("", r"ffi\.new\(|3 \* len|_emptied_room")(n, r, a)
+            or _argued(r"HybridRadixCacheǁabstract_state", r"torch\.empty\(max\(capacity")(n, r, a)
+        ),
     ),
     (
         "equivalent: an exact division",
@@ -302,6 +306,16 @@ ONE_BY_ONE: list[tuple[Callable[[str, str, str], bool], str]] = [
         _argued(r"xǁHashModelǁforward", r"\.flatten\(1\)\.any\(dim=1\)"),
         "k and v are [n, heads, dim]: flatten(2) leaves them 3-D and any(dim=1) gives [n, dim]; a row is bad in "
         "both forms alike, and nonzero's first entry names the same first bad row",
+    ),
+    (
+        _argued(r"x__row_len", r"else 0"),
+        "with no rows every request's row is out of range, and check_request refuses that before it reads the "
+        "row length; allocate_paged_guard asks for the row length only after request_guard passed",
+    ),
+    (
+        _argued(r"HybridRadixCacheǁevict", r'self\._check\(self\._lib\.hybrid_evict\(.*"evict"\)'),
+        "the label names the call only in the out-of-memory and unknown-status messages; hybrid_evict returns "
+        "those only when malloc fails or the tree is corrupt (its own check, hybrid_check, runs every step)",
     ),
     (
         _argued(r"x_read_cdef", r"text\.index\((BEGIN|END)\)"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import shutil
 import subprocess
 import sys
 import time
@@ -40,8 +41,25 @@ def in_sample(name: str, percent: float, seed: int) -> bool:
     return int.from_bytes(digest[:8], "big") < percent / 100 * 2**64
 
 
+def refresh_compiled(root: Path) -> list[str]:
+    """Copy the checkout's compiled modules (``optimized/*.so``) over those of ``root/mutants``: mutmut copies
+    them once, so after a C change a resumed run would test the old C (or fail its clean tests). The names
+    copied."""
+    copied = []
+    target = root / "mutants" / "optimized"
+    if target.is_dir():
+        for module in sorted((root / "optimized").glob("*.so")):
+            if not (target / module.name).exists() or (target / module.name).read_bytes() != module.read_bytes():
+                shutil.copy2(module, target / module.name)
+                copied.append(module.name)
+    return copied
+
+
 def mutmut(root: Path, names: list[str], max_children: int) -> int:
-    """``mutmut run`` for ``names`` in ``root``; its exit status."""
+    """``mutmut run`` for ``names`` in ``root`` (with the checkout's compiled modules); its exit status."""
+    copied = refresh_compiled(root)
+    if copied:
+        print(f"mutants/optimized: compiled modules refreshed from the checkout: {', '.join(copied)}", flush=True)
     executable = Path(sys.executable).parent / "mutmut"
     cmd = [str(executable), "run", "--max-children", str(max_children), *names]
     return subprocess.run(cmd, cwd=root, check=False).returncode

@@ -39,6 +39,16 @@ def test_only_the_sampled_mutants_without_a_verdict_go_to_mutmut(
     assert passed == sorted(n for n in NAMES if ms.in_sample(n, 20, 0) and codes[n] is None)
 
 
+def test_a_resumed_run_gets_the_checkouts_compiled_modules(tmp_path: Path) -> None:
+    (tmp_path / "optimized").mkdir()
+    (tmp_path / "mutants" / "optimized").mkdir(parents=True)
+    (tmp_path / "optimized" / "_radix_c.abi3.so").write_bytes(b"new")
+    (tmp_path / "mutants" / "optimized" / "_radix_c.abi3.so").write_bytes(b"old")
+    assert ms.refresh_compiled(tmp_path) == ["_radix_c.abi3.so"]
+    assert (tmp_path / "mutants" / "optimized" / "_radix_c.abi3.so").read_bytes() == b"new"
+    assert ms.refresh_compiled(tmp_path) == []
+
+
 def test_the_first_run_makes_the_mutants_with_a_few_cheap_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(ms, "mutmut", lambda root, names, children: calls.append(names) or 0)

@@ -35,6 +35,14 @@ def test_a_window_hole_matches_past_it_in_every_token_format(tokens: object) -> 
     cache.check_integrity()
 
 
+def test_a_handle_maps_to_the_specs_handle_of_the_same_match() -> None:
+    cache, spec = HybridRadixCache(4, (None, 8)), hy.new_state(4, (None, 8))
+    pages = ([0, 4, 8, 12], [None, None, 8, 12])
+    cache.insert_prefix(PROMPT, pages)
+    hy.insert_prefix(spec, PROMPT, pages)
+    assert cache.abstract_handle(cache.match_prefix(PROMPT)) == hy.match_prefix(spec, PROMPT)
+
+
 @pytest.mark.parametrize(
     "pages, error",
     [

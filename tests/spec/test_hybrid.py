@@ -10,6 +10,7 @@ from spec import hybrid as hy
 from spec import prefix_cache as pc
 from spec.errors import (
     CacheBusyError,
+    CacheError,
     DuplicateSlotError,
     IntegrityError,
     InvalidInputError,
@@ -89,6 +90,7 @@ def test_match_stamps_only_the_pages_it_uses() -> None:
         ([[0, 4, 8], [0, 4, 8, 12]], LengthMismatchError),  # a short row
         ([[0, None, 8, 12], [0, 4, 8, 12]], MissingPageError),  # the full group needs page 1
         ([[0, 4, 8, 12], [0, 5, 8, 12]], MisalignedPageError),
+        ([[0, 4, 8, 12], [0, None, 9, 12]], MisalignedPageError),  # after a page the window group released
         ([[0, 4, 8, 12], [0, 4, 4, 12]], DuplicateSlotError),
         ([[0, 4, 8, -4], [0, 4, 8, 12]], InvalidInputError),
         ([[0, 4, 8, 12.0], [0, 4, 8, 12]], InvalidTypeError),
@@ -214,6 +216,49 @@ BROKEN = {
     # a second page at depth 12 with the stamp of the first: evict could not choose between them
     "eviction_order_is_total": lambda s: s.groups[1].update({key(*PROMPT[:8], 1, 1, 1, 1): pc.Entry(40, 0, 0, 0)}) or s,
 }
+
+
+# what each invariant says on its breaking example
+BROKEN_MESSAGES = {
+    "groups_hold_their_cache_invariants": "group 1 (window 8): page_slots_are_unique: slots [12] are held by more "
+    "than one page",
+    "ref_counts_equal_outstanding_locks": "group 1: page ending at token 16 has ref_count 1, 0 outstanding locks "
+    "use it",
+    "eviction_order_is_total": "group 1: 2 pages share stamp 0 at depth 12 tokens",
+}
+
+
+def test_each_invariant_says_what_it_found() -> None:
+    for name, message in BROKEN_MESSAGES.items():
+        predicate = next(f for f in hy.HYBRID_INVARIANTS if f.__name__ == name)
+        assert predicate(BROKEN[name](two_groups())) == message
+
+
+def test_a_locked_page_missing_from_its_group_is_named() -> None:
+    state = two_groups()
+    hy.lock(state, hy.match_prefix(state, PROMPT))
+    del state.groups[1][key(*PROMPT)]
+    assert hy.ref_counts_equal_outstanding_locks(state) == "group 1: 1 pages used by outstanding locks are not cached"
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda s: hy.evict(s, 5, 1), "group 5 is not one of the cache's 2 groups"),
+        (
+            lambda s: hy.insert_prefix(s, PROMPT, "0 4 8 12"),
+            "pages must be a tuple with one sequence per group, got str",
+        ),
+        (
+            lambda s: hy.insert_prefix(s, [7, *PROMPT[1:]], ([16, None, 24, 28], [16, 20, 24, 28])),
+            "group 0 (full attention) needs page 1, which it does not cache",
+        ),
+    ],
+)
+def test_a_rejection_says_why(call: object, message: str) -> None:
+    with pytest.raises(CacheError) as caught:
+        call(two_groups())  # type: ignore[operator]
+    assert str(caught.value) == message
 
 
 def test_every_hybrid_invariant_has_a_breaking_example() -> None:
