@@ -89,7 +89,7 @@ def test_every_field_the_machines_break_fails_the_check_and_put_back_passes(page
     assert (stats["nodes"], stats["roots"]) == (4, 1)
     assert broken == 3 * (7 * 5 + 4 + 7 * 5)
     assert cache.abstract_state() == before
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(InvalidInputError, match="break_invariant: no field 'colour'"):
         cache.break_invariant("colour", 0, 0, 1)
     assert not cache.break_invariant("slot", 4, 0, 1)
 
