@@ -409,7 +409,7 @@ class CacheMachine(RuleBasedStateMachine):
         order=st.permutations(range(TOUCHED_LEAVES)),
         evict_pages=st.sampled_from([0, 1, 4]),
     )
-    def rematch_leaves(self, rounds: int, order: list[int] | None = None, evict_pages: int = 0) -> None:
+    def rematch_leaves(self, rounds: int, order: list[int], evict_pages: int = 0) -> None:
         """Match every evictable leaf (up to TOUCHED_LEAVES, in the drawn order) ``rounds`` times over, then
         evict a few pages one at a time: each match queues the leaf again at its new stamp, so the C tree's
         queues fill with stale entries until it compacts them (its queue rebuild), as an engine's hot prompts do.
@@ -419,8 +419,7 @@ class CacheMachine(RuleBasedStateMachine):
         is the leaves' new stamp order, unlike their creation order."""
         STATS.record_rule("cache.rematch_leaves")
         leaves = pc.get_evictable_leaves(self.model)[:TOUCHED_LEAVES]
-        if order is not None:
-            leaves = [leaves[index] for index in order if index < len(leaves)]
+        leaves = [leaves[index] for index in order if index < len(leaves)]
         if not leaves:
             return
         if rounds == OUTGROW:

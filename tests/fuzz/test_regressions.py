@@ -2,7 +2,7 @@
 
 import pytest
 
-from fuzz.cache_machine import CacheMachine
+from fuzz.cache_machine import OUTGROW, TOUCHED_LEAVES, CacheMachine
 from spec.errors import UnlockError
 from spec.invariants import check_invariants
 
@@ -66,4 +66,16 @@ def test_a_short_slot_list_for_an_empty_sequence_is_not_drawn() -> None:
     (seqs_0,) = state.setup(page_size=2, first=[([], [])])
     state.insert_bad_slots(seq=seqs_0, namespace=None, slots="short", which=0)
     state.insert_bad_slots(seq=seqs_0, namespace=None, slots="long", which=1)
+    state.teardown()
+
+
+def test_rematching_when_every_leaf_is_locked_does_nothing() -> None:
+    # Found by the cache machine's test the day rematch_leaves learned its OUTGROW rounds: with every leaf
+    # locked there is no evictable leaf, and the rounds were divided by none (ZeroDivisionError in the machine).
+    state = CacheMachine()
+    (seqs_0,) = state.setup(page_size=1, first=[([0, 0, 0], [])], big=False)
+    handles_0 = state.insert_prefix(namespace=None, seq=seqs_0, where="low")
+    state.lock(handle=handles_0)
+    state.rematch_leaves(rounds=OUTGROW, order=list(range(TOUCHED_LEAVES)), evict_pages=4)
+    state.targets_agree()
     state.teardown()
