@@ -109,7 +109,7 @@ TREE_INVARIANTS = (
     "size_counters_match_tree",
     "tables_match_tree",
 )
-# rematch_leaves: rounds enough to outgrow the tree's nodes (see there), up to this many matches
+# rematch_leaves: rounds enough to outgrow the tree's nodes (see there), when this many matches do
 OUTGROW, OUTGROW_MATCHES = -1, 200
 # a small example of a deep batch takes bulk inserts while its tree is below this many pages
 SMALL_BULK_PAGES = 100
@@ -423,8 +423,10 @@ class CacheMachine(RuleBasedStateMachine):
         if not leaves:
             return
         if rounds == OUTGROW:
+            # past OUTGROW_MATCHES the touches could not outgrow the tree: two rounds then, as the others
             nodes = len(self.model.entries) + len({namespace for namespace, _ in self.model.entries}) + 1
-            rounds = min(OUTGROW_MATCHES, 2 * nodes + 65) // len(leaves) + 1
+            touches = 2 * nodes + 65
+            rounds = touches // len(leaves) + 1 if touches <= OUTGROW_MATCHES else 2
         for _ in range(rounds):
             for namespace, prefix in leaves:
                 self.match_prefix(prefix.tokens, namespace)
