@@ -15,6 +15,45 @@
 
 #define NONE (-1)
 
+/* ---------------------------------------------------------------- memory
+
+Every block of this file is allocated and freed through these, so that the blocks still live are counted
+(radix_tree_live_blocks): a tree freed, or a call returned, leaves none behind, and a test can see a leak. */
+
+static int64_t live_blocks;
+
+static void *counted(void *block) {
+    if (block != NULL) {
+        __atomic_add_fetch(&live_blocks, 1, __ATOMIC_RELAXED);
+    }
+    return block;
+}
+
+static void *block_malloc(size_t bytes) {
+    return counted(malloc(bytes));
+}
+
+static void *block_calloc(size_t count, size_t size) {
+    return counted(calloc(count, size));
+}
+
+/* a new block when old is NULL; else the same block, moved (or NULL, old untouched) */
+static void *block_realloc(void *old, size_t bytes) {
+    void *grown = realloc(old, bytes);
+    return old == NULL ? counted(grown) : grown;
+}
+
+static void block_free(void *block) {
+    if (block != NULL) {
+        __atomic_sub_fetch(&live_blocks, 1, __ATOMIC_RELAXED);
+    }
+    free(block);
+}
+
+int64_t radix_tree_live_blocks(void) {
+    return __atomic_load_n(&live_blocks, __ATOMIC_RELAXED);
+}
+
 typedef struct segment {
     /* nodes holding a slice of this segment */
     int64_t refs;
@@ -124,7 +163,7 @@ static int64_t node_alloc(radix_tree *tree) {
     if (tree->free_head == NONE) {
         if (tree->nodes_high == tree->nodes_capacity) {
             int64_t capacity = tree->nodes_capacity * 2;
-            node_t *grown = realloc(tree->nodes, (size_t)capacity * sizeof *grown);
+            node_t *grown = block_realloc(tree->nodes, (size_t)capacity * sizeof *grown);
             if (grown == NULL) {
                 return NONE;
             }
@@ -148,10 +187,19 @@ static int64_t node_alloc(radix_tree *tree) {
     return id;
 }
 
+/* Bytes of a segment of length tokens: its header, then its tokens and slots in the same block. */
+static int64_t segment_size(int64_t length) {
+    return (int64_t)sizeof(segment) + length * (int64_t)(sizeof(int64_t) + sizeof(int32_t));
+}
+
+static void segment_free(radix_tree *tree, segment *seg) {
+    tree->segment_bytes -= segment_size(seg->length);
+    block_free(seg);
+}
+
 static void segment_release(radix_tree *tree, segment *seg) {
     if (seg != NULL && --seg->refs == 0) {
-        tree->segment_bytes -= (int64_t)sizeof *seg + seg->length * 12;
-        free(seg);
+        segment_free(tree, seg);
     }
 }
 
@@ -165,7 +213,7 @@ static void node_free(radix_tree *tree, int64_t id) {
 }
 
 static segment *segment_new(radix_tree *tree, const int64_t *tokens, const int32_t *slots, int64_t length) {
-    segment *seg = malloc(sizeof *seg + (size_t)length * (sizeof(int64_t) + sizeof(int32_t)));
+    segment *seg = block_malloc((size_t)segment_size(length));
     if (seg == NULL) {
         return NULL;
     }
@@ -175,7 +223,7 @@ static segment *segment_new(radix_tree *tree, const int64_t *tokens, const int32
     seg->slots = (int32_t *)(seg->tokens + length);
     memcpy(seg->tokens, tokens, (size_t)length * sizeof(int64_t));
     memcpy(seg->slots, slots, (size_t)length * sizeof(int32_t));
-    tree->segment_bytes += (int64_t)sizeof *seg + length * 12;
+    tree->segment_bytes += segment_size(length);
     return seg;
 }
 
@@ -220,7 +268,7 @@ static void child_place(child_cell *cells, int64_t capacity, child_cell cell) {
 
 static int children_grow(radix_tree *tree) {
     int64_t capacity = tree->children_capacity * 2;
-    child_cell *cells = malloc((size_t)capacity * sizeof *cells);
+    child_cell *cells = block_malloc((size_t)capacity * sizeof *cells);
     if (cells == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -232,7 +280,7 @@ static int children_grow(radix_tree *tree) {
             child_place(cells, capacity, tree->children[i]);
         }
     }
-    free(tree->children);
+    block_free(tree->children);
     tree->children = cells;
     tree->children_capacity = capacity;
     return RADIX_TREE_OK;
@@ -297,7 +345,7 @@ static int starts_reserve(radix_tree *tree, int64_t extra) {
     if (capacity == tree->starts_capacity) {
         return RADIX_TREE_OK;
     }
-    int64_t *cells = malloc((size_t)capacity * sizeof *cells);
+    int64_t *cells = block_malloc((size_t)capacity * sizeof *cells);
     if (cells == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -313,7 +361,7 @@ static int starts_reserve(radix_tree *tree, int64_t extra) {
             tree->starts[start_cell(tree, old[i])] = old[i];
         }
     }
-    free(old);
+    block_free(old);
     return RADIX_TREE_OK;
 }
 
@@ -349,7 +397,7 @@ static int entry_before(leaf_entry a, leaf_entry b) {
 
 static int heap_grow(radix_tree *tree) {
     int64_t capacity = tree->heap_capacity * 2;
-    leaf_entry *grown = realloc(tree->heap, (size_t)capacity * sizeof *grown);
+    leaf_entry *grown = block_realloc(tree->heap, (size_t)capacity * sizeof *grown);
     if (grown == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -397,14 +445,14 @@ static leaf_entry heap_pop(radix_tree *tree) {
 
 static int fifo_grow(radix_tree *tree) {
     int64_t capacity = tree->fifo_capacity * 2;
-    leaf_entry *grown = malloc((size_t)capacity * sizeof *grown);
+    leaf_entry *grown = block_malloc((size_t)capacity * sizeof *grown);
     if (grown == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
     for (int64_t k = 0; k < tree->fifo_length; ++k) {
         grown[k] = tree->fifo[(tree->fifo_head + k) % tree->fifo_capacity];
     }
-    free(tree->fifo);
+    block_free(tree->fifo);
     tree->fifo = grown;
     tree->fifo_capacity = capacity;
     tree->fifo_head = 0;
@@ -453,7 +501,7 @@ static int queue_rebuild(radix_tree *tree) {
         count += N(id).alive && is_evictable_leaf(tree, id);
     }
     /* the FIFO takes them all: it is at least as long as the live entries it held */
-    leaf_entry *entries = malloc((size_t)(count > 0 ? count : 1) * sizeof *entries);
+    leaf_entry *entries = block_malloc((size_t)(count > 0 ? count : 1) * sizeof *entries);
     if (entries == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -474,7 +522,7 @@ static int queue_rebuild(radix_tree *tree) {
     for (k = 0; k < count && status == RADIX_TREE_OK; ++k) {
         status = fifo_push(tree, entries[k]);
     }
-    free(entries);
+    block_free(entries);
     return status;
 }
 
@@ -510,7 +558,7 @@ static int reserve(radix_tree *tree, int64_t nodes, int64_t pages) {
         while (tree->nodes_high + nodes > capacity) {
             capacity *= 2;
         }
-        node_t *grown = realloc(tree->nodes, (size_t)capacity * sizeof *grown);
+        node_t *grown = block_realloc(tree->nodes, (size_t)capacity * sizeof *grown);
         if (grown == NULL) {
             return RADIX_TREE_NO_MEMORY;
         }
@@ -678,7 +726,7 @@ radix_tree *radix_tree_new(int64_t page_size) {
     if (page_size < 1) {
         return NULL;
     }
-    radix_tree *tree = calloc(1, sizeof *tree);
+    radix_tree *tree = block_calloc(1, sizeof *tree);
     if (tree == NULL) {
         return NULL;
     }
@@ -686,11 +734,11 @@ radix_tree *radix_tree_new(int64_t page_size) {
     tree->nodes_capacity = tree->children_capacity = tree->starts_capacity = 64;
     tree->fifo_capacity = tree->heap_capacity = 64;
     tree->free_head = NONE;
-    tree->nodes = malloc((size_t)tree->nodes_capacity * sizeof *tree->nodes);
-    tree->children = malloc((size_t)tree->children_capacity * sizeof *tree->children);
-    tree->starts = malloc((size_t)tree->starts_capacity * sizeof *tree->starts);
-    tree->fifo = malloc((size_t)tree->fifo_capacity * sizeof *tree->fifo);
-    tree->heap = malloc((size_t)tree->heap_capacity * sizeof *tree->heap);
+    tree->nodes = block_malloc((size_t)tree->nodes_capacity * sizeof *tree->nodes);
+    tree->children = block_malloc((size_t)tree->children_capacity * sizeof *tree->children);
+    tree->starts = block_malloc((size_t)tree->starts_capacity * sizeof *tree->starts);
+    tree->fifo = block_malloc((size_t)tree->fifo_capacity * sizeof *tree->fifo);
+    tree->heap = block_malloc((size_t)tree->heap_capacity * sizeof *tree->heap);
     if (!tree->nodes || !tree->children || !tree->starts || !tree->fifo || !tree->heap) {
         radix_tree_free(tree);
         return NULL;
@@ -715,14 +763,14 @@ void radix_tree_free(radix_tree *tree) {
             }
         }
     }
-    free(tree->nodes);
-    free(tree->children);
-    free(tree->starts);
-    free(tree->fifo);
-    free(tree->heap);
-    free(tree->wide_tokens);
-    free(tree->narrow_slots);
-    free(tree);
+    block_free(tree->nodes);
+    block_free(tree->children);
+    block_free(tree->starts);
+    block_free(tree->fifo);
+    block_free(tree->heap);
+    block_free(tree->wide_tokens);
+    block_free(tree->narrow_slots);
+    block_free(tree);
 }
 
 int64_t radix_tree_new_root(radix_tree *tree) {
@@ -784,7 +832,7 @@ static int scratch_reserve(void **buffer, int64_t *capacity, int64_t count, size
     while (grown < count) {
         grown *= 2;
     }
-    void *bigger = realloc(*buffer, (size_t)grown * size);
+    void *bigger = block_realloc(*buffer, (size_t)grown * size);
     if (bigger == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -876,7 +924,7 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
         capacity *= 2;
     }
     int64_t on_stack[64];
-    int64_t *seen = capacity == 64 ? on_stack : malloc((size_t)capacity * sizeof *seen);
+    int64_t *seen = capacity == 64 ? on_stack : block_malloc((size_t)capacity * sizeof *seen);
     if (seen == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -913,7 +961,7 @@ static int check_new_pages(const radix_tree *tree, const int32_t *slots, int64_t
         }
     }
     if (seen != on_stack) {
-        free(seen);
+        block_free(seen);
     }
     return status;
 }
@@ -976,8 +1024,7 @@ int radix_tree_insert(radix_tree *tree, int64_t root, const void *input_tokens, 
         status = queue_push(tree, leaf);
         last = leaf;
     } else if (seg != NULL) {
-        tree->segment_bytes -= (int64_t)sizeof *seg + seg->length * 12;
-        free(seg);
+        segment_free(tree, seg); /* every page was cached already: no node took it */
     }
     out->node = last;
     out->version = N(last).version;
@@ -1183,7 +1230,7 @@ int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity) {
     if (tree->page_count * p > capacity || (tree->page_count > 0 && out == NULL)) {
         return RADIX_TREE_BAD_ARGS;
     }
-    int64_t *starts = malloc((size_t)(tree->page_count > 0 ? tree->page_count : 1) * sizeof *starts);
+    int64_t *starts = block_malloc((size_t)(tree->page_count > 0 ? tree->page_count : 1) * sizeof *starts);
     if (starts == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -1215,7 +1262,7 @@ int64_t radix_tree_reset(radix_tree *tree, int32_t *out, int64_t capacity) {
             out[i * p + k] = (int32_t)(starts[i] + k);
         }
     }
-    free(starts);
+    block_free(starts);
     return taken * p;
 }
 
@@ -1234,10 +1281,13 @@ int64_t radix_tree_evicted_stamp_sum(const radix_tree *tree) {
 }
 
 int64_t radix_tree_memory(const radix_tree *tree) {
-    return (int64_t)sizeof *tree + tree->nodes_capacity * (int64_t)sizeof(node_t) +
-           tree->children_capacity * (int64_t)sizeof(child_cell) + tree->starts_capacity * 8 +
-           (tree->fifo_capacity + tree->heap_capacity) * (int64_t)sizeof(leaf_entry) + tree->segment_bytes +
-           tree->wide_tokens_capacity * 8 + tree->narrow_slots_capacity * 4;
+    /* each table at its element's size, written from its type (never a number to keep in step) */
+    return (int64_t)sizeof *tree + tree->nodes_capacity * (int64_t)sizeof *tree->nodes +
+           tree->children_capacity * (int64_t)sizeof *tree->children +
+           tree->starts_capacity * (int64_t)sizeof *tree->starts +
+           tree->fifo_capacity * (int64_t)sizeof *tree->fifo + tree->heap_capacity * (int64_t)sizeof *tree->heap +
+           tree->segment_bytes + tree->wide_tokens_capacity * (int64_t)sizeof *tree->wide_tokens +
+           tree->narrow_slots_capacity * (int64_t)sizeof *tree->narrow_slots;
 }
 
 /* The field a test breaks (radix_tree_break_invariant), or NULL. */
@@ -1257,6 +1307,8 @@ static int64_t *tree_field(radix_tree *tree, int field) {
         return &tree->children_count;
     case RADIX_FIELD_STARTS:
         return &tree->starts_count;
+    case RADIX_FIELD_SEGMENT_BYTES:
+        return &tree->segment_bytes;
     default:
         return NULL;
     }
@@ -1276,6 +1328,8 @@ static int64_t *node_field(radix_tree *tree, int64_t id, int field) {
         return &N(id).child_refs;
     case RADIX_FIELD_QUEUE_STAMP:
         return &N(id).queue_stamp;
+    case RADIX_FIELD_SEGMENT_REFS:
+        return &N(id).seg->refs;
     default:
         return NULL;
     }
@@ -1290,12 +1344,12 @@ int radix_tree_break_invariant(radix_tree *tree, int field, int64_t nth, int64_t
         *counter += delta;
         return RADIX_TREE_OK;
     }
-    int with_pages = field == RADIX_FIELD_SLOT;
+    int with_pages = field == RADIX_FIELD_SLOT || field == RADIX_FIELD_SEGMENT_REFS;
     for (int64_t id = 0; id < tree->nodes_high; ++id) {
         if (!N(id).alive || (with_pages && N(id).length == 0) || nth-- > 0) {
             continue;
         }
-        if (with_pages) {
+        if (field == RADIX_FIELD_SLOT) {
             /* modulo 2**32: a delta of 2**31 makes any slot negative, and puts it back */
             int32_t *slot = &N(id).seg->slots[N(id).offset + position % N(id).length];
             *slot = (int32_t)((uint32_t)*slot + (uint32_t)delta);
@@ -1323,7 +1377,7 @@ int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_
     if (filling && (tokens == NULL || pages == NULL)) {
         return RADIX_TREE_BAD_ARGS;
     }
-    int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);
+    int64_t *stack = block_malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);
     if (stack == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -1343,7 +1397,7 @@ int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_
             if (filling) {
                 if (count >= *n_nodes || token_count + N(id).length > *n_tokens ||
                     page_count + N(id).length / tree->page_size > *n_pages) {
-                    free(stack);
+                    block_free(stack);
                     return RADIX_TREE_BAD_ARGS;
                 }
                 records[count] = (radix_tree_record){parent_index, root, N(id).length, N(id).timestamp,
@@ -1362,18 +1416,58 @@ int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_
             count++;
         }
     }
-    free(stack);
+    block_free(stack);
     *n_nodes = count;
     *n_tokens = token_count;
     *n_pages = page_count;
     return RADIX_TREE_OK;
 }
 
-#define BROKEN(...)                                                 \
-    do {                                                            \
-        snprintf(message, (size_t)capacity, __VA_ARGS__);           \
-        free(marks);                                                \
-        return RADIX_TREE_CORRUPT;                                  \
+static int compare_segments(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (segment *const *)a, y = (uintptr_t) * (segment *const *)b;
+    return (x > y) - (x < y);
+}
+
+/* segments_are_counted: each segment is shared by exactly its refs live nodes, and segment_bytes is the size of
+ * the segments that live nodes hold (a segment no node holds is a leak; one freed while held, a dangling slice). */
+static int check_segments(const radix_tree *tree, char *message, int64_t capacity) {
+    segment **held = block_malloc((size_t)(tree->node_count > 0 ? tree->node_count : 1) * sizeof *held);
+    if (held == NULL) {
+        return RADIX_TREE_NO_MEMORY;
+    }
+    int64_t count = 0;
+    for (int64_t id = 0; id < tree->nodes_high && count < tree->node_count; ++id) {
+        if (N(id).alive && !N(id).is_root) {
+            held[count++] = N(id).seg;
+        }
+    }
+    qsort(held, (size_t)count, sizeof *held, compare_segments);
+    int64_t bytes = 0;
+    for (int64_t i = 0, next; i < count; i = next) {
+        for (next = i + 1; next < count && held[next] == held[i]; ++next) {
+        }
+        if (held[i]->refs != next - i) {
+            snprintf(message, (size_t)capacity, "segments_are_counted: a segment of %lld tokens counts %lld refs, "
+                     "%lld nodes hold it", (long long)held[i]->length, (long long)held[i]->refs, (long long)(next - i));
+            block_free(held);
+            return RADIX_TREE_CORRUPT;
+        }
+        bytes += segment_size(held[i]->length);
+    }
+    block_free(held);
+    if (bytes != tree->segment_bytes) {
+        snprintf(message, (size_t)capacity, "segments_are_counted: %lld segment bytes counted, the nodes hold %lld",
+                 (long long)tree->segment_bytes, (long long)bytes);
+        return RADIX_TREE_CORRUPT;
+    }
+    return RADIX_TREE_OK;
+}
+
+#define BROKEN(...)                                       \
+    do {                                                  \
+        snprintf(message, (size_t)capacity, __VA_ARGS__); \
+        block_free(marks);                                \
+        return RADIX_TREE_CORRUPT;                        \
     } while (0)
 
 int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
@@ -1382,7 +1476,7 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
     }
     int64_t p = tree->page_size;
     /* per node: children counted, queue entries seen */
-    int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);
+    int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);
     if (marks == NULL) {
         return RADIX_TREE_NO_MEMORY;
     }
@@ -1489,7 +1583,8 @@ int radix_tree_check(const radix_tree *tree, char *message, int64_t capacity) {
         BROKEN("tables_match_tree: %lld children entries for %lld nodes, %lld starts for %lld pages",
                (long long)tree->children_count, (long long)nodes, (long long)tree->starts_count, (long long)pages);
     }
-    free(marks);
+    block_free(marks);
     message[0] = 0;
-    return RADIX_TREE_OK;
+    /* after the node checks: every live non-root node holds a segment, and node_count counts them */
+    return check_segments(tree, message, capacity);
 }

@@ -148,6 +148,10 @@ int radix_tree_export(const radix_tree *tree, radix_tree_record *records, int64_
 /* Bytes of memory the tree holds (nodes, segments, tables, queues). */
 int64_t radix_tree_memory(const radix_tree *tree);
 
+/* Test support: the blocks of memory that csrc/tree.c allocated and has not freed, all trees of the process
+ * together. A freed tree, and every call once it returns, leave none of their own behind. */
+int64_t radix_tree_live_blocks(void);
+
 /* Test support: the fields radix_tree_break_invariant changes. */
 enum radix_tree_field {
     /* of a node (roots included) */
@@ -166,7 +170,10 @@ enum radix_tree_field {
     RADIX_FIELD_PAGES = 10,
     RADIX_FIELD_ROOTS = 11,
     RADIX_FIELD_CHILDREN = 12,
-    RADIX_FIELD_STARTS = 13
+    RADIX_FIELD_STARTS = 13,
+    RADIX_FIELD_SEGMENT_BYTES = 14,
+    /* of a node that holds pages: the refs of the segment it holds a slice of */
+    RADIX_FIELD_SEGMENT_REFS = 15
 };
 
 /* Test support, so that radix_tree_check is itself checked: add delta to one field, of the nth live node

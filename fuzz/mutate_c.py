@@ -12,14 +12,23 @@ source, one mutant at a time, and asks whether the campaigns notice:
 
 Only code is mutated: comments, preprocessor lines, string literals and the
 cffi declarations' header are left alone. Each mutant is built in a copy of
-the checkout (``csrc/build_ffi.py``) and faced with the cache and the manager
-machines on the optimized implementation, side by side, for ``--seconds``
-each. Verdicts: **killed** (a campaign failed or crashed, or hung past its
-budget), **survived** (both campaigns clean), **build failed** (the mutant is
-not C; it counts in neither). ``--sample K --seed S`` draws a reproducible
-subset of the mutants; ``--json`` writes every verdict. ``--sanitize`` builds
-each mutant with ASan + UBSan (``fuzz.sanitize``), so that a memory error a
-plain build survives (an overrun by one item) kills it.
+the checkout (``csrc/build_ffi.py``) and faced with three stages in turn,
+until one kills it (``--stages`` picks them):
+
+1. **machines**: the cache and the manager machines on the optimized
+   implementation, side by side, for ``--seconds`` each;
+2. **tests**: the C tree's own tests (``C_TESTS``): its entry points called as
+   any C caller would, including what the Python wrapper never asks (an empty
+   match), and the blocks of memory every call and every tree give back;
+3. **sanitized**: the machines again, for half the seconds, on a build with
+   ASan + UBSan (``fuzz.sanitize``): an overrun by one item, a use after free.
+
+Verdicts: **killed** (a stage failed, crashed or hung past its budget; the
+stage is named), **survived** (every stage clean), **build failed** (the
+mutant is not C; it counts in neither). ``--sample K --seed S`` draws a
+reproducible subset of the mutants; ``--json`` writes every verdict.
+``--sanitize`` builds each mutant with ASan + UBSan from the start (the
+third stage is then left out).
 
 A survivor listed in ``EQUIVALENT`` (by its line before and after) carries the
 argument why no caller can tell it from the tree; the score counts the
@@ -48,6 +57,12 @@ from fuzz import sanitize
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "csrc/tree.c"
 OPERATORS = ("ror", "const", "delete", "swap")
+MACHINES = ("cache", "manager")
+# what faces a mutant, in turn, until one kills it: the machines; the C tree's own tests (its entry points called
+# as any C caller would, and the blocks of memory every call gives back); the machines on an ASan + UBSan build
+STAGES = ("machines", "tests", "sanitized")
+C_TESTS = ("tests/optimized/test_tree_c.py", "tests/optimized/test_radix_cache.py")
+TESTS_TIMEOUT = 120
 ROR = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "=="}
 # a relational operator between operands (not part of <<, >>, ->, <<=, >>=)
 ROR_PATTERN = re.compile(r"(?<![<>=!\-])(<=|>=|==|!=|<|>)(?![<>=])")
@@ -76,8 +91,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ): "the insert reserves room for one page more than it uses: capacity only, never read",
     (
         "radix_tree_check",
-        "int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
-        "int64_t *marks = calloc((size_t)(tree->nodes_high >= 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high >= 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
     ): "the check's mark buffer: nodes_high is never 0 (the first root is made with the tree)",
     (
         "mix64",
@@ -122,13 +137,13 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ): "the tree's release skips node 0, the first root, which never holds a segment",
     (
         "radix_tree_export",
-        "int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
-        "int64_t *stack = malloc((size_t)(tree->nodes_high > 1 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
+        "int64_t *stack = block_malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
+        "int64_t *stack = block_malloc((size_t)(tree->nodes_high > 1 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
     ): "the stack's size at nodes_high == 1: both give 1",
     (
         "radix_tree_export",
-        "int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
-        "int64_t *stack = malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 0) * 2 * sizeof *stack);",
+        "int64_t *stack = block_malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2 * sizeof *stack);",
+        "int64_t *stack = block_malloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 0) * 2 * sizeof *stack);",
     ): "the export's stack when nodes_high is 0: never (the first root is made with the tree)",
     (
         "radix_tree_check",
@@ -137,8 +152,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ): "the check compares a page's slot 0 with its own start (start + 0): always equal",
     (
         "radix_tree_check",
-        "int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
-        "int64_t *marks = calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 0) * 2, sizeof *marks);",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 0) * 2, sizeof *marks);",
     ): "the check's mark buffer when nodes_high is 0: never (the first root is made with the tree)",
     (
         "radix_tree_check",
@@ -208,6 +223,8 @@ class Verdict:
     verdict: str
     seconds: float
     detail: str = ""
+    # the stage that killed it (STAGES)
+    stage: str = ""
 
 
 def code_lines(text: str) -> Iterator[tuple[int, str]]:
@@ -297,9 +314,82 @@ def apply(text: str, mutant: Mutant) -> str:
     return "".join(lines)
 
 
-def run_mutant(mutant: Mutant, text: str, seconds: float, seed: int, sanitized: bool = False) -> Verdict:
-    """Build the mutant in a copy (with ASan + UBSan when ``sanitized``) and run the cache and manager machines
-    on it, side by side."""
+def face_machines(tree: Path, seconds: float, seed: int, env: dict[str, str] | None) -> str | None:
+    """Run the cache and manager machines on the optimized implementation in ``tree``, side by side, for
+    ``seconds`` each: why the mutant is killed (a machine failed, crashed or hung past its budget), or None."""
+    procs = {
+        machine: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fuzz",
+                "--machine",
+                machine,
+                "--impl",
+                "optimized",
+                "--workers",
+                "0",
+                "--minutes",
+                f"{seconds / 60:.4f}",
+                "--seed",
+                str(seed),
+                "--no-shrink",
+                "--quiet",
+            ],
+            cwd=tree,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for machine in MACHINES
+    }
+    deadline = time.monotonic() + seconds + 30
+    killed: str | None = None
+    while procs and killed is None:
+        for machine, proc in list(procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            del procs[machine]
+            if code != 0:
+                _, err = proc.communicate()
+                report = sanitize.SANITIZER_REPORT.search(err)
+                last = report.group(0) if report else (err.strip().splitlines() or [""])[-1]
+                killed = f"{machine}: exit {code}" + (f": {last[:160]}" if last else "")
+                break
+        if killed is None and procs and time.monotonic() > deadline:
+            killed = f"{', '.join(procs)}: hung past the budget"
+        if killed is None:
+            time.sleep(0.1)
+    for proc in procs.values():
+        proc.kill()
+        proc.communicate()
+    return killed
+
+
+def face_tests(tree: Path) -> str | None:
+    """Run the C tree's own tests (C_TESTS) in ``tree``: the first failing test, or None when all pass."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *C_TESTS],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=TESTS_TIMEOUT,
+        check=False,
+    )
+    if proc.returncode == 0:
+        return None
+    failed = re.search(r"^(FAILED|ERROR) (\S+)", proc.stdout, re.MULTILINE)
+    return f"tests: {failed.group(2) if failed else f'pytest exit {proc.returncode}'}"
+
+
+def run_mutant(
+    mutant: Mutant, text: str, seconds: float, seed: int, sanitized: bool = False, stages: Sequence[str] = STAGES
+) -> Verdict:
+    """Build the mutant in a copy (with ASan + UBSan when ``sanitized``) and face it with ``stages`` in turn,
+    until one kills it: the machines for ``seconds`` each, then the C tree's tests, then the machines again on a
+    build with ASan + UBSan for ``seconds / 2`` (skipped when the first build is sanitized already)."""
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="radixspec-mutant-") as tmp:
         tree = Path(tmp) / "tree"
@@ -309,56 +399,25 @@ def run_mutant(mutant: Mutant, text: str, seconds: float, seed: int, sanitized: 
             sanitize.build(tree, sanitize=sanitized)
         except RuntimeError as exc:
             return Verdict(mutant, "build failed", time.monotonic() - began, str(exc).splitlines()[-1][:200])
-        procs = {
-            machine: subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "fuzz",
-                    "--machine",
-                    machine,
-                    "--impl",
-                    "optimized",
-                    "--workers",
-                    "0",
-                    "--minutes",
-                    f"{seconds / 60:.4f}",
-                    "--seed",
-                    str(seed),
-                    "--no-shrink",
-                    "--quiet",
-                ],
-                cwd=tree,
-                env=sanitize.sanitized_env() if sanitized else None,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for machine in ("cache", "manager")
-        }
-        deadline = time.monotonic() + seconds + 30
-        verdict, detail = "survived", ""
-        while procs:
-            for machine, proc in list(procs.items()):
-                code = proc.poll()
-                if code is None:
+        env = sanitize.sanitized_env() if sanitized else None
+        for stage in stages:
+            try:
+                if stage == "machines":
+                    killed = face_machines(tree, seconds, seed, env)
+                elif stage == "tests":
+                    killed = face_tests(tree)
+                elif sanitized:
                     continue
-                del procs[machine]
-                if code != 0:
-                    _, err = proc.communicate()
-                    verdict = "killed"
-                    detail = f"{machine}: exit {code}" + (
-                        ": " + err.strip().splitlines()[-1][:160] if err.strip() else ""
-                    )
-            if verdict == "killed" or time.monotonic() > deadline:
-                if verdict != "killed":
-                    verdict, detail = "killed", f"{', '.join(procs)}: hung past the budget"
-                for proc in procs.values():
-                    proc.kill()
-                    proc.communicate()
-                break
-            time.sleep(0.1)
-    return Verdict(mutant, verdict, time.monotonic() - began, detail)
+                else:
+                    sanitize.build(tree, sanitize=True)
+                    killed = face_machines(tree, seconds / 2, seed, sanitize.sanitized_env())
+            except subprocess.TimeoutExpired:
+                killed = f"{stage}: hung past {TESTS_TIMEOUT} s"
+            except RuntimeError as exc:
+                return Verdict(mutant, "build failed", time.monotonic() - began, f"{stage}: {exc}"[:200])
+            if killed is not None:
+                return Verdict(mutant, "killed", time.monotonic() - began, killed, stage)
+    return Verdict(mutant, "survived", time.monotonic() - began)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -376,6 +435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--sanitize", action="store_true", help="build each mutant with ASan + UBSan (memory errors kill it)"
+    )
+    parser.add_argument(
+        "--stages",
+        choices=STAGES,
+        nargs="+",
+        default=list(STAGES),
+        help="what faces each mutant, in this order, until one kills it (default: all: the machines, the C tree's"
+        " tests, the machines on an ASan + UBSan build for half the seconds)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every verdict here")
     args = parser.parse_args(argv)
@@ -398,17 +465,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{len(chosen)} of {len(every)} mutants of {SOURCE} ({', '.join(args.operator)}); cache and manager"
         f" machines, {args.seconds:g} s each per mutant, seed {args.seed}"
-        + (", built with ASan + UBSan" if args.sanitize else ""),
+        + (", built with ASan + UBSan" if args.sanitize else "")
+        + f"; stages: {', '.join(args.stages)}",
         flush=True,
     )
     verdicts: list[Verdict] = []
     began = time.monotonic()
     for index, mutant in enumerate(chosen, 1):
-        result = run_mutant(mutant, text, args.seconds, args.seed, args.sanitize)
+        result = run_mutant(mutant, text, args.seconds, args.seed, args.sanitize, args.stages)
         verdicts.append(result)
         print(
             f"[{index}/{len(chosen)} {time.monotonic() - began:6.0f} s] {result.verdict:<12} {result.seconds:5.1f} s"
-            f"  {mutant.describe()}" + (f"  ({result.detail})" if result.detail and result.verdict != "killed" else ""),
+            f"  {mutant.describe()}"
+            + (f"  (by the {result.stage})" if result.stage else "")
+            + (f"  ({result.detail})" if result.detail and result.verdict != "killed" else ""),
             flush=True,
         )
     killed = sum(v.verdict == "killed" for v in verdicts)
@@ -427,6 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if mine:
             k = sum(v.verdict == "killed" for v in mine)
             print(f"  {operator:<7} {k}/{len(mine)} killed")
+    print("killed by: " + ", ".join(f"the {stage} {sum(v.stage == stage for v in verdicts)}" for stage in args.stages))
     survivors = [v for v in verdicts if v.verdict == "survived"]
     if survivors:
         print("survivors:")
@@ -442,12 +513,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seconds": args.seconds,
                     "score": score,
                     "sanitized": args.sanitize,
+                    "stages": args.stages,
                     "verdicts": [
                         {
                             **asdict(v.mutant),
                             "verdict": v.verdict,
                             "seconds": v.seconds,
                             "detail": v.detail,
+                            "stage": v.stage,
                             "equivalent": v.mutant.equivalent,
                         }
                         for v in verdicts

@@ -13,8 +13,8 @@ turns tensors into lists.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Generic, TypeAlias, TypeVar
 
 import numpy
@@ -22,6 +22,7 @@ import torch
 
 import optimized
 import reference
+from optimized._c import load_c
 from optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
 from optimized.radix_cache import RadixCacheHandle as OptimizedHandle
 from reference.hybrid_cache import HybridRadixCache
@@ -217,6 +218,17 @@ def fits(values: list[int], bits: int | None) -> bool:
     return all(type(value) is int for value in values) and -limit <= min(values) and max(values) < limit
 
 
+@contextmanager
+def gives_back_its_blocks(call: str) -> Iterator[None]:
+    """A read of the C tree gives back every block of memory it took (``radix_tree_live_blocks``, all trees of
+    the process). Fewer blocks after it is no leak: another tree, dropped earlier, may be collected meanwhile."""
+    live_blocks = load_c()[1].radix_tree_live_blocks
+    before = live_blocks()
+    yield
+    kept = live_blocks() - before
+    assert kept <= 0, f"optimized: {call} kept {kept} blocks of the C tree's memory (a leak)"
+
+
 class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
     """The optimized cache: lists in, converted to each input format it takes in turn, lists out."""
 
@@ -228,6 +240,14 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
         self.calls = 0
         self.evicted = []
         self.out = torch.empty(0, dtype=torch.int32)
+
+    def check_integrity(self) -> None:
+        with gives_back_its_blocks("check_integrity"):
+            self.cache.check_integrity()
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        with gives_back_its_blocks("abstract_state (the tree's export)"):
+            return self.cache.abstract_state()
 
     def convert(self, values: list[int], shift: int = 0) -> Any:
         """``values`` in the next input format (``shift`` picks another one for the slots of the same call)."""
@@ -270,10 +290,10 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
 
     def break_invariant(self, field: str, which: int, position: int, delta: int) -> bool | None:
         """Test support (the cache machine's break_the_tree): ``delta`` added to one field of the C tree, of its
-        ``which``-th live node modulo their number (nodes with pages only, for a slot); ``-delta`` puts it back.
-        None when there is no such node; else whether the C tree did it."""
+        ``which``-th live node modulo their number (nodes with pages only, for a slot or a segment's refs);
+        ``-delta`` puts it back. None when there is no such node; else whether the C tree did it."""
         stats = self.cache.tree_stats()
-        live = stats["nodes"] + (0 if field == "slot" else stats["roots"])
+        live = stats["nodes"] + (0 if field in ("slot", "segment_refs") else stats["roots"])
         return self.cache.break_invariant(field, which % live, position, delta) if live else None
 
 

@@ -85,9 +85,9 @@ def test_every_field_the_machines_break_fails_the_check_and_put_back_passes(page
                 cache.check_integrity()
                 broken += 1
     # at 3 positions each: 7 node changes on each of the 4 nodes (a split prefix, its two halves, a leaf) and the
-    # root, a slot of each of the 4, 7 counters (whatever the node)
+    # root, a slot and a segment's refs of each of the 4, 8 counters (whatever the node)
     assert (stats["nodes"], stats["roots"]) == (4, 1)
-    assert broken == 3 * (7 * 5 + 4 + 7 * 5)
+    assert broken == 3 * (7 * 5 + 4 + 4 + 8 * 5)
     assert cache.abstract_state() == before
     with pytest.raises(InvalidInputError, match="break_invariant: no field 'colour'"):
         cache.break_invariant("colour", 0, 0, 1)
