@@ -8,7 +8,9 @@ runs this file, with tests/optimized/test_radix_cache.py, against every mutant t
 """
 
 import gc
+import os
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -126,6 +128,24 @@ def test_memory_bytes_counts_the_widened_tokens_at_8_bytes_and_the_narrowed_slot
     assert widened % 8 == 0 and narrowed % 4 == 0 and widened // 8 == narrowed // 4 >= n, memory
 
 
+def test_a_rebuilt_queue_holds_exactly_the_evictable_leaves() -> None:
+    # 30 leaves under the root, matched again and again: each match queues its leaf anew, until the queues hold
+    # more than twice the nodes and 64 entries and are rebuilt from the leaves (one entry each, nothing else)
+    cache = RadixPrefixCache(page_size=2)
+    leaves = [[i, i, 1, 1] for i in range(30)]
+    for i, leaf in enumerate(leaves):
+        cache.insert_prefix(leaf, list(range(4 * i, 4 * i + 4)))
+    entries = []
+    for _ in range(6):
+        for leaf in leaves:
+            cache.match_prefix(leaf)
+            stats = cache.tree_stats()
+            entries.append(stats["fifo_entries"] + stats["heap_entries"])
+    rebuilt = [after for before, after in pairwise(entries) if after < before]
+    assert rebuilt and set(rebuilt) == {30}, entries
+    cache.check_integrity()
+
+
 def churn(cache: RadixPrefixCache) -> Iterator[str]:
     """Every kind of call that allocates or frees in the C tree, one after another; yields what it just did."""
     p = cache.page_size
@@ -137,10 +157,17 @@ def churn(cache: RadixPrefixCache) -> Iterator[str]:
     yield "inserts (children, starts and node tables grown; widened tokens, narrowed slots)"
     cache.insert_prefix(list(range(60 * p)), list(range(3000 * p, 3060 * p)), namespace=("tenant", 0))
     yield "an insert of cached pages only (its segment not kept)"
-    for _ in range(3):
-        for i in range(40):
-            cache.match_prefix(list(range(i * 3 * p, (i * 3 + 30) * p)), namespace=("tenant", i % 4))
-    yield "matches (splits, re-stamped leaves: the queues rebuilt)"
+    for i in range(40):
+        cache.match_prefix(list(range(i * 3 * p, (i * 3 + 30) * p)), namespace=("tenant", i % 4))
+    yield "matches that split"
+    leaves = [list(range(i * 3 * p, (i * 3 + 60) * p)) for i in range(40)]
+    for _ in range(8):
+        for i, leaf in enumerate(leaves):
+            cache.match_prefix(leaf, namespace=("tenant", i % 4))
+    stats = cache.tree_stats()
+    # 320 re-stamps of leaves, but the queues hold no more than twice the nodes and 64 more: compacted
+    assert stats["fifo_entries"] + stats["heap_entries"] <= 2 * stats["nodes"] + 65, stats
+    yield "leaves matched again and again (the queues rebuilt)"
     held = cache.match_prefix(list(range(10 * p)), namespace=("tenant", 0))
     cache.lock(held)
     with pytest.raises(DuplicateSlotError):
@@ -171,3 +198,68 @@ def test_every_call_and_every_tree_give_back_the_blocks_they_took() -> None:
     del cache
     gc.collect()
     assert lib.radix_tree_live_blocks() == before, "a freed tree kept blocks"
+
+
+def test_a_tree_freed_while_it_holds_pages_gives_back_its_segments() -> None:
+    gc.collect()
+    before = lib.radix_tree_live_blocks()
+    cache = RadixPrefixCache(page_size=2)
+    cache.insert_prefix(list(range(40)), list(range(40)))
+    cache.match_prefix(list(range(10)))  # a split: two nodes share one segment
+    cache.insert_prefix(list(range(10)) + [99] * 10, list(range(40, 60)), namespace=("lora", 1))
+    del cache
+    gc.collect()
+    assert lib.radix_tree_live_blocks() == before
+
+
+def test_an_export_into_buffers_too_small_is_refused_and_gives_back_its_blocks() -> None:
+    tree, root = new_tree(2)
+    walk = new_walk()
+    assert lib.radix_tree_insert(tree, root, tokens_of([1, 2, 3, 4]), 8, slots_of([0, 1, 2, 3]), 4, 4, 4, 1, walk) == 0
+    sizes = ffi.new("int64_t[3]", [0, 0, 0])
+    # buffers big enough for the one node, but told they hold nothing
+    records, tokens, pages = ffi.new("radix_tree_record[1]"), ffi.new("int64_t[4]"), ffi.new("int64_t[2]")
+    held = lib.radix_tree_live_blocks()
+    assert lib.radix_tree_export(tree, records, tokens, pages, sizes, sizes + 1, sizes + 2) == lib.RADIX_TREE_BAD_ARGS
+    assert lib.radix_tree_live_blocks() == held
+    sizes[0], sizes[1], sizes[2] = 1, 4, 2
+    assert lib.radix_tree_export(tree, records, tokens, pages, sizes, sizes + 1, sizes + 2) == lib.RADIX_TREE_OK
+    assert (records[0].length, list(tokens[0:4]), list(pages[0:2])) == (4, [1, 2, 3, 4], [0, 2])
+    assert list(sizes) == [1, 4, 2]
+
+
+def test_a_check_that_finds_the_tree_broken_gives_back_its_blocks() -> None:
+    cache = RadixPrefixCache(page_size=2)
+    cache.insert_prefix(list(range(8)), list(range(8)))
+    cache.match_prefix(list(range(4)))
+    held = lib.radix_tree_live_blocks()
+    for field in ("ref_count", "length", "child_count", "segment_refs", "segment_bytes", "evictable"):
+        assert cache.break_invariant(field, 1, 0, 2)
+        with pytest.raises(IntegrityError):
+            cache.check_integrity()
+        cache.break_invariant(field, 1, 0, -2)
+        assert lib.radix_tree_live_blocks() == held, field
+    cache.check_integrity()
+
+
+def resident_bytes() -> int:
+    """The process's resident memory now (Linux: /proc/self/statm), in bytes."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident memory from /proc")
+def test_the_memory_of_a_freed_tree_goes_back_to_the_system() -> None:
+    # blocks counted as freed must be freed: 40 trees of a 6 MB segment each, one after another, leave the
+    # process no bigger (a segment that large is its own mapping, unmapped when freed)
+    n = 500_000
+    tokens, slots = torch.arange(n), torch.arange(n, dtype=torch.int32)
+    gc.collect()
+    start = resident_bytes()
+    for _ in range(40):
+        cache = RadixPrefixCache(page_size=1)
+        cache.insert_prefix(tokens, slots)
+        del cache
+    gc.collect()
+    grown = resident_bytes() - start
+    assert grown < 100 * 2**20, f"{grown / 2**20:.0f} MiB kept after 40 trees of 6 MB each were freed"
