@@ -7,6 +7,7 @@ memory that every call and every tree give back (``radix_tree_live_blocks``). ``
 runs this file, with tests/optimized/test_radix_cache.py, against every mutant the machines miss.
 """
 
+import ctypes
 import gc
 import os
 from collections.abc import Iterator
@@ -146,6 +147,26 @@ def test_a_rebuilt_queue_holds_exactly_the_evictable_leaves() -> None:
     cache.check_integrity()
 
 
+def test_leaves_the_queue_passed_while_locked_wait_on_the_heap_and_leave_in_lru_order() -> None:
+    # 100 locked leaves, passed over by an eviction (their queue entries dropped), then unlocked: each is
+    # evictable again with a stamp older than the newest queued, so the heap takes it (past its first 64 cells)
+    cache = RadixPrefixCache(page_size=1)
+    handles = []
+    for i in range(100):
+        handles.append(cache.insert_prefix([i, 1000], [2 * i, 2 * i + 1]).handle)
+        cache.lock(handles[-1])
+    cache.insert_prefix([5000], [500])
+    assert cache.evict(1).tolist() == [500]
+    for handle in reversed(handles):
+        cache.unlock(handle)
+    # the first one unlocked finds the in-order ring empty and goes there; the other 99 to the heap
+    assert (cache.tree_stats()["fifo_entries"], cache.tree_stats()["heap_entries"]) == (1, 99)
+    cache.check_integrity()
+    # least recently used first: the last page of the first insert (its node split), then its first, and so on
+    assert [cache.evict(1).tolist() for _ in range(6)] == [[1], [0], [3], [2], [5], [4]]
+    cache.check_integrity()
+
+
 def churn(cache: RadixPrefixCache) -> Iterator[str]:
     """Every kind of call that allocates or frees in the C tree, one after another; yields what it just did."""
     p = cache.page_size
@@ -242,8 +263,13 @@ def test_a_check_that_finds_the_tree_broken_gives_back_its_blocks() -> None:
     cache.check_integrity()
 
 
-def resident_bytes() -> int:
-    """The process's resident memory now (Linux: /proc/self/statm), in bytes."""
+def process_memory() -> int:
+    """The bytes the process holds now: under ASan, its allocator's live bytes (it keeps freed blocks in
+    quarantine, out of the resident size's reach); else the resident size (Linux: /proc/self/statm)."""
+    if "libasan" in os.environ.get("LD_PRELOAD", ""):
+        allocated = ctypes.CDLL(None).__sanitizer_get_current_allocated_bytes
+        allocated.restype = ctypes.c_size_t
+        return int(allocated())
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -255,11 +281,11 @@ def test_the_memory_of_a_freed_tree_goes_back_to_the_system() -> None:
     n = 500_000
     tokens, slots = torch.arange(n), torch.arange(n, dtype=torch.int32)
     gc.collect()
-    start = resident_bytes()
+    start = process_memory()
     for _ in range(40):
         cache = RadixPrefixCache(page_size=1)
         cache.insert_prefix(tokens, slots)
         del cache
     gc.collect()
-    grown = resident_bytes() - start
+    grown = process_memory() - start
     assert grown < 100 * 2**20, f"{grown / 2**20:.0f} MiB kept after 40 trees of 6 MB each were freed"
