@@ -200,6 +200,68 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "while (top > 0) {",
         "while (top > 1) {",
     ): "the export's stack holds (node, parent) pairs, so its height is always even: top > 1 is top > 0",
+    (
+        "queue_push",
+        "if (status == RADIX_TREE_OK && tree->fifo_length + tree->heap_length > 2 * tree->node_count + 64) {",
+        "if (status == RADIX_TREE_OK && tree->fifo_length + tree->heap_length >= 2 * tree->node_count + 64) {",
+    ): "the queues are compacted at the bound, not one entry past it: when, not what (the rebuild keeps every "
+    "live leaf)",
+    (
+        "queue_rebuild",
+        "leaf_entry *entries = block_malloc((size_t)(count > 0 ? count : 1) * sizeof *entries);",
+        "leaf_entry *entries = block_malloc((size_t)(count > 0 ? count : 0) * sizeof *entries);",
+    ): "a rebuild starts from queue_push of an evictable leaf, so count is at least 1: the branch for 0 is never taken",
+    (
+        "reserve",
+        "if (status == RADIX_TREE_OK && tree->fifo_length == tree->fifo_capacity) {",
+        "if (status != RADIX_TREE_OK && tree->fifo_length == tree->fifo_capacity) {",
+    ): "the ring is not grown ahead; fifo_push grows it when full: different only when malloc fails",
+    (
+        "split_at",
+        "if (reserve(tree, 1, 0) != RADIX_TREE_OK) {",
+        "if (reserve(tree, 1, 1) != RADIX_TREE_OK) {",
+    ): "the split reserves room for one page more than it uses: capacity only, never read",
+    (
+        "radix_tree_new",
+        "radix_tree *tree = block_calloc(1, sizeof *tree);",
+        "radix_tree *tree = block_calloc(2, sizeof *tree);",
+    ): "the tree's own block is twice as big: nothing reads past the first (memory_bytes counts sizeof *tree)",
+    (
+        "valid_root",
+        "for (int64_t base = 0; base < n; base += 256) {                  \\",
+        "for (int64_t base = 0; base <= n; base += 256) {                  \\",
+    ): "FIRST_NEGATIVE (the macro after valid_root): at base == n the block is empty (end = n), nothing is read",
+    (
+        "check_new_pages",
+        "while (capacity < 2 * count) {",
+        "while (capacity <= 2 * count) {",
+    ): "the new pages' seen set doubles once more at exactly half full: capacity only, the cells found are the same",
+    (
+        "compare_segments",
+        "return (x > y) - (x < y);",
+        "return (x >= y) - (x < y);",
+    ): "equal pointers compare greater both ways; every other pair is ordered, so qsort still puts each segment's "
+    "holders between the smaller and the larger pointers, together, and the check counts the same runs",
+    (
+        "check_segments",
+        "segment **held = block_malloc((size_t)(tree->node_count > 0 ? tree->node_count : 1) * sizeof *held);",
+        "segment **held = block_malloc((size_t)(tree->node_count >= 0 ? tree->node_count : 1) * sizeof *held);",
+    ): "with no node the buffer is malloc(0): a unique pointer on glibc, and no cell is written (count stays 0)",
+    (
+        "check_segments",
+        "segment **held = block_malloc((size_t)(tree->node_count > 0 ? tree->node_count : 1) * sizeof *held);",
+        "segment **held = block_malloc((size_t)(tree->node_count > 0 ? tree->node_count : 0) * sizeof *held);",
+    ): "with no node the buffer is malloc(0): a unique pointer on glibc, and no cell is written (count stays 0)",
+    (
+        "radix_tree_check",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 1 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+    ): "the check's mark buffer at nodes_high == 1: both give 1",
+    (
+        "radix_tree_check",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 1) * 2, sizeof *marks);",
+        "int64_t *marks = block_calloc((size_t)(tree->nodes_high > 0 ? tree->nodes_high : 2) * 2, sizeof *marks);",
+    ): "the check's mark buffer when nodes_high is 0: never (the first root is made with the tree)",
 }
 
 # a top-level line that opens a function: its name
@@ -442,6 +504,52 @@ def run_mutant(
     return Verdict(mutant, "survived", time.monotonic() - began)
 
 
+def summarize(verdicts: Sequence[Verdict], operators: Sequence[str], stages: Sequence[str], seconds: float) -> float:
+    """Print the score, the kills by operator and by stage, and the survivors with their arguments; the score."""
+    killed = sum(v.verdict == "killed" for v in verdicts)
+    equivalent = sum(v.verdict == "survived" and v.mutant.equivalent is not None for v in verdicts)
+    built = sum(v.verdict != "build failed" for v in verdicts)
+    counted = built - equivalent
+    score = 100.0 * killed / counted if counted else 0.0
+    print(
+        f"\nkilled {killed}, survived {built - killed} ({equivalent} of them equivalent, argued in EQUIVALENT),"
+        f" build failed {len(verdicts) - built}; score {score:.1f} % of the {counted} built mutants that are not"
+        f" equivalent ({100.0 * killed / built if built else 0.0:.1f} % of all {built} built) in {seconds:.0f} s"
+    )
+    for operator in operators:
+        mine = [v for v in verdicts if v.mutant.operator == operator and v.verdict != "build failed"]
+        if mine:
+            k = sum(v.verdict == "killed" for v in mine)
+            print(f"  {operator:<7} {k}/{len(mine)} killed")
+    print("killed by: " + ", ".join(f"the {stage} {sum(v.stage == stage for v in verdicts)}" for stage in stages))
+    survivors = [v for v in verdicts if v.verdict == "survived"]
+    if survivors:
+        print("survivors:")
+        for v in survivors:
+            argument = v.mutant.equivalent
+            print(f"  {v.mutant.describe()}" + (f"\n      equivalent: {argument}" if argument else ""))
+    return score
+
+
+def rescore(path: Path, goal: float) -> int:
+    """The summary of a run's ``--json`` file again, with today's EQUIVALENT (arguments written after the run)."""
+    run = json.loads(path.read_text())
+    fields = {name for name in Mutant.__dataclass_fields__}
+    verdicts = [
+        Verdict(
+            Mutant(**{k: v for k, v in row.items() if k in fields}),
+            row["verdict"],
+            row["seconds"],
+            row["detail"],
+            row.get("stage", ""),
+        )
+        for row in run["verdicts"]
+    ]
+    print(f"{path}: {len(verdicts)} mutants of {run['source']}, seed {run['seed']}, {run['seconds']:g} s per machine")
+    score = summarize(verdicts, OPERATORS, run.get("stages", ["machines"]), sum(v.seconds for v in verdicts))
+    return 0 if score >= goal else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fuzz.mutate_c", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -467,7 +575,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         " ASan + UBSan build, the machines on that build for half the seconds (default: machines tests)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every verdict here")
+    parser.add_argument(
+        "--rescore", type=Path, default=None, help="print the summary of a --json file again (today's EQUIVALENT)"
+    )
     args = parser.parse_args(argv)
+    if args.rescore is not None:
+        return rescore(args.rescore, args.goal)
     if args.sample is not None and args.sample < 1:
         parser.error(f"--sample must be >= 1, got {args.sample}")
     if not args.seconds > 0:
@@ -503,29 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f"  ({result.detail})" if result.detail and result.verdict != "killed" else ""),
             flush=True,
         )
-    killed = sum(v.verdict == "killed" for v in verdicts)
-    equivalent = sum(v.verdict == "survived" and v.mutant.equivalent is not None for v in verdicts)
-    built = sum(v.verdict != "build failed" for v in verdicts)
-    counted = built - equivalent
-    score = 100.0 * killed / counted if counted else 0.0
-    print(
-        f"\nkilled {killed}, survived {built - killed} ({equivalent} of them equivalent, argued in EQUIVALENT),"
-        f" build failed {len(verdicts) - built}; score {score:.1f} % of the {counted} built mutants that are not"
-        f" equivalent ({100.0 * killed / built if built else 0.0:.1f} % of all {built} built) in"
-        f" {time.monotonic() - began:.0f} s"
-    )
-    for operator in args.operator:
-        mine = [v for v in verdicts if v.mutant.operator == operator and v.verdict != "build failed"]
-        if mine:
-            k = sum(v.verdict == "killed" for v in mine)
-            print(f"  {operator:<7} {k}/{len(mine)} killed")
-    print("killed by: " + ", ".join(f"the {stage} {sum(v.stage == stage for v in verdicts)}" for stage in args.stages))
-    survivors = [v for v in verdicts if v.verdict == "survived"]
-    if survivors:
-        print("survivors:")
-        for v in survivors:
-            argument = v.mutant.equivalent
-            print(f"  {v.mutant.describe()}" + (f"\n      equivalent: {argument}" if argument else ""))
+    score = summarize(verdicts, args.operator, args.stages, time.monotonic() - began)
     if args.json is not None:
         args.json.write_text(
             json.dumps(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +87,24 @@ def test_every_argued_equivalent_names_exactly_one_mutant_of_the_tree() -> None:
         matching = [m for m in mutants if (m.function, m.before.strip(), m.after.strip()) == key]
         assert len(matching) == 1, f"{key}: {len(matching)} mutants"
         assert matching[0].equivalent == argument and argument
+
+
+def test_rescore_counts_a_survivor_argued_after_the_run_as_equivalent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (mutate_c.ROOT / mutate_c.SOURCE).read_text()
+    mutants = mutate_c.mutants_of(text)
+    argued = next(m for m in mutants if m.equivalent is not None)
+    other = next(m for m in mutants if m.equivalent is None)
+    rows = [
+        {**asdict(argued), "verdict": "survived", "seconds": 20.0, "detail": "", "stage": ""},
+        {**asdict(other), "verdict": "killed", "seconds": 8.0, "detail": "cache: exit 1", "stage": "machines"},
+        {**asdict(other), "verdict": "survived", "seconds": 30.0, "detail": "", "stage": ""},
+    ]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"source": mutate_c.SOURCE, "seed": 0, "seconds": 15, "verdicts": rows}))
+    # one killed of the two that are not argued equivalent: 50 %
+    assert mutate_c.main(["--rescore", str(path), "--goal", "50"]) == 0
+    assert mutate_c.main(["--rescore", str(path), "--goal", "51"]) == 1
+    out = capsys.readouterr().out
+    assert "score 50.0 % of the 2 built mutants that are not equivalent" in out and "killed by: the machines 1" in out

@@ -74,6 +74,23 @@ def test_a_walk_that_succeeds_reports_no_bad_index() -> None:
     assert lib.radix_tree_depth(tree, walk.node, walk.version) == 1
 
 
+def test_the_counters_are_the_trees_own() -> None:
+    # two branches under the root: three pages, locked, and one page; every field written, none left as it was
+    tree, root = new_tree(2)
+    walk = new_walk()
+    assert (
+        lib.radix_tree_insert(tree, root, tokens_of([1, 1, 2, 2, 3, 3]), 8, slots_of(list(range(6))), 4, 6, 6, 1, walk)
+        == 0
+    )
+    assert lib.radix_tree_lock(tree, walk.node, walk.version) == lib.RADIX_TREE_OK
+    assert lib.radix_tree_insert(tree, root, tokens_of([9, 9]), 8, slots_of([6, 7]), 4, 2, 2, 2, walk) == 0
+    fields = ("evictable", "protected_", "nodes", "pages", "roots", "fifo", "heap")
+    counters = ffi.new("radix_tree_counters *", dict.fromkeys(fields, UNWRITTEN))
+    lib.radix_tree_counts(tree, counters)
+    # 2 tokens evictable, 6 locked; 2 nodes holding 4 pages under 1 root; both leaves queued in order, none on the heap
+    assert [getattr(counters, field) for field in fields] == [2, 6, 2, 4, 1, 2, 0]
+
+
 def test_a_bad_call_is_refused_with_nothing_changed() -> None:
     tree, root = new_tree(2)
     walk = new_walk()
