@@ -360,9 +360,8 @@ class CacheMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ operations
 
     @rule(target=handles, seq=seqs, namespace=namespaces)
-    def match_prefix(self, seq: tuple[int, ...], namespace: Namespace, slots: bool = True) -> Any:
-        """A match returns the longest cached prefix and exactly the slots inserted for it (``slots=False``:
-        the length only, for a path whose slots a match of this step checked already)."""
+    def match_prefix(self, seq: tuple[int, ...], namespace: Namespace) -> Any:
+        """A match returns the longest cached prefix and exactly the slots inserted for it."""
         STATS.record_rule("cache.match_prefix")
         ns, tokens = self.ns(namespace), list(seq)
         self.reach["longest_key_tokens"] = max(self.reach["longest_key_tokens"], len(tokens))
@@ -371,7 +370,7 @@ class CacheMachine(RuleBasedStateMachine):
         for run in self.runs:
             handles.append(run.target.match_prefix(tokens, ns))
             self.expect_no_frees(run, "match_prefix")
-            self.check_handle(run, "match_prefix", handles[-1], expected, slots)
+            self.check_handle(run, "match_prefix", handles[-1], expected)
         if self.lru_model is not None:
             self.lru_model.match(self.page_starts(expected))
         matched = HandleSet(expected, handles, self.epoch)
@@ -442,10 +441,9 @@ class CacheMachine(RuleBasedStateMachine):
             rounds = touches // len(leaves) + 1 if touches <= OUTGROW_MATCHES else 2
         # no more than REMATCH_TOKENS tokens matched (two rounds whatever the keys)
         rounds = max(2, min(rounds, REMATCH_TOKENS // sum(len(prefix) for _, prefix in leaves)))
-        for round_ in range(rounds):
+        for _ in range(rounds):
             for namespace, prefix in leaves:
-                # the paths do not change between rounds (only their stamps): their slots are checked once
-                self.match_prefix(prefix.tokens, namespace, slots=round_ == 0)
+                self.match_prefix(prefix.tokens, namespace)
         self.evict_one_by_one(evict_pages)
 
     @rule(target=handles, seq=seqs, namespace=namespaces, where=st.sampled_from(SLOT_RANGES))
@@ -1104,13 +1102,10 @@ class CacheMachine(RuleBasedStateMachine):
             f"{label}: {run.name} gave back slots {brief([brief(g) for g in groups], 2)} (only an eviction may)"
         )
 
-    def check_handle(self, run: Driven, label: str, handle: Any, expected: pc.Handle, slots: bool = True) -> None:
-        """The target's handle matches the spec's: same length, exactly the cached slots of that prefix (unless
-        ``slots`` is False)."""
+    def check_handle(self, run: Driven, label: str, handle: Any, expected: pc.Handle) -> None:
+        """The target's handle matches the spec's: same length, exactly the cached slots of that prefix."""
         got = run.target.cached_len(handle)
         assert got == expected.cached_len, f"{label}: {run.name} cached_len {got}, the spec {expected.cached_len}"
-        if not slots:
-            return
         returned = run.target.matched_slots(handle)
         want = pc.get_matched_indices(self.model, expected)
         assert returned == want, (
