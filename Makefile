@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml setup.py
 
 # the differential campaign: spec, reference and optimized side by side, every machine, 1 minute on every core
 fuzz: $(STAMP)
-	$(PY) -m fuzz $(ARGS)
+	$(VENV)/bin/radixspec fuzz $(ARGS)
 
 # the test suite (about 2 minutes on 2 cores; the CUDA tests skip without a GPU)
 test: $(STAMP)

@@ -1,10 +1,10 @@
 """Build hooks (everything else is in pyproject.toml).
 
-* ``cffi_modules``: csrc/radix.c, store.c, tree.c and hybrid.c become ``optimized._radix_c``.
-* ``ext_modules``: csrc/pyints.c becomes ``optimized._pyints`` (lists of ints read into int64 buffers).
-* ``build_py`` also copies the CUDA sources into ``optimized/csrc/`` of the
+* ``cffi_modules``: csrc/radix.c, store.c, tree.c and hybrid.c become ``radixspec.optimized._radix_c``.
+* ``ext_modules``: csrc/pyints.c becomes ``radixspec.optimized._pyints`` (lists of ints read into int64 buffers).
+* ``build_py`` also copies the CUDA sources into ``radixspec/optimized/csrc/`` of the
   built package, so an installed wheel can still build its store kernel with
-  nvcc (``python -m optimized.build_cuda``); a checkout reads them from csrc/.
+  nvcc (``python -m radixspec.optimized.build_cuda``); a checkout reads them from csrc/.
 """
 
 from pathlib import Path
@@ -20,7 +20,7 @@ class BuildPyWithCudaSources(build_py):
 
     def run(self) -> None:
         super().run()
-        target = Path(self.build_lib) / "optimized" / "csrc"
+        target = Path(self.build_lib) / "radixspec" / "optimized" / "csrc"
         target.mkdir(parents=True, exist_ok=True)
         for name in CUDA_SOURCES:
             self.copy_file(str(Path("csrc") / name), str(target / name))
@@ -28,6 +28,6 @@ class BuildPyWithCudaSources(build_py):
 
 setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
-    ext_modules=[Extension("optimized._pyints", ["csrc/pyints.c"], extra_compile_args=["-O2"])],
+    ext_modules=[Extension("radixspec.optimized._pyints", ["csrc/pyints.c"], extra_compile_args=["-O2"])],
     cmdclass={"build_py": BuildPyWithCudaSources},
 )

@@ -1,4 +1,4 @@
-"""``python -m fuzz``: a differential fuzz campaign (see ``fuzz.campaign``)."""
+"""``radixspec fuzz``: a differential fuzz campaign (see ``radixspec.fuzz.campaign``)."""
 
 import sys
 

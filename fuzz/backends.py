@@ -67,7 +67,7 @@ class ProcessBackend:
     def __init__(self, args: argparse.Namespace) -> None:
         # a fork server that imported the machines once: each worker starts in milliseconds, not seconds
         context = get_context("forkserver")
-        context.set_forkserver_preload(["fuzz.batches", "fuzz.machines"])
+        context.set_forkserver_preload(["radixspec.fuzz.batches", "radixspec.fuzz.machines"])
         self.workers: int = args.workers
         self.name = f"{self.workers} worker processes"
         self.notify_queue = context.Queue()

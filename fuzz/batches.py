@@ -19,7 +19,7 @@ from hypothesis.errors import FlakyFailure, FlakyStrategyDefinition, Unsatisfiab
 from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-from . import profiles  # noqa: F401  (registers the settings profiles in worker processes too)
+from . import profiles  # registers the settings profiles in worker processes too
 from .hypothesis_compat import bound_shrinking, seed_machine, set_database_key
 from .stats import STATS, CampaignStats
 
@@ -45,7 +45,7 @@ class BatchSpec:
     deadline: float
     # --db: a directory or redis://host:port/n, or None
     database: str | None = None
-    # a shallow batch: short examples, no big trees (fuzz.profiles.SHALLOW_STEPS; the machine's SHALLOW)
+    # a shallow batch: short examples, no big trees (radixspec.fuzz.profiles.SHALLOW_STEPS; the machine's SHALLOW)
     shallow: bool = False
 
 
@@ -113,7 +113,7 @@ def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
     Stop.deadline = spec.deadline
     machine = machine_class(spec)
     seed_machine(machine, spec.seed)
-    base = settings.get_profile("campaign")
+    base = settings.get_profile(profiles.PREFIX + "campaign")
     database = database_for(spec.database)
     batch_settings = settings(
         base,

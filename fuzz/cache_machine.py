@@ -2,7 +2,7 @@
 
 The machine keeps the spec's state as its model and a ledger of slots (the
 pages it owns, the pages the caches hold). Every call goes to the model and
-to every target (``fuzz.targets.api``: ours, SGLang's, vLLM's, a user's);
+to every target (``radixspec.fuzz.targets.api``: ours, SGLang's, vLLM's, a user's);
 what comes back is checked against the model:
 
 * a match returns exactly the cached length and the slots inserted for that
@@ -40,12 +40,12 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
-from spec import events as ev
-from spec import prefix_cache as pc
-from spec.domains import SLOT_LIMIT, Namespace
-from spec.errors import CacheError, IntegrityError, InvalidTypeError, StaleHandleError, UnlockError
-from spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
-from spec.invariants import check_invariants
+from radixspec.spec import events as ev
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import SLOT_LIMIT, Namespace
+from radixspec.spec.errors import CacheError, IntegrityError, InvalidTypeError, StaleHandleError, UnlockError
+from radixspec.spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
+from radixspec.spec.invariants import check_invariants
 
 from .differential import describe_difference
 from .messages import brief, list_diff
@@ -165,10 +165,10 @@ class HandleSet:
 class CacheMachine(RuleBasedStateMachine):
     """The spec and targets driven by match / insert / lock / unlock / evict / reset, checked as profiled."""
 
-    # what the machine drives (fuzz.machines.machine_for sets these): --impl and --target name them alike
+    # what the machine drives (radixspec.fuzz.machines.machine_for sets these): --impl and --target name them alike
     TARGETS: ClassVar[tuple[TargetInfo, ...]] = tuple(IMPLEMENTATIONS.values())
     LRU: ClassVar[str] = "strict"
-    # a shallow batch (fuzz.machines.machine_for): no big example, long keys cut to SHALLOW_KEY_PAGES pages
+    # a shallow batch (radixspec.fuzz.machines.machine_for): no big example, long keys cut to SHALLOW_KEY_PAGES pages
     SHALLOW: ClassVar[bool] = False
 
     seqs = Bundle("seqs")

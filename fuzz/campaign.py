@@ -1,4 +1,4 @@
-"""``python -m fuzz``: differential state machines for a budget, on every core or a Ray cluster, then a summary.
+"""``radixspec fuzz``: differential state machines for a budget, on every core or a Ray cluster, then a summary.
 
 Batches of examples run with their own seeds (derived from ``--seed``, the
 machine and the batch number, so a run is replayable whatever the worker
@@ -348,7 +348,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m fuzz``; SIGTERM stops the campaign like Ctrl-C (workers included)."""
+    """Entry point of ``radixspec fuzz``; SIGTERM stops the campaign like Ctrl-C (workers included)."""
     signal.signal(signal.SIGTERM, _interrupt)
     return run(parse_args(argv))
 

@@ -1,4 +1,4 @@
-"""The command line of ``python -m fuzz``: its options, their checks, and the exit statuses.
+"""The command line of ``radixspec fuzz``: its options, their checks, and the exit statuses.
 
 Light imports only: a usage error must not wait for torch (the machines, our
 targets and the regression writer import it; a campaign imports them when it
@@ -21,10 +21,10 @@ from .profiles import CAMPAIGN_EXAMPLES, CAMPAIGN_STEPS
 from .targets import TargetError, list_targets, resolve
 from .targets.api import TargetInfo
 
-# our implementations (fuzz.targets.ours.IMPLEMENTATIONS) and the machines (fuzz.machines.MACHINES), by name
+# our implementations (fuzz/targets/ours.py: IMPLEMENTATIONS) and the machines (fuzz/machines.py: MACHINES), by name
 IMPLEMENTATIONS = ("reference", "optimized")
 MACHINE_NAMES = ("cache", "manager", "scheduler", "kv", "hybrid")
-# those of ours with a hybrid twin (fuzz.targets.ours.HYBRID_IMPLEMENTATIONS): the hybrid machine drives them
+# those of ours with a hybrid twin (radixspec.fuzz.targets.ours.HYBRID_IMPLEMENTATIONS): the hybrid machine drives them
 HYBRID_IMPLEMENTATIONS = ("reference", "optimized")
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
@@ -108,7 +108,7 @@ def machines_for(names: Sequence[str], foreign: dict[str, TargetInfo]) -> list[s
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m fuzz",
+        prog="radixspec fuzz",
         description="Differential fuzz campaign: the spec against our implementations or any target.",
         epilog="Exit status: 0 clean, 1 failures found, 2 usage error, 3 the campaign broke.",
         formatter_class=DefaultsShown,

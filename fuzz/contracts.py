@@ -7,7 +7,7 @@ its relation (the guards chose the outcome, a rejected call changed nothing, an 
 what the relation says) and the accounting invariants, the conservation law ``pages_are_partitioned``
 first among them (every page free, held, cached or private to one live request, exactly once).
 ``post: __return__`` asks CrossHair for a program where they do not hold. ``run_manager_program`` takes
-any manager with the differential capability (``fuzz.targets.ours``): the tests run the same programs on the
+any manager with the differential capability (``radixspec.fuzz.targets.ours``): the tests run the same programs on the
 optimized manager.
 
 Op codes: 0-2 admit a request for token sequence k (match_req, lock, its row takes the matched pages; or
@@ -20,7 +20,7 @@ twice (rejected).
 
 Bounds (the small scope): P in {1, 2}; 3 pages of pool (so that 5 calls reach an eviction); 2 rows of 8
 pages; programs of at most 6 calls over the cache contracts' three token sequences
-(``spec.contracts.SEQUENCES``: shared prefixes, partial pages).
+(``radixspec.spec.contracts.SEQUENCES``: shared prefixes, partial pages).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from spec import cache_manager as sm
-from spec.contracts import sequence
-from spec.errors import CacheError
-from spec.requests import Req
+from radixspec.spec import cache_manager as sm
+from radixspec.spec.contracts import sequence
+from radixspec.spec.errors import CacheError
+from radixspec.spec.requests import Req
 
 from .targets.api import ExactManager
 from .targets.ours import ReferenceManager

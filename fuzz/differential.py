@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spec import prefix_cache as pc
-from spec.errors import CacheError
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import CacheError
 
 from .stats import STATS
 

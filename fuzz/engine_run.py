@@ -1,4 +1,4 @@
-"""``python -m fuzz.engine_run``: run an Engine on a synthetic serving workload and print its stats line.
+"""``radixspec engine-run``: run an Engine on a synthetic serving workload and print its stats line.
 
 Requests share a few system prompts and few-shot blocks, then differ in a
 random suffix; some share a namespace (tenant). The run checks every KV
@@ -13,9 +13,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-import optimized
-import reference
-from spec.requests import RequestSpec, SchedulerConfig, StepReport
+from radixspec import optimized, reference
+from radixspec.spec.requests import RequestSpec, SchedulerConfig, StepReport
 
 from .cli import DefaultsShown
 
@@ -69,9 +68,7 @@ def positive_int(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fuzz.engine_run", description=__doc__, formatter_class=DefaultsShown
-    )
+    parser = argparse.ArgumentParser(prog="radixspec engine-run", description=__doc__, formatter_class=DefaultsShown)
     parser.add_argument("--impl", choices=["reference", "optimized"], default="reference", help="which Engine runs")
     parser.add_argument("--requests", type=positive_int, default=1000, help="requests in the workload (all at t=0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")

@@ -1,6 +1,6 @@
-"""``python -m fuzz.exhaustive``: every sequence of cache operations up to a depth, not a sample of them.
+"""``radixspec exhaustive``: every sequence of cache operations up to a depth, not a sample of them.
 
-    python -m fuzz.exhaustive --depth 6 [--page-sizes 1,2] [--machine cache|manager|all] [--workers N] [--out DIR]
+    radixspec exhaustive --depth 6 [--page-sizes 1,2] [--machine cache|manager|all] [--workers N] [--out DIR]
 
 A breadth-first, TLC-style exploration over a small alphabet, per page size
 P: four token sequences with shared prefixes and partial pages (one of them
@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spec import events as ev
-from spec import prefix_cache as pc
-from spec.domains import Namespace
-from spec.helpers import compute_page_to_token
-from spec.invariants import check_invariants
+from radixspec.spec import events as ev
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
+from radixspec.spec.helpers import compute_page_to_token
+from radixspec.spec.invariants import check_invariants
 
 from .differential import apply_all, describe_difference
 from .targets.ours import IMPLEMENTATIONS, OptimizedCache, ReferenceCache, SpecCache
@@ -471,12 +471,12 @@ def write_test(result: Result, out: Path) -> Path:
     ops = ",\n".join(f"        {op!r}" for op in result.counterexample)
     first_line = (result.failure or "").splitlines()[0] if result.failure else ""
     path.write_text(
-        f'''"""A shortest counterexample found by python -m fuzz.exhaustive (P={result.page_size}).
+        f'''"""A shortest counterexample found by radixspec exhaustive (P={result.page_size}).
 
 {first_line}
 """
 
-from fuzz.exhaustive import run_ops
+from radixspec.fuzz.exhaustive import run_ops
 
 
 def test_exhaustive_counterexample() -> None:
@@ -493,7 +493,7 @@ def test_exhaustive_counterexample() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.exhaustive", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="radixspec exhaustive", description=__doc__.split("\n\n")[0])
     parser.add_argument("--depth", type=int, default=6, help="longest operation sequence explored (>= 1)")
     parser.add_argument("--page-sizes", default="1,2", help="comma-separated page sizes (default 1,2)")
     parser.add_argument("--machine", choices=("cache", "manager", "all"), default="all", help="which alphabet(s)")

@@ -26,10 +26,10 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
-from reference.hybrid_manager import HybridCacheManager, HybridReq
-from spec import hybrid as hy
-from spec.domains import Namespace
-from spec.errors import CacheError
+from radixspec.reference.hybrid_manager import HybridCacheManager, HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import CacheError
 
 from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
@@ -64,7 +64,7 @@ def outcome(call: Any) -> tuple[str, Any]:
 class HybridMachine(RuleBasedStateMachine):
     """The spec's hybrid cache and our hybrid trees, and the hybrid manager over each, driven alike."""
 
-    # the implementations beside the spec (fuzz.machines.machine_for sets them from --impl)
+    # the implementations beside the spec (radixspec.fuzz.machines.machine_for sets them from --impl)
     IMPLS: ClassVar[tuple[str, ...]] = tuple(HYBRID_IMPLEMENTATIONS)
 
     seqs = Bundle("hybrid_seqs")

@@ -25,9 +25,9 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from optimized import MHAKVCache, store_cache, store_cache_fast
-from optimized.store import PAIRWISE_MAX
-from spec.errors import (
+from radixspec.optimized import MHAKVCache, store_cache, store_cache_fast
+from radixspec.optimized.store import PAIRWISE_MAX
+from radixspec.spec.errors import (
     CacheError,
     DuplicateSlotError,
     InvalidTypeError,
@@ -95,7 +95,7 @@ class KVStoreMachine(RuleBasedStateMachine):
 
     # the pool lives in optimized/ only; the machine ignores --impl
     IMPLS: ClassVar[tuple[str, ...]] = ("optimized",)
-    # where the pool lives (python -m fuzz --device)
+    # where the pool lives (radixspec fuzz --device)
     DEVICE: ClassVar[str] = "cpu"
 
     def __init__(self) -> None:

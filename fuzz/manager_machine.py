@@ -38,12 +38,12 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
-from spec import cache_manager as sm
-from spec import events as ev
-from spec.domains import Namespace
-from spec.errors import CacheBusyError
-from spec.helpers import div_ceil
-from spec.invariants import (
+from radixspec.spec import cache_manager as sm
+from radixspec.spec import events as ev
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import CacheBusyError
+from radixspec.spec.helpers import div_ceil
+from radixspec.spec.invariants import (
     free_slots_are_aligned_and_unique,
     pages_are_partitioned,
     private_rows_are_page_runs,
@@ -93,7 +93,7 @@ class LiveReq:
 class ManagerMachine(RuleBasedStateMachine):
     """The spec and manager targets driven through the same request lifecycles."""
 
-    # what the machine drives (fuzz.machines.machine_for sets these): --impl and --target name them alike
+    # what the machine drives (radixspec.fuzz.machines.machine_for sets these): --impl and --target name them alike
     TARGETS: ClassVar[tuple[TargetInfo, ...]] = tuple(IMPLEMENTATIONS.values())
     LRU: ClassVar[str] = "strict"
 

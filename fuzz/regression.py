@@ -1,4 +1,4 @@
-"""Failures as runnable regression tests: ``python -m fuzz`` writes one pytest file per failure.
+"""Failures as runnable regression tests: ``radixspec fuzz`` writes one pytest file per failure.
 
 A generated file rebuilds the machine exactly as the campaign ran it
 (``build_machine``) and replays the shrunk program Hypothesis printed, step by
@@ -21,7 +21,7 @@ from .messages import one_line
 
 HEADER = '''"""{title}
 
-Written by python -m fuzz on {date}: machine {machine}, {driven}, batch seed {seed}.
+Written by radixspec fuzz on {date}: machine {machine}, {driven}, batch seed {seed}.
 {error}
 
 Replays the {kind} failing program; run it with python -m pytest {name}
@@ -29,8 +29,8 @@ Replays the {kind} failing program; run it with python -m pytest {name}
 
 import torch  # noqa: F401  (drawn values may name torch dtypes)
 
-from fuzz.regression import build_machine
-from fuzz.sequences import Flavor, Tag  # noqa: F401  (drawn namespaces outside the domain)
+from radixspec.fuzz.regression import build_machine
+from radixspec.fuzz.sequences import Flavor, Tag  # noqa: F401  (drawn namespaces outside the domain)
 
 
 def test_{function}() -> None:

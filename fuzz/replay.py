@@ -1,8 +1,8 @@
-"""``python -m fuzz.replay``: what hit rate would a request trace get with N pages, with this cache?
+"""``radixspec replay``: what hit rate would a request trace get with N pages, with this cache?
 
-    python -m fuzz.replay TRACE --impl all --pool-pages 256,1024,4096 [--page-size 16]
+    radixspec replay TRACE --impl all --pool-pages 256,1024,4096 [--page-size 16]
                           [--target NAME] [--json rows.json] [--plot hit_rate.png]
-    python -m fuzz.replay --generate trace.jsonl --requests 100000 [--seed 0]
+    radixspec replay --generate trace.jsonl --requests 100000 [--seed 0]
 
 Each request of the trace, in order, goes through the cache the way a
 serving engine's cache manager uses it for a prompt: match the prompt, lock
@@ -44,10 +44,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from spec import prefix_cache as pc
-from spec.domains import TOKEN_LIMIT, Namespace, check_namespace
-from spec.errors import CacheError
-from spec.helpers import compute_page_starts, compute_page_to_token
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import TOKEN_LIMIT, Namespace, check_namespace
+from radixspec.spec.errors import CacheError
+from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
 
 Request = tuple[list[int], Namespace]
 IMPLS = ("spec", "reference", "optimized")
@@ -199,8 +199,7 @@ class OurDriver(Driver):
     """The spec, the reference or the optimized cache."""
 
     def __init__(self, impl: str, page_size: int) -> None:
-        import optimized
-        import reference
+        from radixspec import optimized, reference
 
         self.name = impl
         self.page_size = page_size
@@ -438,11 +437,11 @@ def positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.replay", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="radixspec replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", nargs="?", type=Path, help="the trace (JSONL or Mooncake)")
     parser.add_argument("--impl", choices=(*IMPLS, "all"), default=None, help="our implementation(s) (default: all)")
     parser.add_argument(
-        "--target", default=None, help="a target of the target API instead (python -m fuzz --list-targets)"
+        "--target", default=None, help="a target of the target API instead (radixspec fuzz --list-targets)"
     )
     parser.add_argument("--pool-pages", type=pool_sizes, default=[256, 1024, 4096])
     parser.add_argument("--page-size", type=positive, default=16)

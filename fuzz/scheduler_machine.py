@@ -18,14 +18,13 @@ from typing import Any, ClassVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import optimized
-import reference
-from optimized.model import HashModel as OptimizedHashModel
-from reference.model import HashModel as ReferenceHashModel
-from spec import scheduler as laws
-from spec.domains import Namespace
-from spec.errors import CacheError
-from spec.requests import SchedulerConfig
+from radixspec import optimized, reference
+from radixspec.optimized.model import HashModel as OptimizedHashModel
+from radixspec.reference.model import HashModel as ReferenceHashModel
+from radixspec.spec import scheduler as laws
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import CacheError
+from radixspec.spec.requests import SchedulerConfig
 
 from .differential import describe_difference
 from .sequences import bad_namespaces, build_sequence, namespaces, page_sizes

@@ -1,5 +1,5 @@
-"""The compiled C helpers: ``optimized._radix_c``, built by cffi from ``csrc/`` (csrc/build_ffi.py) at
-``pip install``, and the list reader ``optimized._pyints`` (csrc/pyints.c). One loader for the whole package
+"""The compiled C helpers: ``radixspec.optimized._radix_c``, built by cffi from ``csrc/`` (csrc/build_ffi.py) at
+``pip install``, and the list reader ``radixspec.optimized._pyints`` (csrc/pyints.c). One loader for the whole package
 (the radix tree, the compare kernel, the CPU store); the enum constants and structs declared in the headers are
 read from it by name."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from spec.errors import UnavailableError
+from radixspec.spec.errors import UnavailableError
 
 
 @functools.cache
@@ -25,7 +25,7 @@ def load_c() -> tuple[Any, Any]:
 
 @functools.cache
 def load_read_int64() -> Any:
-    """``read_int64`` of the list reader ``optimized._pyints`` (csrc/pyints.c, a CPython extension built by
+    """``read_int64`` of the list reader ``radixspec.optimized._pyints`` (csrc/pyints.c, a CPython extension built by
     ``pip install``); UnavailableError saying how to build it when it is missing."""
     try:
         from ._pyints import read_int64  # type: ignore[import-not-found]

@@ -1,4 +1,4 @@
-"""``python -m optimized.build_cuda``: build the CUDA store kernel now and say what this machine's stores will use.
+"""``python -m radixspec.optimized.build_cuda``: build the CUDA store kernel now; say what the stores here will use.
 
 Prints where the C (CPU) store and the CUDA sources are, whether nvcc and a GPU
 are present, and builds ``store.cu`` when nvcc is there (cached; the first CUDA
@@ -7,7 +7,7 @@ this machine can run works (no GPU is not an error: CUDA stores then have no
 device to run on); 1 when nvcc is present but the build fails, or a GPU is
 present and its stores cannot use the kernel.
 
-The stores themselves live in ``optimized.store``; this module is a command,
+The stores themselves live in ``radixspec.optimized.store``; this module is a command,
 not imported by the package (so ``python -m`` runs it without a warning).
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from spec.errors import UnavailableError
+from radixspec.spec.errors import UnavailableError
 
 from ._c import load_c
 from .store import build_store_library, cuda_sources, find_nvcc, has_cuda_kernel
@@ -30,7 +30,7 @@ def report(force: bool) -> tuple[list[str], int]:
     lines = []
     try:
         load_c()
-        lines.append("CPU store:    C (optimized._radix_c) loaded")
+        lines.append("CPU store:    C (radixspec.optimized._radix_c) loaded")
     except UnavailableError as exc:
         lines.append(f"CPU store:    UNAVAILABLE: {exc}")
         return lines, 1
@@ -70,7 +70,7 @@ def report(force: bool) -> tuple[list[str], int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optimized.build_cuda", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m radixspec.optimized.build_cuda", description=__doc__)
     parser.add_argument("--force", action="store_true", help="rebuild the CUDA library even if cached")
     args = parser.parse_args(argv)
     lines, status = report(args.force)

@@ -1,4 +1,4 @@
-"""The CacheManager on device tensors. Twin of ``reference.cache_manager``.
+"""The CacheManager on device tensors. Twin of ``radixspec.reference.cache_manager``.
 
 Optimized for speed rather than clarity: the free list is a device tensor
 of page starts, the page table a device tensor ``[max_running_reqs,
@@ -15,16 +15,16 @@ from typing import Any
 
 import torch
 
-from spec import cache_manager as spec_manager
-from spec.domains import check_page_size
-from spec.errors import (
+from radixspec.spec import cache_manager as spec_manager
+from radixspec.spec.domains import check_page_size
+from radixspec.spec.errors import (
     CacheBusyError,
     InvalidRequestError,
     InvalidSizeError,
     InvalidTypeError,
 )
-from spec.helpers import div_ceil
-from spec.requests import Prompted, Req
+from radixspec.spec.helpers import div_ceil
+from radixspec.spec.requests import Prompted, Req
 
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache

@@ -2,7 +2,7 @@
 
 Each header in ``csrc/`` marks its declarations with ``/* cdef-begin */`` and
 ``/* cdef-end */``; ``read_cdef`` returns what lies between. ``csrc/build_ffi.py``
-(API mode, at install) and ``optimized.store`` (ABI mode: the status codes of
+(API mode, at install) and ``radixspec.optimized.store`` (ABI mode: the status codes of
 the stores, and the CUDA library) both call it, so a signature cannot drift
 between C and Python.
 Stdlib only: the build script loads this file without importing the package.

@@ -1,4 +1,4 @@
-"""``Engine`` on tensors. Twin of ``reference.engine.Engine``."""
+"""``Engine`` on tensors. Twin of ``radixspec.reference.engine.Engine``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec.metrics import CacheStats, stats_of
-from spec.requests import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
+from radixspec.spec.metrics import CacheStats, stats_of
+from radixspec.spec.requests import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
 
 from .model import HashModel
 from .scheduler import Scheduler
@@ -16,7 +16,7 @@ from .scheduler import Scheduler
 
 @dataclass
 class EngineResult:
-    """What a run produced. Twin of ``reference.engine.EngineResult``."""
+    """What a run produced. Twin of ``radixspec.reference.engine.EngineResult``."""
 
     outputs: dict[int, list[int]]
     stats: SchedulerStats

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from spec import hybrid as hy
-from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace, check_page_size
-from spec.errors import (
+from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace, check_namespace, check_page_size
+from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     IntegrityError,
@@ -31,9 +31,9 @@ from spec.errors import (
     StaleHandleError,
     UnlockError,
 )
-from spec.helpers import compute_page_to_token, div_ceil
-from spec.prefix_cache import check_evict_size
-from spec.types import SizeInfo
+from radixspec.spec.helpers import compute_page_to_token, div_ceil
+from radixspec.spec.prefix_cache import check_evict_size
+from radixspec.spec.types import SizeInfo
 
 from ._c import load_c
 from .inputs import as_tokens

@@ -1,7 +1,7 @@
 """Input checks of the optimized implementation: token ids and slot indices as tensors.
 
 Token ids and slots come as 1-D int32/int64 CPU tensors, numpy arrays, ``array('q')`` (any
-buffer of native int32/int64), lists or tuples of ints. Twins of ``spec.domains.check_token_ids`` /
+buffer of native int32/int64), lists or tuples of ints. Twins of ``radixspec.spec.domains.check_token_ids`` /
 ``check_slot_indices`` and of the spec's devices: the same errors for the same bad input (InvalidTypeError for a
 wrong type, InvalidInputError for a token outside ``[0, 2**63)``,
 SlotOutOfRangeError for a slot outside ``[0, 2**31)``), checked on the whole
@@ -14,8 +14,21 @@ from collections.abc import Sequence
 
 import torch
 
-from spec.domains import SLOT_LIMIT, TOKEN_LIMIT, Namespace, check_namespace, check_slot_indices, check_token_ids
-from spec.errors import InvalidInputError, InvalidTypeError, LengthMismatchError, SlotOutOfRangeError, UnavailableError
+from radixspec.spec.domains import (
+    SLOT_LIMIT,
+    TOKEN_LIMIT,
+    Namespace,
+    check_namespace,
+    check_slot_indices,
+    check_token_ids,
+)
+from radixspec.spec.errors import (
+    InvalidInputError,
+    InvalidTypeError,
+    LengthMismatchError,
+    SlotOutOfRangeError,
+    UnavailableError,
+)
 
 from .radix_kernel import first_outside
 

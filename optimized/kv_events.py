@@ -9,7 +9,7 @@ array), each event a map tagged by its class name: ``BlockStored``
 written from that format (field names, order, tags); the tests decode what
 they encode with vLLM's own classes when the wheel is installed.
 
-A page of ours is one block: its hash is ``spec.events``' page hash (a
+A page of ours is one block: its hash is ``radixspec.spec.events``' page hash (a
 64-bit int, stable across node splits), a namespace other than None is
 published as the block's extra key (``repr(namespace)``). Consecutive stores
 of one path become one ``BlockStored``, consecutive removals one
@@ -30,9 +30,9 @@ from typing import Any
 
 import msgspec
 
-from spec import events as ev
-from spec.domains import Namespace
-from spec.errors import InvalidTypeError
+from radixspec.spec import events as ev
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import InvalidTypeError
 
 MEDIUM_GPU = "GPU"
 
@@ -139,7 +139,7 @@ def from_wire(events: Sequence[Any], namespaces: dict[tuple[Any, ...] | None, Na
     """vLLM-format events (ours or vLLM's own classes) back into the spec's, page by page.
 
     ``namespaces`` maps an extra key back to its namespace (None for none); slots are not on the
-    wire, so a stored page's slot is ``spec.events.UNKNOWN_SLOT``.
+    wire, so a stored page's slot is ``radixspec.spec.events.UNKNOWN_SLOT``.
     """
     return ev.from_block_events(events, lambda extra: namespaces[None if extra is None else tuple(extra)])
 

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from spec.errors import InvalidInputError, InvalidSizeError, InvalidTypeError, LengthMismatchError, SlotOutOfRangeError
+from radixspec.spec.errors import (
+    InvalidInputError,
+    InvalidSizeError,
+    InvalidTypeError,
+    LengthMismatchError,
+    SlotOutOfRangeError,
+)
 
 from .inputs import device_of
 from .store import FLAG_OUT_OF_RANGE, store_cache, store_cache_fast

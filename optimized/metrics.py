@@ -1,9 +1,9 @@
 """Prometheus exposition of a cache's metrics (spec/metrics.py), read at scrape time: nothing on the hot path.
 
     from prometheus_client import start_http_server
-    from optimized.metrics import register_cache_metrics
+    from radixspec.optimized.metrics import register_cache_metrics
 
-    register_cache_metrics(cache)          # cache: any object with stats() -> spec.metrics.CacheStats
+    register_cache_metrics(cache)          # cache: any object with stats() -> radixspec.spec.metrics.CacheStats
     start_http_server(9400)
 
 Counters are per namespace (label ``namespace``: its ``repr``); the mean
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
-from spec.metrics import CacheStats, NamespaceStats
+from radixspec.spec.metrics import CacheStats, NamespaceStats
 
 HELP = {
     "match_requests": "match_prefix calls",

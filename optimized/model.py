@@ -1,6 +1,6 @@
-"""``HashModel`` on the paged KV pool, a whole batch at a time. Twin of ``reference.model.HashModel``.
+"""``HashModel`` on the paged KV pool, a whole batch at a time. Twin of ``radixspec.reference.model.HashModel``.
 
-The K/V words and next tokens are ``spec.hashing``'s (so both models agree
+The K/V words and next tokens are ``radixspec.spec.hashing``'s (so both models agree
 token for token); optimized for speed rather than clarity:
 
 * each request's prefix hashes are kept between forwards and extended by its
@@ -17,9 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from spec.errors import IntegrityError, KVCorruptionError
-from spec.hashing import WORD_BITS, WORD_MASK, compute_namespace_seed, compute_next_token, extend_prefix_hashes, mix64
-from spec.requests import Batch, Req
+from radixspec.spec.errors import IntegrityError, KVCorruptionError
+from radixspec.spec.hashing import (
+    WORD_BITS,
+    WORD_MASK,
+    compute_namespace_seed,
+    compute_next_token,
+    extend_prefix_hashes,
+    mix64,
+)
+from radixspec.spec.requests import Batch, Req
 
 from .kv_pool import MHAKVCache
 
@@ -34,7 +41,7 @@ def as_signed(value: int) -> int:
 
 
 def mix64_tensor(x: torch.Tensor) -> torch.Tensor:
-    """``spec.hashing.mix64`` on every element of an int64 tensor (bits as unsigned, shifts logical)."""
+    """``radixspec.spec.hashing.mix64`` on every element of an int64 tensor (bits as unsigned, shifts logical)."""
     x = (x ^ ((x >> 30) & ((1 << 34) - 1))) * _C1
     x = (x ^ ((x >> 27) & ((1 << 37) - 1))) * _C2
     return x ^ ((x >> 31) & ((1 << 33) - 1))

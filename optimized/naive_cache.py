@@ -1,4 +1,4 @@
-"""A prefix cache that shares nothing, on tensors. Twin of ``reference.naive_cache``: the reference's class
+"""A prefix cache that shares nothing, on tensors. Twin of ``radixspec.reference.naive_cache``: the reference's class
 with tensors in and out (its handles, locks, sizes, integrity and abstract state are the reference's own)."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import torch
 
-from reference.naive_cache import NaiveCacheHandle as _ReferenceHandle
-from reference.naive_cache import NaivePrefixCache as _ReferencePrefixCache
-from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace
-from spec.errors import DuplicateSlotError, MisalignedPageError
-from spec.helpers import align_down
-from spec.types import InsertResult
+from radixspec.reference.naive_cache import NaiveCacheHandle as _ReferenceHandle
+from radixspec.reference.naive_cache import NaivePrefixCache as _ReferencePrefixCache
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace, check_namespace
+from radixspec.spec.errors import DuplicateSlotError, MisalignedPageError
+from radixspec.spec.helpers import align_down
+from radixspec.spec.types import InsertResult
 
 from .inputs import as_insert_args, as_tokens, device_of
 from .radix_kernel import first_bad_page

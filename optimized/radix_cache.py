@@ -1,4 +1,4 @@
-"""The radix tree prefix cache, its tree in C. Twin of ``reference.radix_cache``.
+"""The radix tree prefix cache, its tree in C. Twin of ``radixspec.reference.radix_cache``.
 
 Optimized for speed rather than clarity: the nodes, their children maps,
 keys, slots, ref counts and the LRU order of evictable leaves live in C
@@ -22,10 +22,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
-from spec import events as ev
-from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace, check_page_size
-from spec.errors import (
+from radixspec.spec import events as ev
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace, check_namespace, check_page_size
+from radixspec.spec.errors import (
     CacheBusyError,
     CacheError,
     DuplicateSlotError,
@@ -40,9 +40,9 @@ from spec.errors import (
     UnavailableError,
     UnlockError,
 )
-from spec.invariants import check_invariants
-from spec.metrics import CacheStats, StatsCounter
-from spec.types import InsertResult, SizeInfo
+from radixspec.spec.invariants import check_invariants
+from radixspec.spec.metrics import CacheStats, StatsCounter
+from radixspec.spec.types import InsertResult, SizeInfo
 
 from ._c import load_c, load_read_int64
 from .inputs import as_insert_args, as_slots, as_tokens, device_of, int_view
@@ -468,7 +468,7 @@ class RadixPrefixCache(ev.EmitsEvents):
         """Token ids for C: a pointer, their count, their width in bytes (8: int64, 4: int32), and the object
         that owns the buffer (which also gives the values for messages and events).
 
-        Twin of ``spec.domains.check_token_ids``. Read in place: a 1-D contiguous int32/int64 CPU tensor and a
+        Twin of ``radixspec.spec.domains.check_token_ids``. Read in place: a 1-D contiguous int32/int64 CPU tensor and a
         buffer of native int32/int64 (numpy, ``array('q')``); their range (no negative id) is checked in C by the
         call that reads them, which widens int32. A list or tuple of ints is copied once into an ``array('q')``;
         anything else is converted and checked here.
@@ -486,7 +486,7 @@ class RadixPrefixCache(ev.EmitsEvents):
     def _slots(self, indices: object) -> tuple[Any, int, int, Any]:
         """Slot indices for C, on the host: a pointer, their count, their width in bytes, and their owner.
 
-        Twin of ``spec.domains.check_slot_indices``. Read in place: a 1-D contiguous int32/int64 tensor on the
+        Twin of ``radixspec.spec.domains.check_slot_indices``. Read in place: a 1-D contiguous int32/int64 tensor on the
         cache's CPU device and a buffer of native int32/int64; C checks their range ([0, 2**31)) and narrows
         int64. A list or tuple of exact ints is read in one C pass into a buffer the cache keeps; a tensor on
         the cache's GPU is copied to the host once; anything else is converted and checked here.
@@ -640,7 +640,7 @@ def _values(owner: Any, start: int, end: int) -> list[int]:
 
 
 class _ListRoom:
-    """An int64 buffer that lists of ints are read into (``optimized._pyints.read_int64``) for one C call."""
+    """An int64 buffer that lists of ints are read into (``radixspec.optimized._pyints.read_int64``) for one C call."""
 
     __slots__ = ("address", "buffer", "capacity", "pointer")
 

@@ -1,6 +1,6 @@
 """``fast_compare_key``: the common prefix length of two token arrays, in C (csrc/radix.c via cffi).
 
-Twin of ``spec.helpers.compute_match_len``. The wrapper validates (1-D,
+Twin of ``radixspec.spec.helpers.compute_match_len``. The wrapper validates (1-D,
 contiguous, CPU, same integer dtype int32/int64) and raises InvalidTypeError
 otherwise; the C side checks its own arguments and returns -1 if invalid.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from spec.errors import InvalidTypeError
+from radixspec.spec.errors import InvalidTypeError
 
 from ._c import load_c
 

@@ -1,9 +1,9 @@
-"""The scheduler on tensors. Twin of ``reference.scheduler``: the same core, tensors prepared here.
+"""The scheduler on tensors. Twin of ``radixspec.reference.scheduler``: the same core, tensors prepared here.
 
 The host-side logic (queues, admission, chunking, aborts, overlap
 bookkeeping) is ``reference.Scheduler``'s and exists once: this class
 inherits it. What differs is what touches tensors: the page table and token
-pool are device tensors (``optimized.table``: a row is written with one
+pool are device tensors (``radixspec.optimized.table``: a row is written with one
 copy, the sampled tokens with one scatter), and a batch's positions, token
 ids and slots come from a few tensor ops over them (``_prepare_batch``).
 """
@@ -14,8 +14,8 @@ from typing import Protocol
 
 import torch
 
-from reference.scheduler import Scheduler as _Core
-from spec.requests import Batch, SchedulerConfig
+from radixspec.reference.scheduler import Scheduler as _Core
+from radixspec.spec.requests import Batch, SchedulerConfig
 
 from .cache_manager import CacheManager, make_page_table
 from .table import TableManager

@@ -16,7 +16,7 @@ Two modes, two functions:
   CPU). Finding such a bug is what the checked mode is for.
 
 CPU: csrc/store.c through the cffi module. CUDA: csrc/store.cu, built by nvcc
-into a shared library (``python -m optimized.build_cuda`` builds it; the first
+into a shared library (``python -m radixspec.optimized.build_cuda`` builds it; the first
 CUDA store builds it too, cached under ``$RADIXSPEC_CACHE`` or
 ``~/.cache/radixspec``) and loaded with cffi's ABI mode; launched on torch's
 current stream of the caches' device. Without nvcc or a GPU, CUDA tensors
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 from cffi import FFI
 
-from spec.errors import (
+from radixspec.spec.errors import (
     DuplicateSlotError,
     InvalidSizeError,
     InvalidTypeError,

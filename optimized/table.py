@@ -1,4 +1,4 @@
-"""Request slots on device tensors. Twin of ``reference.table``: the same rows; writes are tensor copies."""
+"""Request slots on device tensors. Twin of ``radixspec.reference.table``: the same rows; writes are tensor copies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from spec.errors import InvalidRequestError
+from radixspec.spec.errors import InvalidRequestError
 
 
 class TableManager:

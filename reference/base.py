@@ -5,9 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from spec import prefix_cache as pc
-from spec.domains import Namespace
-from spec.types import InsertResult, SizeInfo
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
+from radixspec.spec.types import InsertResult, SizeInfo
 
 
 class BaseCacheHandle(ABC):

@@ -10,11 +10,11 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from spec import cache_manager as spec_manager
-from spec.domains import check_page_size
-from spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError
-from spec.helpers import compute_page_starts, compute_page_to_token
-from spec.requests import Prompted, Req
+from radixspec.spec import cache_manager as spec_manager
+from radixspec.spec.domains import check_page_size
+from radixspec.spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError
+from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
+from radixspec.spec.requests import Prompted, Req
 
 from .base import BaseCacheHandle, BasePrefixCache
 from .naive_cache import NaivePrefixCache

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spec.helpers import compute_pages_to_finish
-from spec.requests import Batch, Req
+from radixspec.spec.helpers import compute_pages_to_finish
+from radixspec.spec.requests import Batch, Req
 
 
 class DecodeManager:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from spec.metrics import CacheStats, stats_of
-from spec.requests import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
+from radixspec.spec.metrics import CacheStats, stats_of
+from radixspec.spec.requests import RequestSpec, SchedulerConfig, SchedulerStats, StepReport
 
 from .model import HashModel
 from .scheduler import Scheduler

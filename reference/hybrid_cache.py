@@ -17,10 +17,10 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from spec import hybrid as hy
-from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace, check_page_size, check_token_ids
-from spec.errors import (
+from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_token_ids
+from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     IntegrityError,
@@ -30,9 +30,9 @@ from spec.errors import (
     StaleHandleError,
     UnlockError,
 )
-from spec.helpers import compute_page_to_token, div_ceil
-from spec.prefix_cache import check_evict_size
-from spec.types import SizeInfo
+from radixspec.spec.helpers import compute_page_to_token, div_ceil
+from radixspec.spec.prefix_cache import check_evict_size
+from radixspec.spec.types import SizeInfo
 
 
 @dataclass

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spec import hybrid as hy
-from spec.domains import Namespace, check_namespace, check_token_ids
-from spec.errors import InvalidRequestError, OutOfPagesError
-from spec.helpers import compute_page_to_token, div_ceil
-from spec.invariants import pages_are_partitioned, raise_first
-from spec.types import SizeInfo
+from radixspec.spec import hybrid as hy
+from radixspec.spec.domains import Namespace, check_namespace, check_token_ids
+from radixspec.spec.errors import InvalidRequestError, OutOfPagesError
+from radixspec.spec.helpers import compute_page_to_token, div_ceil
+from radixspec.spec.invariants import pages_are_partitioned, raise_first
+from radixspec.spec.types import SizeInfo
 
 
 class HybridCache(Protocol):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from spec.errors import IntegrityError, KVCorruptionError
-from spec.hashing import compute_kv_words, compute_next_token, compute_prefix_hashes
-from spec.requests import Batch
+from radixspec.spec.errors import IntegrityError, KVCorruptionError
+from radixspec.spec.hashing import compute_kv_words, compute_next_token, compute_prefix_hashes
+from radixspec.spec.requests import Batch
 
 
 class Model(Protocol):

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
-from spec.errors import (
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from radixspec.spec.errors import (
     DuplicateSlotError,
     IntegrityError,
     InvalidTypeError,
     LengthMismatchError,
     MisalignedPageError,
 )
-from spec.helpers import align_down, is_page_run
-from spec.types import InsertResult, SizeInfo
+from radixspec.spec.helpers import align_down, is_page_run
+from radixspec.spec.types import InsertResult, SizeInfo
 
 from .base import BaseCacheHandle, BasePrefixCache
 

@@ -1,7 +1,7 @@
 """Admission and chunked prefill (the seed's ``scheduler/prefill.py``): FCFS under a token budget.
 
 Shared by both schedulers: rows are written through the table manager
-(lists here, one tensor copy each in ``optimized.table``).
+(lists here, one tensor copy each in ``radixspec.optimized.table``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from spec.helpers import compute_pages_to_finish
-from spec.requests import Batch, ChunkedReq, PendingReq, Req
+from radixspec.spec.helpers import compute_pages_to_finish
+from radixspec.spec.requests import Batch, ChunkedReq, PendingReq, Req
 
 from .base import BaseCacheHandle
 from .decode import DecodeManager
@@ -29,7 +29,7 @@ class CacheManager(Protocol):
 
 
 class TableManager(Protocol):
-    """What admission needs of a table manager (``reference.table`` or ``optimized.table``)."""
+    """What admission needs of a table manager (``radixspec.reference.table`` or ``radixspec.optimized.table``)."""
 
     @property
     def available_size(self) -> int: ...

@@ -11,10 +11,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterator, Sequence
 
-from spec import events as ev
-from spec import prefix_cache as pc
-from spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
-from spec.errors import (
+from radixspec.spec import events as ev
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     IntegrityError,
@@ -24,10 +24,10 @@ from spec.errors import (
     StaleHandleError,
     UnlockError,
 )
-from spec.helpers import align_down, compute_match_len, div_ceil, is_page_run
-from spec.invariants import check_invariants
-from spec.metrics import CacheStats, StatsCounter
-from spec.types import InsertResult, SizeInfo
+from radixspec.spec.helpers import align_down, compute_match_len, div_ceil, is_page_run
+from radixspec.spec.invariants import check_invariants
+from radixspec.spec.metrics import CacheStats, StatsCounter
+from radixspec.spec.types import InsertResult, SizeInfo
 
 from .base import BaseCacheHandle, BasePrefixCache
 

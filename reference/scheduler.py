@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from spec.domains import Namespace
-from spec.errors import IntegrityError, InvalidRequestError
-from spec.requests import (
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import IntegrityError, InvalidRequestError
+from radixspec.spec.requests import (
     Batch,
     ChunkedReq,
     PendingReq,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spec.errors import InvalidRequestError
+from radixspec.spec.errors import InvalidRequestError
 
 
 class TableManager:

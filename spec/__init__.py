@@ -1,8 +1,8 @@
 """radixspec's executable specification: the prefix cache and page accounting as abstract models.
 
-stdlib only. ``spec.prefix_cache`` holds the cache as a dict of pages
-keyed by token prefix; ``spec.cache_manager`` the page accounting around
-it; ``spec.invariants`` the named invariants; ``spec.errors`` the error
+stdlib only. ``radixspec.spec.prefix_cache`` holds the cache as a dict of pages
+keyed by token prefix; ``radixspec.spec.cache_manager`` the page accounting around
+it; ``radixspec.spec.invariants`` the named invariants; ``radixspec.spec.errors`` the error
 tree every implementation raises.
 """
 

@@ -3,7 +3,7 @@
 The state, seen as sets of pages (page starts):
 
 * **free**: on the free list; **held**: freed inside a lazy free region, joining the free list when it closes;
-* **cached**: held by the prefix cache (its abstract state; ``spec.prefix_cache`` says how the cache behaves);
+* **cached**: held by the prefix cache (its abstract state; ``radixspec.spec.prefix_cache`` says how the cache behaves);
 * **private**: per live request, the pages of its row past its locked path.
 
 Every page is in exactly one of them (``pages_are_partitioned``, the conservation law).

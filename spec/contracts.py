@@ -12,7 +12,7 @@ reset empties the cache unless a path is locked.
 
 Bounds (the small scope): P in {1, 2}; programs of at most 5 operations over
 three token sequences that share prefixes and end in partial pages; sizes in
-[-1, 12]. ``python -m fuzz.exhaustive`` covers the same alphabet exhaustively
+[-1, 12]. ``radixspec exhaustive`` covers the same alphabet exhaustively
 to depth 6; CrossHair covers the arguments symbolically within these bounds.
 """
 

@@ -237,7 +237,7 @@ def parent_length(replayer: Replayer, event: PageStored) -> int:
 
 
 def from_block_events(events: Iterable[Any], namespace_of: Callable[[Any], Namespace]) -> list[Event]:
-    """Block events in vLLM's vocabulary (vLLM's own classes, SGLang's, or ``optimized.kv_events``') as the
+    """Block events in vLLM's vocabulary (vLLM's own classes, SGLang's, or ``radixspec.optimized.kv_events``') as the
     spec's, page by page: a ``BlockStored`` of n blocks is n PageStored, each chained to the one before.
 
     ``namespace_of(extra_key)`` names the namespace of a stored block from its extra key (None when the

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from fuzz.profiles import load_from_env
+from radixspec.fuzz.profiles import load_from_env
 
 set_hypothesis_home_dir(tempfile.mkdtemp(prefix="radixspec-hypothesis-"))
 load_from_env()

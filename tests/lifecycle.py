@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reference import CacheManager, make_page_table
-from spec.domains import Namespace
-from spec.requests import Req
+from radixspec.reference import CacheManager, make_page_table
+from radixspec.spec.domains import Namespace
+from radixspec.spec.requests import Req
 
 
 def new_manager(

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-import optimized
-import reference
-from spec.errors import InvalidTypeError, MisalignedPageError
+from radixspec import optimized, reference
+from radixspec.spec.errors import InvalidTypeError, MisalignedPageError
 
 TREES = [reference.RadixPrefixCache, optimized.RadixPrefixCache]
 

@@ -65,7 +65,17 @@ def target_examples() -> list[tuple[str, str]]:
 
 def run_fuzz(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    command = [sys.executable, "-m", "fuzz", "--workers", "0", "--quiet", "--out", str(tmp_path / "out"), *args]
+    command = [
+        sys.executable,
+        "-m",
+        "radixspec.fuzz",
+        "--workers",
+        "0",
+        "--quiet",
+        "--out",
+        str(tmp_path / "out"),
+        *args,
+    ]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 

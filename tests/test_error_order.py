@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-import optimized
-import reference
-from spec import prefix_cache as pc
-from spec.errors import (
+from radixspec import optimized, reference
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import (
     DuplicateSlotError,
     EvictionError,
     InvalidInputError,

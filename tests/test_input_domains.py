@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-import optimized
-import reference
-from spec import prefix_cache as pc
-from spec.domains import check_namespace
-from spec.errors import InvalidInputError, InvalidTypeError, SlotOutOfRangeError
-from spec.requests import RequestSpec, SchedulerConfig
+from radixspec import optimized, reference
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import check_namespace
+from radixspec.spec.errors import InvalidInputError, InvalidTypeError, SlotOutOfRangeError
+from radixspec.spec.requests import RequestSpec, SchedulerConfig
 
 
 class Flavor(IntEnum):

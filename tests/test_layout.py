@@ -2,10 +2,9 @@
 
 import inspect
 
-import optimized
-import reference
-from spec import cache_manager as spec_manager
-from spec import prefix_cache as spec_cache
+from radixspec import optimized, reference
+from radixspec.spec import cache_manager as spec_manager
+from radixspec.spec import prefix_cache as spec_cache
 
 CACHE_OPERATIONS = ["match_prefix", "insert_prefix", "lock", "unlock", "evict", "reset", "size_info"]
 MANAGER_OPERATIONS = [

@@ -1,7 +1,7 @@
 """The seed chapter's five review questions (section 6.2), each answered by an executable test."""
 
-from reference import RadixPrefixCache
-from spec.requests import Req
+from radixspec.reference import RadixPrefixCache
+from radixspec.spec.requests import Req
 from tests.lifecycle import admit, new_manager, prefill
 
 

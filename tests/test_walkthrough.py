@@ -7,8 +7,8 @@ the mapping (tree, page table) and on the physical KV (the pool) checked.
 
 import torch
 
-from optimized import CacheManager, MHAKVCache, make_page_table
-from spec.requests import Req
+from radixspec.optimized import CacheManager, MHAKVCache, make_page_table
+from radixspec.spec.requests import Req
 
 P = 4
 SYSTEM = [101, 102, 103, 104, 105, 106, 107, 108]  # two pages of shared system prompt

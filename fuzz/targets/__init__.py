@@ -3,7 +3,7 @@
 ``--target NAME`` names one of three kinds:
 
 * a built-in: ``reference``, ``optimized`` (ours), ``sglang``, ``vllm``
-  (released wheels, ``python -m fuzz.targets install sglang vllm``),
+  (released wheels, ``radixspec targets install sglang vllm``),
   ``minisgl:PATH`` (a mini-sglang source checkout);
 * ``module:attribute``: an importable ``TargetInfo``, or a callable
   ``factory(page_size, num_pages) -> PrefixCacheTarget``;
@@ -169,7 +169,7 @@ def check_methods(info: TargetInfo) -> None:
 
 
 def list_targets() -> list[str]:
-    """Lines of ``python -m fuzz --list-targets``: every target, what it checks, what it needs, whether it is ready."""
+    """Lines of ``radixspec fuzz --list-targets``: every target, what it checks, what it needs, whether it is ready."""
     lines = []
     entries: list[tuple[str, TargetInfo | None, str]] = []
     for name, make in builtin_targets().items():

@@ -1,7 +1,7 @@
-"""``python -m fuzz.targets``: install the peers' released caches, list the targets.
+"""``radixspec targets``: install the peers' released caches, list the targets.
 
-    python -m fuzz.targets install sglang vllm    # released wheels, without their dependency trees
-    python -m fuzz.targets list                   # what python -m fuzz --list-targets prints
+    radixspec targets install sglang vllm    # released wheels, without their dependency trees
+    radixspec targets list                   # what radixspec fuzz --list-targets prints
 
 ``install`` runs pip in the current environment: ``pip install --no-deps`` of
 the pinned release, plus the few light packages the cache itself imports,
@@ -42,7 +42,7 @@ def install(names: Sequence[str]) -> int:
         else:
             try:
                 resolve(name)
-                print(f"{name}: ready (python -m fuzz --target {name} --minutes 1)")
+                print(f"{name}: ready (radixspec fuzz --target {name} --minutes 1)")
             except TargetError as exc:
                 print(f"{name}: installed but not usable: {exc}", file=sys.stderr)
                 status = 1
@@ -50,7 +50,7 @@ def install(names: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.targets", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="radixspec targets", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     install_parser = commands.add_parser("install", help="install released peer caches without their dependencies")
     install_parser.add_argument("names", nargs="+", choices=sorted(PACKAGES), metavar="NAME", help=", ".join(PACKAGES))

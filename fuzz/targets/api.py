@@ -2,12 +2,12 @@
 
 A *target* wraps someone else's cache behind a small Protocol and declares a
 ``Profile``: what it promises exactly as the spec says, and where it
-legitimately differs. The machines (``fuzz.cache_machine``,
-``fuzz.manager_machine``) then check the spec's exact semantics where the
+legitimately differs. The machines (``radixspec.fuzz.cache_machine``,
+``radixspec.fuzz.manager_machine``) then check the spec's exact semantics where the
 profile promises them and universal properties everywhere (docs/targets.md
 has the whole contract).
 
-Our own caches and managers are targets too (``fuzz.targets.ours``, the exact
+Our own caches and managers are targets too (``radixspec.fuzz.targets.ours``, the exact
 profile). What the three-way differential needs beyond a target (the
 abstract state, a fingerprint, the KV events, the integrity check) is the
 optional capability ``ExactCache`` / ``ExactManager`` of the same protocol:
@@ -26,11 +26,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from spec import cache_manager as sm
-from spec import prefix_cache as pc
-from spec.domains import Namespace
-from spec.events import Event
-from spec.prefix_cache import PageKey, Prefix, page_key
+from radixspec.spec import cache_manager as sm
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
+from radixspec.spec.events import Event
+from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
 
 # a target's handle type, and its request type (a manager's)
 H = TypeVar("H")
@@ -248,7 +248,7 @@ class ExactManager(CacheManagerTarget[R, H], Protocol[R, H]):
 
 @dataclass(frozen=True)
 class TargetInfo:
-    """How to make a target, and what it needs: one entry of ``python -m fuzz --list-targets``."""
+    """How to make a target, and what it needs: one entry of ``radixspec fuzz --list-targets``."""
 
     # the name --target takes
     name: str

@@ -4,7 +4,7 @@ mini-sglang is not on PyPI. Get it with::
 
     git clone https://github.com/sgl-project/mini-sglang
     git -C mini-sglang checkout 20fcd7f     # the commit the findings in docs/findings.md refer to
-    python -m fuzz --target minisgl:mini-sglang --minutes 1
+    radixspec fuzz --target minisgl:mini-sglang --minutes 1
 
 PATH is the checkout (holding ``python/minisgl``) or its ``python`` folder.
 Nothing is installed: bare packages point at the checkout, and only what
@@ -31,8 +31,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from spec import prefix_cache as pc
-from spec.domains import Namespace
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
 from .shims import LogicalClock, bare

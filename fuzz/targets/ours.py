@@ -2,7 +2,7 @@
 
 The spec, the reference and the optimized implementations are reached by the
 machines through the same protocol as SGLang's or vLLM's caches
-(``fuzz.targets.api``). Each also offers ``ExactCache`` / ``ExactManager``:
+(``radixspec.fuzz.targets.api``). Each also offers ``ExactCache`` / ``ExactManager``:
 its abstract state, a fingerprint, its KV events and its integrity check, so
 the machines compare it with the spec state for state.
 
@@ -20,22 +20,21 @@ from typing import Any, Generic, TypeAlias, TypeVar
 import numpy
 import torch
 
-import optimized
-import reference
-from optimized._c import load_c
-from optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
-from optimized.radix_cache import RadixCacheHandle as OptimizedHandle
-from reference.hybrid_cache import HybridRadixCache
-from reference.radix_cache import RadixCacheHandle
-from spec import cache_manager as sm
-from spec import hybrid as hy
-from spec import prefix_cache as pc
-from spec.domains import Namespace
-from spec.events import Event
-from spec.invariants import check_invariants
-from spec.metrics import CacheStats
-from spec.requests import Req
-from spec.types import SizeInfo
+from radixspec import optimized, reference
+from radixspec.optimized._c import load_c
+from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
+from radixspec.optimized.radix_cache import RadixCacheHandle as OptimizedHandle
+from radixspec.reference.hybrid_cache import HybridRadixCache
+from radixspec.reference.radix_cache import RadixCacheHandle
+from radixspec.spec import cache_manager as sm
+from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
+from radixspec.spec.events import Event
+from radixspec.spec.invariants import check_invariants
+from radixspec.spec.metrics import CacheStats
+from radixspec.spec.requests import Req
+from radixspec.spec.types import SizeInfo
 
 from .api import EXACT, PageKey, Profile, TargetInfo
 
@@ -305,7 +304,7 @@ Handle: TypeAlias = RadixCacheHandle | OptimizedHandle
 class OurManager:
     """One of our CacheManagers as a target with the exact profile and the differential capability.
 
-    Requests are ``spec.requests.Req``; the optimized manager's keep token ids as a CPU tensor.
+    Requests are ``radixspec.spec.requests.Req``; the optimized manager's keep token ids as a CPU tensor.
     """
 
     profile: Profile = EXACT

@@ -1,6 +1,6 @@
 """Target ``sglang``: ``sglang.srt.mem_cache.radix_cache.RadixCache`` from the released sglang 0.5.23 wheel.
 
-Installed without its dependency tree (``python -m fuzz.targets install
+Installed without its dependency tree (``radixspec targets install
 sglang``); built with ``RadixCache.create_simulated`` and a mock allocator
 that records what the cache frees. Only modules the cache never calls (with
 events and metrics off) are stubbed, see ``import_radix_cache``.
@@ -11,7 +11,7 @@ so LRU order is deterministic and replayable; a namespace becomes the key's
 ``extra_key`` (its ``repr``, injective on the spec's domain).
 
 ``RADIXSPEC_SGLANG_RADIX_CACHE=/path/radix_cache.py`` loads a patched copy of
-the module instead (``python -m fuzz.planted --peer sglang`` plants known
+the module instead (``python -m tools.planted --peer sglang`` plants known
 SGLang bugs that way).
 """
 
@@ -26,9 +26,9 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from spec import events as ev
-from spec import prefix_cache as pc
-from spec.domains import Namespace
+from radixspec.spec import events as ev
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
 from .shims import (
@@ -249,7 +249,7 @@ class SGLangRadixCache:
 TARGET = TargetInfo(
     name="sglang",
     description=f"SGLang {VERSION} RadixCache (released wheel, simulated mode, mock allocator)",
-    requires=(("sglang", f"python -m fuzz.targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
+    requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
     cache_factory=SGLangRadixCache,
     profile=PROFILE,
     how="no manager machine: SGLang's scheduler-side accounting needs its allocators and request objects",

@@ -31,9 +31,9 @@ import types
 from array import array
 from typing import Any
 
-from reference.hybrid_manager import HybridReq
-from spec import hybrid as hy
-from spec.errors import IntegrityError, OutOfPagesError
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..stats import STATS
 from .api import Profile, TargetInfo
@@ -385,7 +385,7 @@ def probe() -> None:
         return
     import subprocess
 
-    code = "from fuzz.targets.sglang_swa import import_swa_cache; import_swa_cache()"
+    code = "from radixspec.fuzz.targets.sglang_swa import import_swa_cache; import_swa_cache()"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if run.returncode:
         raise ImportError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "import failed")
@@ -405,7 +405,7 @@ def target(argument: str | None) -> TargetInfo:
     return TargetInfo(
         name=f"sglang-swa{'' if argument is None else ':' + argument}",
         description=f"SGLang {VERSION} UnifiedRadixCache, FULL + SWA components, {core} tree core, page size 1",
-        requires=(("sglang", f"python -m fuzz.targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
+        requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         profile=PROFILE,
         page_sizes=(1,),

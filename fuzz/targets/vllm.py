@@ -32,9 +32,9 @@ import types
 from collections import Counter, OrderedDict
 from typing import Any
 
-from spec import events as ev
-from spec import prefix_cache as pc
-from spec.domains import Namespace
+from radixspec.spec import events as ev
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
 from .shims import Recorded, bare, never, package_root, stub, stub_any
@@ -322,7 +322,7 @@ class VLLMPrefixCache:
 TARGET = TargetInfo(
     name="vllm",
     description=f"vLLM {VERSION} BlockPool prefix caching (released wheel; sha256 block hashes; free-queue LRU)",
-    requires=(("vllm", f"python -m fuzz.targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
+    requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
     cache_factory=VLLMPrefixCache,
     profile=PROFILE,
     how="no manager machine: KVCacheManager needs vLLM's scheduler config; its per-request calls are the cache's",

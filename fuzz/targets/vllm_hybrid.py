@@ -25,9 +25,9 @@ import types
 from collections import Counter
 from typing import Any
 
-from reference.hybrid_manager import HybridReq
-from spec import hybrid as hy
-from spec.errors import IntegrityError, OutOfPagesError
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from .api import Profile, TargetInfo
 from .vllm import VERSION, RequestStandIn, import_vllm
@@ -326,7 +326,7 @@ class VllmHybridManager:
 TARGET = TargetInfo(
     name="vllm-hybrid",
     description=f"vLLM {VERSION} HybridKVCacheCoordinator: a full-attention and a sliding-window group, one BlockPool",
-    requires=(("vllm", f"python -m fuzz.targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
+    requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
     hybrid_factory=VllmHybridManager,
     profile=PROFILE,
     how="the hybrid machine: requests as KVCacheManager drives them; the hit, the window law and the pool checked",

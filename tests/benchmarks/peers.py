@@ -13,7 +13,7 @@ built before the timed region:
   new blocks, ``cache_full_blocks``, free); eviction is a pop of a cached free block
   (``get_new_blocks(1)``), the pool choosing the pages;
 * ``minisgl`` (a checkout: ``RADIXSPEC_MINISGL=/path``): int32 tensors, its C compare stood in
-  by ours (``fuzz.targets.minisgl``).
+  by ours (``radixspec.fuzz.targets.minisgl``).
 
 A peer that is not installed is skipped with the command that installs it.
 """
@@ -32,9 +32,8 @@ from typing import Any
 
 import torch
 
-import optimized
-import reference
-from fuzz.targets import TargetError, resolve
+from radixspec import optimized, reference
+from radixspec.fuzz.targets import TargetError, resolve
 
 PEERS = ("optimized", "reference", "sglang", "vllm", "minisgl")
 # ours evicting into its own buffer: the eviction groups run it too
@@ -65,7 +64,7 @@ def available(peer: str) -> str | None:
     try:
         resolve(name)
     except TargetError as exc:
-        return f"{peer}: {exc} (python -m fuzz.targets install {peer})"
+        return f"{peer}: {exc} (radixspec targets install {peer})"
     return None
 
 
@@ -222,7 +221,7 @@ class ReferenceDriver(OursDriver):
 
 class SGLangDriver(Driver):
     def __init__(self, page_size: int, pool_pages: int) -> None:
-        from fuzz.targets import sglang
+        from radixspec.fuzz.targets import sglang
 
         self.name, self.page_size = "sglang", page_size
         self.rc = sglang.import_radix_cache()
@@ -279,7 +278,7 @@ class VLLMDriver(Driver):
     """vLLM's BlockPool; ``pool_pages`` blocks (plus its null block), every one of them cacheable."""
 
     def __init__(self, page_size: int, pool_pages: int) -> None:
-        from fuzz.targets import vllm
+        from radixspec.fuzz.targets import vllm
 
         self.name, self.page_size = "vllm", page_size
         self.target = vllm.VLLMPrefixCache(page_size, pool_pages)
@@ -290,7 +289,7 @@ class VLLMDriver(Driver):
         self.pool._maybe_evict_cached_block = type(self.pool)._maybe_evict_cached_block.__get__(self.pool)
 
     def tokens(self, ids: list[int]) -> Any:
-        from fuzz.targets.vllm import RequestStandIn
+        from radixspec.fuzz.targets.vllm import RequestStandIn
 
         self.requests += 1
         request = RequestStandIn(ids, None, self.requests)
@@ -336,7 +335,7 @@ class VLLMDriver(Driver):
 
 class MiniSGLangDriver(Driver):
     def __init__(self, page_size: int, pool_pages: int) -> None:
-        from fuzz.targets import minisgl
+        from radixspec.fuzz.targets import minisgl
 
         root = minisgl.checkout_root(str(minisgl_root()))
         self.name, self.page_size = "minisgl", page_size

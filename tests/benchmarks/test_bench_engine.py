@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-import optimized
-import reference
-from fuzz.engine_run import shared_prompt_workload
-from spec.requests import SchedulerConfig
+from radixspec import optimized, reference
+from radixspec.fuzz.engine_run import shared_prompt_workload
+from radixspec.spec.requests import SchedulerConfig
 
 pytestmark = pytest.mark.bench
 CONFIG = SchedulerConfig(page_size=16, num_pages=512, max_running_reqs=32, max_seq_len=1024, max_extend_tokens=2048)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from optimized import store_cache, store_cache_fast
+from radixspec.optimized import store_cache, store_cache_fast
 
 pytestmark = pytest.mark.bench
 HEADS, HEAD_DIM, DTYPE = 8, 128, torch.bfloat16

@@ -2,7 +2,7 @@
 
 The issue's table (P=16; 20,000 prompts of a 1,024-token shared prefix and
 64 own tokens; insert all, match 5,000, evict one page 400 times) and
-workloads (a)-(d) run on every cache installed (``python -m fuzz.targets
+workloads (a)-(d) run on every cache installed (``radixspec targets
 install sglang vllm``; mini-sglang: ``RADIXSPEC_MINISGL=/path/to/checkout``),
 each through its own API with inputs built before timing
 (``tests/benchmarks/peers.py``). (e) is a cache-manager workload: it runs on

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-import optimized
-import reference
-from spec.helpers import div_ceil
+from radixspec import optimized, reference
+from radixspec.spec.helpers import div_ceil
 
 IMPLS = ("optimized", "reference")
 
@@ -228,7 +227,7 @@ def batch_of_requests(
     prompts = [shared + [rnd.randrange(32_000) for _ in range(prompt_len // 2)] for _ in range(batch)]
     num_pages = batch * div_ceil(prompt_len + 1, page_size) + 64
     lib: Any = reference if impl == "reference" else optimized
-    from spec.requests import Req
+    from radixspec.spec.requests import Req
 
     def setup() -> tuple[Any, list[Any]]:
         manager = lib.CacheManager(num_pages, page_size, lib.make_page_table(batch, prompt_len + 64))

@@ -1,4 +1,4 @@
-"""``python -m fuzz``: a clean campaign, a planted bug with its regression file, the CLI's honesty, workers, corpus."""
+"""``radixspec fuzz``: a clean campaign, a planted bug with its regression file, the CLI's honesty, workers, corpus."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import campaign, report
-from fuzz.planted import BUGS, PEER_BUGS, ROOT
-from reference.radix_cache import RadixPrefixCache
+from radixspec.fuzz import campaign, report
+from radixspec.reference.radix_cache import RadixPrefixCache
+from tools.planted import BUGS, PEER_BUGS, ROOT
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -74,9 +74,9 @@ def test_the_counts_list_no_empty_heading() -> None:
 def test_by_default_the_campaign_is_the_differential_of_every_implementation() -> None:
     args = campaign.parse_args([])
     assert args.targets == ("reference", "optimized") and args.machine == "all"
-    from fuzz import cli
-    from fuzz.machines import MACHINES
-    from fuzz.targets.ours import HYBRID_IMPLEMENTATIONS, IMPLEMENTATIONS
+    from radixspec.fuzz import cli
+    from radixspec.fuzz.machines import MACHINES
+    from radixspec.fuzz.targets.ours import HYBRID_IMPLEMENTATIONS, IMPLEMENTATIONS
 
     assert tuple(IMPLEMENTATIONS) == campaign.IMPLEMENTATIONS
     assert tuple(HYBRID_IMPLEMENTATIONS) == cli.HYBRID_IMPLEMENTATIONS
@@ -92,7 +92,17 @@ def test_by_default_the_campaign_is_the_differential_of_every_implementation() -
 def test_sglang_swa_runs_a_clean_campaign_in_its_own_process(core: str, tmp_path: Path) -> None:
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed")
-    command = [sys.executable, "-m", "fuzz", "--target", f"sglang-swa:{core}", "--examples", "30", "--workers", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "radixspec.fuzz",
+        "--target",
+        f"sglang-swa:{core}",
+        "--examples",
+        "30",
+        "--workers",
+        "0",
+    ]
     run = subprocess.run([*command, "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "machines hybrid" in run.stdout and "hybrid.match_req" in run.stdout
@@ -115,7 +125,7 @@ def test_impl_and_target_are_two_spellings_of_one_selection() -> None:
 def test_a_usage_error_does_not_wait_for_torch() -> None:
     probe = (
         "import sys\n"
-        "from fuzz import campaign\n"
+        "from radixspec.fuzz import campaign\n"
         "try:\n"
         "    campaign.parse_args(['--machine', 'nope'])\n"
         "except SystemExit as exc:\n"
@@ -197,7 +207,9 @@ def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFix
 
 
 def test_the_planted_demo_rejects_an_unknown_machine() -> None:
-    proc = subprocess.run([sys.executable, "-m", "fuzz.planted", "--machine", "foo"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.planted", "--machine", "foo"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
 
 
@@ -211,7 +223,18 @@ def test_worker_processes_run_a_campaign_within_its_budget(tmp_path: Path) -> No
     started = time.monotonic()
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "fuzz", "--machine", "cache", "--minutes", "0.25", "--workers", "2", "--quiet"),
+            *(
+                sys.executable,
+                "-m",
+                "radixspec.fuzz",
+                "--machine",
+                "cache",
+                "--minutes",
+                "0.25",
+                "--workers",
+                "2",
+                "--quiet",
+            ),
             *("--json", str(tmp_path / "s.json")),
         ],
         capture_output=True,
@@ -259,7 +282,7 @@ def test_a_failure_announced_by_a_batch_that_never_returned_still_fails_the_camp
 
 def test_a_failure_report_keeps_only_the_program_steps() -> None:
     """Hypothesis's '(and 2 more with settings.verbosity >= verbose)' note is not a step: the program stays Python."""
-    from fuzz.batches import BatchSpec, failure_report
+    from radixspec.fuzz.batches import BatchSpec, failure_report
 
     spec = BatchSpec("cache", ("reference",), None, "cpu", 1, 10, 10, True, 0.0, 1.0, None)
     error = AssertionError("differs")
@@ -284,9 +307,9 @@ def test_a_failure_report_keeps_only_the_program_steps() -> None:
 
 
 def test_every_other_batch_of_a_machine_is_shallow_and_its_failures_replay_shallow() -> None:
-    from fuzz.batches import failure_report
-    from fuzz.profiles import SHALLOW_STEPS
-    from fuzz.regression import build_machine, regression_source
+    from radixspec.fuzz.batches import failure_report
+    from radixspec.fuzz.profiles import SHALLOW_STEPS
+    from radixspec.fuzz.regression import build_machine, regression_source
 
     out = io.StringIO()
     run = campaign.Campaign(campaign.parse_args(["--machine", "cache", "--minutes", "1"]), out)

@@ -7,10 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference
-from fuzz.contracts import NUM_PAGES, PAGES_PER_ROW, ROWS, ManagerProgram, manager_contract, run_manager_program
-from fuzz.targets.ours import OptimizedManager, ReferenceManager
-from spec.errors import IntegrityError, ManagerLawError
+from radixspec import reference
+from radixspec.fuzz.contracts import (
+    NUM_PAGES,
+    PAGES_PER_ROW,
+    ROWS,
+    ManagerProgram,
+    manager_contract,
+    run_manager_program,
+)
+from radixspec.fuzz.targets.ours import OptimizedManager, ReferenceManager
+from radixspec.spec.errors import IntegrityError, ManagerLawError
 
 page_sizes = st.integers(1, 2)
 programs = st.lists(st.integers(0, 9), max_size=14)

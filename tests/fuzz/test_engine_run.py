@@ -1,4 +1,4 @@
-"""``python -m fuzz.engine_run``: a serving workload through the Engine, with throughput and latency."""
+"""``radixspec engine-run``: a serving workload through the Engine, with throughput and latency."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from fuzz import engine_run
+from radixspec.fuzz import engine_run
 
 
 @pytest.mark.parametrize("impl", ["reference", "optimized"])

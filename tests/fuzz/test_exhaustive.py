@@ -1,4 +1,4 @@
-"""``python -m fuzz.exhaustive``: every operation sequence up to a depth, shortest counterexamples."""
+"""``radixspec exhaustive``: every operation sequence up to a depth, shortest counterexamples."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import reference
-from fuzz import exhaustive
+from radixspec import reference
+from radixspec.fuzz import exhaustive
 
 
 def test_every_state_up_to_depth_three_holds_every_invariant() -> None:

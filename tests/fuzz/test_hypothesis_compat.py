@@ -12,7 +12,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.internal.conjecture import engine
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, rule
 
-from fuzz import hypothesis_compat as compat
+from radixspec.fuzz import hypothesis_compat as compat
 
 
 def test_the_installed_hypothesis_still_reads_every_attribute_we_set() -> None:

@@ -1,13 +1,13 @@
 """The differential state machines, run under the active profile (``ci`` in CI: deterministic)."""
 
-from fuzz.cache_machine import CacheMachine
-from fuzz.manager_machine import ManagerMachine
+from radixspec.fuzz.cache_machine import CacheMachine
+from radixspec.fuzz.manager_machine import ManagerMachine
 
 TestCacheMachine = CacheMachine.TestCase
 TestManagerMachine = ManagerMachine.TestCase
-from fuzz.scheduler_machine import SchedulerMachine  # noqa: E402
+from radixspec.fuzz.scheduler_machine import SchedulerMachine  # noqa: E402
 
 TestSchedulerMachine = SchedulerMachine.TestCase
-from fuzz.hybrid_machine import HybridMachine  # noqa: E402
+from radixspec.fuzz.hybrid_machine import HybridMachine  # noqa: E402
 
 TestHybridMachine = HybridMachine.TestCase

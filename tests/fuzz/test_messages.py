@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fuzz.messages import bounded, brief, cut, list_diff, one_line
-from fuzz.regression import docstring_safe
+from radixspec.fuzz.messages import bounded, brief, cut, list_diff, one_line
+from radixspec.fuzz.regression import docstring_safe
 
 
 def test_a_long_list_is_cut_with_a_count_of_the_rest() -> None:

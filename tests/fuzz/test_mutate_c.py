@@ -1,4 +1,4 @@
-"""``python -m fuzz.mutate_c``: the mutants it makes of C source, its sample, its verdicts (no campaign run here)."""
+"""``python -m tools.mutate_c``: the mutants it makes of C source, its sample, its verdicts (no campaign run here)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import mutate_c
+from tools import mutate_c
 
 SNIPPET = """/* a comment: if (a < b) { x = 1; } */
 #include "tree.h"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fuzz import mutation_report as mr
+from tools import mutation_report as mr
 
 SOURCE = """
 def x_f__mutmut_orig(a):
@@ -69,7 +69,7 @@ def test_without_a_run_the_report_says_so(tmp_path: Path, capsys: object) -> Non
 
 def test_a_survivor_argued_on_its_own_line_carries_its_argument() -> None:
     eq = mr.Mutant(
-        "spec.prefix_cache.xǁPrefixǁ__eq____mutmut_8",
+        "radixspec.spec.prefix_cache.xǁPrefixǁ__eq____mutmut_8",
         "survived",
         ["            if a is None or b is None or (a._hash, a.length) != (b._hash, b.length):"],
         ["            if a is None and b is None or (a._hash, a.length) != (b._hash, b.length):"],
@@ -84,7 +84,7 @@ def test_a_survivor_argued_on_its_own_line_carries_its_argument() -> None:
 
 def test_a_message_on_lines_of_its_own_given_as_none_is_message_text() -> None:
     text = '                    f"request {req.uid}: need cached_len {req.cached_len} <= device_len {req.device_len}"'
-    on_its_own = mr.Mutant("reference.cache_manager.xǁCacheManagerǁallocate_paged__mutmut_10", "survived")
+    on_its_own = mr.Mutant("radixspec.reference.cache_manager.xǁCacheManagerǁallocate_paged__mutmut_10", "survived")
     on_its_own.removed, on_its_own.added = [text], ["                    None"]
     assert mr.classify(on_its_own) == "message or label text"  # not the device class its words name
 

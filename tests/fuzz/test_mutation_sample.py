@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import mutation_report as mr
-from fuzz import mutation_sample as ms
+from tools import mutation_report as mr
+from tools import mutation_sample as ms
 
 NAMES = [f"spec.mod.x_f{f}__mutmut_{n}" for f in range(50) for n in range(1, 41)]
 

@@ -7,10 +7,10 @@ import pytest
 
 def test_the_optimized_target_gives_each_format_only_values_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Values past int32 (or int64) go as a list: never through torch's overflow, a C++ throw that aborts a
-    campaign under the preloaded ASan runtime (python -m fuzz.sanitize)."""
+    campaign under the preloaded ASan runtime (python -m tools.sanitize)."""
     import torch
 
-    from fuzz.targets import ours
+    from radixspec.fuzz.targets import ours
 
     real_tensor = torch.tensor
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from fuzz.cache_machine import OUTGROW, TOUCHED_LEAVES, CacheMachine
-from spec.errors import UnlockError
-from spec.invariants import check_invariants
+from radixspec.fuzz.cache_machine import OUTGROW, TOUCHED_LEAVES, CacheMachine
+from radixspec.spec.errors import UnlockError
+from radixspec.spec.invariants import check_invariants
 
 
 def test_unlocking_a_prefix_of_a_locked_path_is_rejected_by_every_implementation() -> None:

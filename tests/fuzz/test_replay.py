@@ -1,4 +1,4 @@
-"""``python -m fuzz.replay``: traces in, hit rates per pool size out, the same from spec, reference, optimized."""
+"""``radixspec replay``: traces in, hit rates per pool size out, the same from spec, reference, optimized."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import replay
+from radixspec.fuzz import replay
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from optimized.store import has_cuda_kernel, store_cache, store_cache_fast
+from radixspec.optimized.store import has_cuda_kernel, store_cache, store_cache_fast
 
 HEADS, HEAD_DIM, DTYPE = 8, 128, torch.bfloat16
 

@@ -3,10 +3,9 @@
 import pytest
 import torch
 
-import optimized
-import reference
-from spec.errors import InvalidTypeError
-from spec.requests import Req
+from radixspec import optimized, reference
+from radixspec.spec.errors import InvalidTypeError
+from radixspec.spec.requests import Req
 
 
 def admit(manager: object, prompt: list[int], row: int) -> Req:

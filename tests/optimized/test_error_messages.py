@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-import optimized.cache_manager as opt_manager
-import reference.cache_manager as ref_manager
-from optimized.radix_cache import RadixPrefixCache as OptimizedCache
-from reference.radix_cache import RadixPrefixCache as ReferenceCache
-from spec import prefix_cache as pc
-from spec.errors import (
+import radixspec.optimized.cache_manager as opt_manager
+import radixspec.reference.cache_manager as ref_manager
+from radixspec.optimized.radix_cache import RadixPrefixCache as OptimizedCache
+from radixspec.reference.radix_cache import RadixPrefixCache as ReferenceCache
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import (
     CacheBusyError,
     EvictionError,
     IntegrityError,
@@ -29,8 +29,8 @@ from spec.errors import (
     UnavailableError,
     UnlockError,
 )
-from spec.requests import Req
-from spec.types import SizeInfo
+from radixspec.spec.requests import Req
+from radixspec.spec.types import SizeInfo
 
 MANAGERS = {"reference": ref_manager, "optimized": opt_manager}
 CACHES = {"reference": ReferenceCache, "optimized": OptimizedCache}
@@ -200,7 +200,7 @@ def test_the_spec_names_a_stale_handle_in_the_same_words() -> None:
 def test_the_kv_pool_names_the_argument_at_fault() -> None:
     import torch
 
-    from optimized import MHAKVCache
+    from radixspec.optimized import MHAKVCache
 
     pool = MHAKVCache(2, 1, 4, num_pages=4, page_size=2, dtype=torch.float32, device="cpu")
     k = torch.zeros(3, 2, 4)
@@ -282,7 +282,7 @@ def test_a_handle_of_another_kind_or_cache_is_refused() -> None:
 
 
 def test_each_status_of_the_c_tree_has_its_error_and_words() -> None:
-    from optimized import radix_cache as oc
+    from radixspec.optimized import radix_cache as oc
 
     cache = OptimizedCache(2)
     cases = [
@@ -343,8 +343,8 @@ def test_an_insert_checks_slots_before_the_namespace_and_the_lengths_as_the_refe
 def test_page_sizes_namespaces_and_devices_are_checked_in_the_same_words_everywhere() -> None:
     import torch
 
-    from optimized.inputs import device_of
-    from spec.domains import check_namespace
+    from radixspec.optimized.inputs import device_of
+    from radixspec.spec.domains import check_namespace
 
     makers = [pc.new_state, *CACHES.values()]
     for make in makers:
@@ -371,7 +371,7 @@ def test_page_sizes_namespaces_and_devices_are_checked_in_the_same_words_everywh
 def test_asking_for_a_gpu_that_is_not_there_says_what_this_torch_sees() -> None:
     import torch
 
-    from optimized.inputs import device_of
+    from radixspec.optimized.inputs import device_of
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")  # pragma: no cover
@@ -383,8 +383,7 @@ def test_asking_for_a_gpu_that_is_not_there_says_what_this_torch_sees() -> None:
 
 
 def test_a_cache_made_without_arguments_has_pages_of_one_token() -> None:
-    import optimized
-    import reference
+    from radixspec import optimized, reference
 
     for cls in (ReferenceCache, OptimizedCache, reference.NaivePrefixCache, optimized.NaivePrefixCache):
         cache = cls()
@@ -471,7 +470,7 @@ def test_a_stale_handle_is_named_by_its_length_when_locked_on_every_twin(cache: 
 def test_the_optimized_checks_outside_the_c_walk_say_it_in_the_same_words() -> None:
     import torch
 
-    from optimized.inputs import as_insert_args, as_slots, as_tokens
+    from radixspec.optimized.inputs import as_insert_args, as_slots, as_tokens
 
     cpu = torch.device("cpu")
     assert says(InvalidTypeError, lambda: as_tokens(torch.zeros((2, 2), dtype=torch.int64))) == (
@@ -504,8 +503,8 @@ class _LibWith:
 
 
 def test_a_c_tree_out_of_memory_or_corrupted_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    import optimized.radix_cache as module
-    from optimized._c import load_c
+    import radixspec.optimized.radix_cache as module
+    from radixspec.optimized._c import load_c
 
     ffi, lib = load_c()
     monkeypatch.setattr(module, "load_c", lambda: (ffi, _LibWith(lib, radix_tree_new=lambda p: ffi.NULL)))

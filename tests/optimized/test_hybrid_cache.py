@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimized.hybrid_cache import HybridRadixCache
-from reference.hybrid_cache import HybridRadixCache as ReferenceHybridCache
-from reference.hybrid_manager import HybridCacheManager, HybridReq
-from spec import hybrid as hy
-from spec.errors import (
+from radixspec.optimized.hybrid_cache import HybridRadixCache
+from radixspec.reference.hybrid_cache import HybridRadixCache as ReferenceHybridCache
+from radixspec.reference.hybrid_manager import HybridCacheManager, HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     EvictionError,

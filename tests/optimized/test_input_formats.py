@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-import optimized
-import reference
-from spec.errors import CacheError, InvalidTypeError
+from radixspec import optimized, reference
+from radixspec.spec.errors import CacheError, InvalidTypeError
 
 FORMATS: dict[str, Callable[[list[int]], Any]] = {
     "list": list,

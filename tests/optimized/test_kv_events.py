@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("msgspec", reason="the events extra: pip install radixspec[events]")
 
-import optimized
-from optimized import kv_events as wire
-from spec import events as ev
-from spec.prefix_cache import PageKey
+from radixspec import optimized
+from radixspec.optimized import kv_events as wire
+from radixspec.spec import events as ev
+from radixspec.spec.prefix_cache import PageKey
 
 
 def cache_with_history() -> tuple[Any, list[ev.Event]]:
@@ -52,7 +52,7 @@ def test_to_wire_rejects_what_is_not_an_event() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_vllms_own_classes_decode_our_payload() -> None:
-    from fuzz.targets.vllm import import_vllm
+    from radixspec.fuzz.targets.vllm import import_vllm
 
     vllm_events = import_vllm().kv_events
     assert vllm_events is not None, "vLLM's kv_events did not load for real"

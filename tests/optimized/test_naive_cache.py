@@ -9,9 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import optimized
-import reference
-from spec.errors import (
+from radixspec import optimized, reference
+from radixspec.spec.errors import (
     CacheError,
     DuplicateSlotError,
     EvictionError,

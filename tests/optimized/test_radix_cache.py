@@ -3,10 +3,16 @@
 import pytest
 import torch
 
-from fuzz.cache_machine import BROKEN_FIELDS, TREE_INVARIANTS
-from optimized import NaivePrefixCache, RadixPrefixCache
-from reference import RadixPrefixCache as ReferenceCache
-from spec.errors import IntegrityError, InvalidInputError, InvalidTypeError, MisalignedPageError, StaleHandleError
+from radixspec.fuzz.cache_machine import BROKEN_FIELDS, TREE_INVARIANTS
+from radixspec.optimized import NaivePrefixCache, RadixPrefixCache
+from radixspec.reference import RadixPrefixCache as ReferenceCache
+from radixspec.spec.errors import (
+    IntegrityError,
+    InvalidInputError,
+    InvalidTypeError,
+    MisalignedPageError,
+    StaleHandleError,
+)
 
 
 def test_slots_come_back_as_int32_tensors_on_the_cache_device() -> None:
@@ -226,7 +232,7 @@ def test_a_parent_made_a_leaf_by_an_eviction_waits_on_the_heap_in_lru_order() ->
 
 
 def test_an_empty_tensor_of_any_dtype_is_no_slots() -> None:
-    from optimized.inputs import as_slots
+    from radixspec.optimized.inputs import as_slots
 
     for dtype in (torch.float32, torch.int64, torch.bool):
         slots = as_slots(torch.empty(0, dtype=dtype), torch.device("cpu"))

@@ -9,9 +9,9 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from optimized import fast_compare_key
-from spec.errors import InvalidTypeError
-from spec.helpers import compute_match_len
+from radixspec.optimized import fast_compare_key
+from radixspec.spec.errors import InvalidTypeError
+from radixspec.spec.helpers import compute_match_len
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 
@@ -85,7 +85,12 @@ def test_the_torch_checks_find_what_the_c_checks_find(
     page_size: int, values: list[int], strided: bool, dtype: torch.dtype
 ) -> None:
     # the checks of a device without the C path, run on the CPU beside the C checks; strided inputs too
-    from optimized.radix_kernel import first_bad_page, first_bad_page_torch, first_outside, first_outside_torch
+    from radixspec.optimized.radix_kernel import (
+        first_bad_page,
+        first_bad_page_torch,
+        first_outside,
+        first_outside_torch,
+    )
 
     whole = torch.tensor(values[: len(values) - len(values) % page_size], dtype=dtype)
     t = torch.stack([whole, whole]).t().reshape(-1)[::2] if strided else whole  # the same values, stride 2
@@ -99,7 +104,7 @@ def test_the_torch_checks_find_what_the_c_checks_find(
 
 
 def test_the_c_checks_refuse_arguments_they_cannot_read() -> None:
-    from optimized.radix_kernel import compare_raw, first_bad_page, first_outside
+    from radixspec.optimized.radix_kernel import compare_raw, first_bad_page, first_outside
 
     cases = [
         (lambda: first_bad_page(torch.zeros(4, dtype=torch.int32), -2), "radix_first_bad_page rejected its arguments"),

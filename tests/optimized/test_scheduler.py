@@ -6,10 +6,9 @@ from typing import Any
 import pytest
 import torch
 
-import optimized
-import reference
-from spec.errors import IntegrityError, InvalidRequestError, KVCorruptionError
-from spec.requests import RequestSpec, SchedulerConfig
+from radixspec import optimized, reference
+from radixspec.spec.errors import IntegrityError, InvalidRequestError, KVCorruptionError
+from radixspec.spec.requests import RequestSpec, SchedulerConfig
 
 
 def workload() -> list[RequestSpec]:
@@ -62,8 +61,8 @@ def test_batch_tensors_are_built_without_a_loop_over_tokens() -> None:
 def test_the_vectorized_hash_arithmetic_is_the_spec_s_bit_for_bit() -> None:
     import random
 
-    from optimized.model import as_signed, kv_words_tensor, mix64_tensor
-    from spec.hashing import compute_kv_words, mix64
+    from radixspec.optimized.model import as_signed, kv_words_tensor, mix64_tensor
+    from radixspec.spec.hashing import compute_kv_words, mix64
 
     rnd = random.Random(5)
     values = [0, 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1] + [rnd.getrandbits(64) for _ in range(2000)]
@@ -152,8 +151,8 @@ def test_the_optimized_model_has_the_reference_models_defaults() -> None:
 
 
 def test_the_tensor_table_hands_out_and_takes_back_rows_as_the_reference_does() -> None:
-    from optimized.table import TableManager as Fast
-    from reference.table import TableManager as Slow
+    from radixspec.optimized.table import TableManager as Fast
+    from radixspec.reference.table import TableManager as Slow
 
     fast = Fast(2, torch.zeros(2, 8, dtype=torch.int32))  # 2 rows of 8 positions: shape[0] != shape[1]
     slow = Slow(2, [[0] * 8 for _ in range(2)])

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from optimized import store as store_module
-from optimized import store_cache, store_cache_fast
-from optimized.store import StoreStatus, raise_for_status
-from spec.errors import (
+from radixspec.optimized import store as store_module
+from radixspec.optimized import store_cache, store_cache_fast
+from radixspec.optimized.store import StoreStatus, raise_for_status
+from radixspec.spec.errors import (
     DuplicateSlotError,
     InvalidSizeError,
     InvalidTypeError,

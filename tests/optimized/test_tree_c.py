@@ -3,7 +3,7 @@
 What the Python wrapper never asks of it is pinned here: an empty match or insert (the wrapper answers those
 itself), the walk's ``bad`` index on success, ``radix_tree_break_invariant`` past the live nodes, an eviction
 on a tree whose counters claim more than its leaves hold, the memory figure's element sizes, and the blocks of
-memory that every call and every tree give back (``radix_tree_live_blocks``). ``python -m fuzz.mutate_c``
+memory that every call and every tree give back (``radix_tree_live_blocks``). ``python -m tools.mutate_c``
 runs this file, with tests/optimized/test_radix_cache.py, against every mutant the machines miss.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from optimized import RadixPrefixCache
-from optimized._c import load_c
-from spec.errors import DuplicateSlotError, IntegrityError
+from radixspec.optimized import RadixPrefixCache
+from radixspec.optimized._c import load_c
+from radixspec.spec.errors import DuplicateSlotError, IntegrityError
 
 ffi, lib = load_c()
 # the walk's fields before a call: a value no call reports, so that a field left unwritten shows

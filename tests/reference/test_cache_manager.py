@@ -2,7 +2,7 @@
 
 import pytest
 
-from spec.errors import CacheBusyError, IntegrityError, InvalidRequestError, InvalidSizeError, OutOfPagesError
+from radixspec.spec.errors import CacheBusyError, IntegrityError, InvalidRequestError, InvalidSizeError, OutOfPagesError
 from tests.lifecycle import admit, decode, new_manager, prefill
 
 
@@ -188,7 +188,7 @@ def test_the_naive_manager_frees_every_page_when_requests_finish() -> None:
 
 @pytest.mark.parametrize("table", [[], [[0, 0], [0]]])
 def test_a_page_table_must_be_rows_of_one_length(table: list[list[int]]) -> None:
-    import reference
+    from radixspec import reference
 
     with pytest.raises(InvalidSizeError, match="rows of one length"):
         reference.CacheManager(4, 2, table)

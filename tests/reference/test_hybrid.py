@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from reference.hybrid_cache import HybridRadixCache
-from reference.hybrid_manager import HybridCacheManager, HybridReq
-from spec import hybrid as hy
-from spec.errors import IntegrityError, OutOfPagesError, StaleHandleError
+from radixspec.reference.hybrid_cache import HybridRadixCache
+from radixspec.reference.hybrid_manager import HybridCacheManager, HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.errors import IntegrityError, OutOfPagesError, StaleHandleError
 
 PROMPT = list(range(100, 116))
 

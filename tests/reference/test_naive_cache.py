@@ -2,8 +2,8 @@
 
 import pytest
 
-from reference import NaivePrefixCache
-from spec.errors import EvictionError, LengthMismatchError, MisalignedPageError
+from radixspec.reference import NaivePrefixCache
+from radixspec.spec.errors import EvictionError, LengthMismatchError, MisalignedPageError
 
 
 def test_naive_cache_never_matches_and_never_keeps_anything() -> None:

@@ -2,10 +2,10 @@
 
 import pytest
 
-from reference import RadixPrefixCache
-from reference.radix_cache import RadixTreeNode
-from spec import prefix_cache as pc
-from spec.errors import IntegrityError, InvalidTypeError, StaleHandleError, UnlockError
+from radixspec.reference import RadixPrefixCache
+from radixspec.reference.radix_cache import RadixTreeNode
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import IntegrityError, InvalidTypeError, StaleHandleError, UnlockError
 
 
 def test_a_match_that_stops_inside_a_node_splits_it_and_keeps_the_original_as_suffix() -> None:

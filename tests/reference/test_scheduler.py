@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from reference import CacheManager, HashModel, Scheduler, make_page_table
-from reference.decode import DecodeManager
-from reference.prefill import PrefillAdder, PrefillManager
-from reference.table import TableManager
-from spec.errors import InvalidRequestError, InvalidSizeError, KVCorruptionError
-from spec.requests import ChunkedReq, PendingReq, Req, SamplingParams, SchedulerConfig
+from radixspec.reference import CacheManager, HashModel, Scheduler, make_page_table
+from radixspec.reference.decode import DecodeManager
+from radixspec.reference.prefill import PrefillAdder, PrefillManager
+from radixspec.reference.table import TableManager
+from radixspec.spec.errors import InvalidRequestError, InvalidSizeError, KVCorruptionError
+from radixspec.spec.requests import ChunkedReq, PendingReq, Req, SamplingParams, SchedulerConfig
 
 
 def scheduler(**overrides: object) -> Scheduler:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fuzz.targets.ours import ReferenceManager
-from spec import cache_manager as sm
-from spec.requests import Req
+from radixspec.fuzz.targets.ours import ReferenceManager
+from radixspec.spec import cache_manager as sm
+from radixspec.spec.requests import Req
 
 PROMPT = [1, 1, 2, 2, 3, 3, 4]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from fuzz.targets.ours import ReferenceManager
-from spec import cache_manager as sm
-from spec.errors import InvalidRequestError, OutOfPagesError
-from spec.requests import Req
+from radixspec.fuzz.targets.ours import ReferenceManager
+from radixspec.spec import cache_manager as sm
+from radixspec.spec.errors import InvalidRequestError, OutOfPagesError
+from radixspec.spec.requests import Req
 
 from .managers import PROMPT, admitted, manager_with_a_cached_prefix, observe
 

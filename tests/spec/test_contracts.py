@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec import contracts
-from spec import prefix_cache as pc
-from spec.errors import CacheBusyError, EvictionError, LengthMismatchError, UnlockError
+from radixspec.spec import contracts
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import CacheBusyError, EvictionError, LengthMismatchError, UnlockError
 
 page_sizes = st.integers(1, 2)
 programs = st.lists(st.integers(0, 10), max_size=5)

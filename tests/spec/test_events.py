@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-import optimized
-import reference
-from spec import events as ev
-from spec.errors import CacheBusyError
-from spec.prefix_cache import PageKey, Prefix
+from radixspec import optimized, reference
+from radixspec.spec import events as ev
+from radixspec.spec.errors import CacheBusyError
+from radixspec.spec.prefix_cache import PageKey, Prefix
 
 
 def key(namespace: Any, *tokens: int, page_size: int = 2) -> PageKey:

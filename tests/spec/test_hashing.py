@@ -3,7 +3,7 @@ recorded run and regression file, so they must not change from one version to th
 
 from __future__ import annotations
 
-from spec import hashing as h
+from radixspec.spec import hashing as h
 
 
 def test_prefix_hashes_are_the_known_ones_and_extend_one_token_at_a_time() -> None:

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spec.helpers import (
+from radixspec.spec.helpers import (
     align_down,
     align_up,
     compute_match_len,
@@ -54,7 +54,7 @@ def test_is_page_run_needs_an_aligned_consecutive_whole_page() -> None:
 
 
 def test_pages_to_finish_leave_out_the_last_token_and_what_is_allocated() -> None:
-    from spec.helpers import compute_pages_to_finish
+    from radixspec.spec.helpers import compute_pages_to_finish
 
     cases = {(1, 0, 1): 0, (5, 0, 2): 2, (6, 0, 2): 3, (6, 4, 2): 1, (6, 6, 2): 0, (5, 8, 2): 0, (10, 4, 4): 2}
     assert {case: compute_pages_to_finish(*case) for case in cases} == cases

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec import hybrid as hy
-from spec import prefix_cache as pc
-from spec.errors import (
+from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import (
     CacheBusyError,
     CacheError,
     DuplicateSlotError,
@@ -21,7 +21,7 @@ from spec.errors import (
     StaleHandleError,
     UnlockError,
 )
-from spec.prefix_cache import Prefix
+from radixspec.spec.prefix_cache import Prefix
 
 PROMPT = list(range(100, 116))
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from spec import prefix_cache as pc
-from spec.errors import IntegrityError
-from spec.invariants import (
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import IntegrityError
+from radixspec.spec.invariants import (
     PREFIX_CACHE_INVARIANTS,
     check_invariants,
     free_slots_are_aligned_and_unique,
@@ -14,7 +14,7 @@ from spec.invariants import (
     rows_match_handles,
     sizes_equal_page_counts,
 )
-from spec.types import SizeInfo
+from radixspec.spec.types import SizeInfo
 
 
 def healthy() -> pc.PrefixCacheState:
@@ -140,7 +140,7 @@ def test_the_accounting_invariants_say_exactly_what_is_wrong_and_show_eight_page
 
 
 def test_a_page_of_the_wrong_size_or_a_stamp_of_now_breaks_its_invariant() -> None:
-    from spec.invariants import keys_are_whole_pages, stamps_are_in_the_past
+    from radixspec.spec.invariants import keys_are_whole_pages, stamps_are_in_the_past
 
     state = healthy()
     assert keys_are_whole_pages(state) is None and stamps_are_in_the_past(state) is None

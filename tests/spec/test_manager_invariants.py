@@ -1,4 +1,4 @@
-"""Every accounting invariant of the manager (spec.cache_manager.MANAGER_INVARIANTS) fails, by its name, on a
+"""Every accounting invariant of the manager (radixspec.spec.cache_manager.MANAGER_INVARIANTS) fails, by its name, on a
 reference manager's state that breaks it and nothing else; the healthy state passes (no check is a no-op)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from spec import cache_manager as sm
-from spec.errors import IntegrityError
-from spec.requests import Req
+from radixspec.spec import cache_manager as sm
+from radixspec.spec.errors import IntegrityError
+from radixspec.spec.requests import Req
 
 from .managers import manager_with_a_cached_prefix
 

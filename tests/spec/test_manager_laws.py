@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from fuzz.targets.ours import ReferenceManager
-from spec import cache_manager as sm
-from spec import prefix_cache as pc
-from spec.errors import IntegrityError, InvalidRequestError, OutOfPagesError
-from spec.requests import Req
+from radixspec.fuzz.targets.ours import ReferenceManager
+from radixspec.spec import cache_manager as sm
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import IntegrityError, InvalidRequestError, OutOfPagesError
+from radixspec.spec.requests import Req
 
 from .managers import PROMPT, admitted, manager_with_a_cached_prefix, observe
 

@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-import optimized
-import reference
-from spec.errors import InvalidInputError, SlotOutOfRangeError
-from spec.metrics import CacheStats, NamespaceStats
+from radixspec import optimized, reference
+from radixspec.spec.errors import InvalidInputError, SlotOutOfRangeError
+from radixspec.spec.metrics import CacheStats, NamespaceStats
 
 
 def run(cache: Any) -> CacheStats:
@@ -56,7 +55,7 @@ def test_a_rejected_call_counts_nothing() -> None:
 
 def test_prometheus_exposition_reads_the_stats_at_scrape_time() -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
-    from optimized.metrics import register_cache_metrics
+    from radixspec.optimized.metrics import register_cache_metrics
 
     cache = optimized.RadixPrefixCache(page_size=2)
     registry = prometheus_client.CollectorRegistry()
@@ -69,7 +68,7 @@ def test_prometheus_exposition_reads_the_stats_at_scrape_time() -> None:
 
 
 def test_the_cache_machine_catches_metrics_that_disagree_or_lose_pages() -> None:
-    from fuzz.cache_machine import CacheMachine
+    from radixspec.fuzz.cache_machine import CacheMachine
 
     state = CacheMachine()
     (seqs_0,) = state.setup(page_size=1, first=[([0, 0, 0], [])], big=False)
@@ -119,7 +118,7 @@ def test_as_dict_names_every_number_for_json() -> None:
 
 
 def test_stats_of_reads_a_counting_cache_and_gives_empty_stats_for_others() -> None:
-    from spec.metrics import stats_of
+    from radixspec.spec.metrics import stats_of
 
     cache = optimized.RadixPrefixCache(page_size=1)
     cache.match_prefix([1])
@@ -129,7 +128,7 @@ def test_stats_of_reads_a_counting_cache_and_gives_empty_stats_for_others() -> N
 
 def test_prometheus_exposition_names_help_and_labels(monkeypatch: pytest.MonkeyPatch) -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
-    from optimized.metrics import HELP, register_cache_metrics
+    from radixspec.optimized.metrics import HELP, register_cache_metrics
 
     cache = optimized.RadixPrefixCache(page_size=2)
     cache.insert_prefix([1, 2, 3, 4], [0, 1, 2, 3], ("t",))
@@ -159,7 +158,7 @@ def test_prometheus_exposition_names_help_and_labels(monkeypatch: pytest.MonkeyP
 
 def test_a_collector_made_alone_names_its_metrics_radixspec_cache() -> None:
     pytest.importorskip("prometheus_client")
-    from optimized.metrics import CacheMetricsCollector
+    from radixspec.optimized.metrics import CacheMetricsCollector
 
     cache = optimized.RadixPrefixCache(page_size=2)
     names = [family.name for family in CacheMetricsCollector(cache).collect()]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from spec import prefix_cache as pc
-from spec.errors import (
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     EvictionError,
@@ -15,7 +15,7 @@ from spec.errors import (
     StaleHandleError,
     UnlockError,
 )
-from spec.invariants import check_invariants
+from radixspec.spec.invariants import check_invariants
 
 
 def cache_with(page_size: int, *inserts: tuple[list[int], list[int]]) -> pc.PrefixCacheState:

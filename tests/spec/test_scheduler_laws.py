@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from spec import prefix_cache as pc
-from spec import scheduler as laws
-from spec.errors import SchedulingLawError
-from spec.requests import SchedulerConfig, StepReport
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec import scheduler as laws
+from radixspec.spec.errors import SchedulingLawError
+from radixspec.spec.requests import SchedulerConfig, StepReport
 
 CONFIG = SchedulerConfig(page_size=2, num_pages=16, max_running_reqs=4, max_seq_len=32, max_extend_tokens=100)
 

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from spec.errors import CacheError, InvalidInputError, InvalidRequestError, InvalidSizeError, InvalidTypeError
-from spec.requests import SchedulerConfig, check_request
+from radixspec.spec.errors import CacheError, InvalidInputError, InvalidRequestError, InvalidSizeError, InvalidTypeError
+from radixspec.spec.requests import SchedulerConfig, check_request
 
 CONFIG = SchedulerConfig(page_size=2, num_pages=4, max_running_reqs=2, max_seq_len=12, max_extend_tokens=8)
 

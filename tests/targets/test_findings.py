@@ -4,7 +4,7 @@ No fuzzer here: each test drives the peer's own API with its own clock, the
 way its engine does, and asserts the behaviour the campaign found. A test
 failing here means the peer changed: re-run its campaign and update
 docs/findings.md. Each peer's tests are skipped when it is not available:
-sglang and vllm as installed wheels (``python -m fuzz.targets install sglang
+sglang and vllm as installed wheels (``radixspec targets install sglang
 vllm``), mini-sglang as a checkout named by ``RADIXSPEC_MINISGL`` (commit
 20fcd7f; see fuzz/targets/minisgl.py).
 """
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from spec import prefix_cache as pc
+from radixspec.spec import prefix_cache as pc
 
 MINISGL = os.environ.get("RADIXSPEC_MINISGL")
 needs_minisgl = pytest.mark.skipif(not MINISGL, reason="RADIXSPEC_MINISGL names no mini-sglang checkout")
@@ -35,7 +35,7 @@ def ids(*tokens: int) -> torch.Tensor:
 @pytest.fixture
 def minisgl(monkeypatch: pytest.MonkeyPatch) -> Any:
     """mini-sglang's modules with their own wall clock (the campaign's logical clock undone for the test)."""
-    from fuzz.targets.minisgl import checkout_root, import_minisgl
+    from radixspec.fuzz.targets.minisgl import checkout_root, import_minisgl
 
     assert MINISGL is not None
     modules = import_minisgl(checkout_root(MINISGL))
@@ -44,7 +44,7 @@ def minisgl(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def minisgl_cache(modules: Any, page_size: int) -> Any:
-    from fuzz.targets.minisgl import set_page_size
+    from radixspec.fuzz.targets.minisgl import set_page_size
 
     set_page_size(modules.core, page_size)
     return modules.radix_cache.RadixPrefixCache(torch.device("cpu"))
@@ -79,7 +79,7 @@ def test_minisgl_cache_req_unfinished_frees_pages_its_row_still_points_at(minisg
     maps those positions to them. The next allocation hands them to another
     request. Campaign: ``--machine manager`` reports "rows_match_handles".
     """
-    from fuzz.targets.minisgl import set_page_size
+    from radixspec.fuzz.targets.minisgl import set_page_size
 
     set_page_size(minisgl.core, 1)
     page_table = torch.zeros((2, 16), dtype=torch.int32)
@@ -121,7 +121,7 @@ def test_minisgl_matched_indices_of_an_empty_match_raise(minisgl: Any) -> None:
 @pytest.fixture
 def sglang(monkeypatch: pytest.MonkeyPatch) -> Any:
     """SGLang's radix cache module with its own wall clock."""
-    from fuzz.targets.sglang import import_radix_cache
+    from radixspec.fuzz.targets.sglang import import_radix_cache
 
     module = import_radix_cache()
     monkeypatch.setattr(module, "time", time)
@@ -129,7 +129,7 @@ def sglang(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def sglang_cache(module: Any, page_size: int) -> tuple[Any, Any]:
-    from fuzz.targets.sglang import RecordingAllocator
+    from radixspec.fuzz.targets.sglang import RecordingAllocator
 
     allocator = RecordingAllocator(page_size)
     return module.RadixCache.create_simulated(page_size=page_size, mock_allocator=allocator), allocator
@@ -186,7 +186,7 @@ def test_sglang_evicts_whole_leaf_nodes_until_at_least_the_asked_tokens(sglang: 
 @needs_vllm
 def test_vllm_a_lookup_does_not_refresh_recency_a_request_that_uses_it_does() -> None:
     """INTENDED DIFFERENCE (profile: a match changes no recency): the spec stamps on match; vLLM on touch + free."""
-    from fuzz.targets.vllm import VLLMPrefixCache
+    from radixspec.fuzz.targets.vllm import VLLMPrefixCache
 
     cache = VLLMPrefixCache(page_size=2, num_pages=2)
     cache.insert_prefix([1, 1], None, None)  # page 0
@@ -236,7 +236,7 @@ def test_sglang_events_of_two_namespaces_with_the_same_tokens_carry_the_same_blo
 
 
 def sglang_cache_with_events(module: Any, page_size: int) -> tuple[Any, Any]:
-    from fuzz.targets.sglang import RecordingAllocator
+    from radixspec.fuzz.targets.sglang import RecordingAllocator
 
     allocator = RecordingAllocator(page_size)
     cache = module.RadixCache.create_simulated(
@@ -252,8 +252,8 @@ def vllm_hybrid_run(prompts: list[list[int]], evict_window_page: int | None = No
     """Requests one after another on a full + window-8 coordinator (P = 4), each run to its end and freed;
     before the last, optionally one window block of the first request's pages evicted (the pool's own
     ``evict_blocks``). Returns the managers' view of each request after its match."""
-    from fuzz.targets.vllm_hybrid import VllmHybridManager
-    from reference.hybrid_manager import HybridReq
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.reference.hybrid_manager import HybridReq
 
     manager = VllmHybridManager(4, (None, 8), 32)
     seen = []
@@ -312,8 +312,8 @@ def test_vllm_hybrid_caches_a_recomputed_prefix_twice_in_one_group() -> None:
 SGLANG_SWA_TOMBSTONE = """
 import json, torch
 from array import array
-from fuzz.targets.sglang_swa import SGLangSWAManager
-from reference.hybrid_manager import HybridReq
+from radixspec.fuzz.targets.sglang_swa import SGLangSWAManager
+from radixspec.reference.hybrid_manager import HybridReq
 
 m = SGLangSWAManager(1, (None, 4), 8, core=CORE)
 v, cache, alloc = m.v, m.cache, m.alloc

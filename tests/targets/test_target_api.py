@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fuzz import campaign
-from fuzz.targets import TargetError, list_targets, resolve
+from radixspec.fuzz import campaign
+from radixspec.fuzz.targets import TargetError, list_targets, resolve
 
 from .toy import ToyCache
 
@@ -99,7 +99,7 @@ def test_sync_lru_follows_one_target_only() -> None:
     with pytest.raises(SystemExit):
         campaign.parse_args(["--lru", "sync"])  # the default selection: reference and optimized
     assert campaign.parse_args(["--lru", "sync", "--impl", "reference"]).targets == ("reference",)
-    assert sys.modules["fuzz.campaign"] is campaign
+    assert sys.modules["radixspec.fuzz.campaign"] is campaign
 
 
 def test_a_users_cache_runs_beside_ours_and_its_bug_is_caught() -> None:
@@ -119,7 +119,7 @@ def test_a_users_cache_runs_beside_ours_and_its_bug_is_caught() -> None:
 def test_a_managers_accounting_bug_is_named_by_the_specs_invariant(
     monkeypatch: pytest.MonkeyPatch, bug: str, invariant: str
 ) -> None:
-    import reference
+    from radixspec import reference
 
     original = reference.CacheManager._free
 

@@ -1,7 +1,7 @@
 """A user's prefix cache in a few lines, for the target API tests: the spec's own functions behind the protocol.
 
 ``ToyCache`` is correct; ``ForgetfulToyCache`` evicts locked pages too (the
-bug a target campaign must catch). ``python -m fuzz --target
+bug a target campaign must catch). ``radixspec fuzz --target
 tests.targets.toy:ForgetfulToyCache`` shows the report a user would get.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuzz.targets.api import EXACT, PageKey, Profile, TargetInfo
-from spec import prefix_cache as pc
-from spec.domains import Namespace
+from radixspec.fuzz.targets.api import EXACT, PageKey, Profile, TargetInfo
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
 
 
 class ToyCache:
@@ -85,7 +85,7 @@ class PlainManager:
     )
 
     def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
-        from fuzz.targets.ours import ReferenceManager
+        from radixspec.fuzz.targets.ours import ReferenceManager
 
         self.inner = ReferenceManager(num_pages, page_size, rows, max_seq_len)
         self.profile, self.page_size, self.num_pages = EXACT, page_size, num_pages

@@ -1,4 +1,4 @@
-"""``python -m fuzz.sanitize``: the C tree under AddressSanitizer and UndefinedBehaviorSanitizer, driven by the fuzzer.
+"""``python -m tools.sanitize``: the C tree under AddressSanitizer and UndefinedBehaviorSanitizer, driven by the fuzzer.
 
 A copy of the checkout gets its C module rebuilt with ``RADIXSPEC_SANITIZE=1``
 (``-fsanitize=address,undefined``, see ``csrc/build_ffi.py``); then one
@@ -6,7 +6,7 @@ campaign per machine (cache and manager by default) runs on the optimized
 implementation in that copy, side by side, with the ASan runtime preloaded.
 A memory error (use after free, overflow, double free) or undefined
 behaviour stops the process with the sanitizer's report; a semantic
-difference is reported as by ``python -m fuzz``.
+difference is reported as by ``radixspec fuzz``.
 
 Exit status: 0 clean, 1 a sanitizer report or a fuzz failure, 2 usage error,
 3 the sanitized build or the campaign broke.
@@ -26,7 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.checkout import ROOT
+
 COPY_IGNORE = (".git", ".tox", ".venv", "__pycache__", ".hypothesis", ".benchmarks", "build", "fuzz-failures")
 SANITIZER_REPORT = re.compile(r"ERROR: AddressSanitizer: [^\n]*|runtime error: [^\n]*|ERROR: LeakSanitizer[^\n]*")
 
@@ -68,9 +69,9 @@ def asan_runtime() -> str:
             ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as exc:
-        raise SystemExit(f"fuzz.sanitize: gcc is needed to find the ASan runtime ({exc})") from None
+        raise SystemExit(f"tools.sanitize: gcc is needed to find the ASan runtime ({exc})") from None
     if not os.path.isabs(path) or not Path(path).exists():
-        raise SystemExit("fuzz.sanitize: gcc has no libasan.so (install libasan for this gcc)")
+        raise SystemExit("tools.sanitize: gcc has no libasan.so (install libasan for this gcc)")
     return path
 
 
@@ -101,7 +102,7 @@ def start(
     tree: Path, machine: str, minutes: float, seed: int, extra: Sequence[str], env: dict[str, str]
 ) -> subprocess.Popen[str]:
     """A fuzz campaign of ``machine`` on the optimized implementation, in ``tree``, in its own process."""
-    cmd = [sys.executable, "-m", "fuzz", "--machine", machine, "--impl", "optimized", "--workers", "0"]
+    cmd = [sys.executable, "-m", "radixspec.fuzz", "--machine", machine, "--impl", "optimized", "--workers", "0"]
     cmd += ["--minutes", str(minutes), "--seed", str(seed), *extra]
     return subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -122,7 +123,7 @@ def run_campaigns(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fuzz.sanitize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.sanitize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--minutes", type=float, default=1.0, help="budget of each machine's campaign (default 1)")
     parser.add_argument(

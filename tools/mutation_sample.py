@@ -1,4 +1,4 @@
-"""``python -m fuzz.mutation_sample``: the fast profile of ``tox -e mutation``, a sample of the mutants that fits
+"""``python -m tools.mutation_sample``: the fast profile of ``tox -e mutation``, a sample of the mutants that fits
 in half an hour on 2 cores, resumed where it stopped.
 
 The whole scope (``[tool.mutmut]`` in ``pyproject.toml``: 8,171 mutants)
@@ -12,7 +12,7 @@ Resumable: mutmut keeps every verdict under ``mutants/`` the moment it has
 it; a second run passes mutmut only the sampled mutants that have no verdict
 yet. The first run also makes the mutants and learns which tests cover each
 (``mutmut run`` on one module's first mutants). Then the score of the sample,
-per module, and its survivors by class (``fuzz.mutation_report``).
+per module, and its survivors by class (``tools.mutation_report``).
 
 Exit status: 0 when every sampled mutant is checked and the score without the
 argued equivalent survivors reaches ``--goal``; 1 otherwise; 2 on a usage
@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-from fuzz import mutation_report as mr
+from tools import mutation_report as mr
 
 # the first run makes the mutants (mutmut makes them all on any run): with only these, which are quick
-BOOTSTRAP = "spec.helpers.*__mutmut_1"
+BOOTSTRAP = "radixspec.spec.helpers.*__mutmut_1"
 
 
 def in_sample(name: str, percent: float, seed: int) -> bool:
@@ -67,7 +67,9 @@ def mutmut(root: Path, names: list[str], max_children: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fuzz.mutation_sample", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.mutation_sample",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--percent", type=float, default=15.0, help="share of the mutants checked (default 15)")
     parser.add_argument("--seed", type=int, default=0, help="which sample (default 0)")

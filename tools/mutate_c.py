@@ -1,4 +1,4 @@
-"""``python -m fuzz.mutate_c``: mutation testing of the C tree (``csrc/tree.c``).
+"""``python -m tools.mutate_c``: mutation testing of the C tree (``csrc/tree.c``).
 
 mutmut sees Python only; this applies standard mutation operators to the C
 source, one mutant at a time, and asks whether the campaigns notice:
@@ -18,7 +18,7 @@ one kills it (``--stages`` picks them; the default is the first two):
 1. **machines**: the cache and the manager machines on the optimized
    implementation, side by side, for ``--seconds`` each;
 2. **tests**: the C tree's own tests (``C_TESTS``), on a build with ASan +
-   UBSan (``fuzz.sanitize``): its entry points called as any C caller would,
+   UBSan (``tools.sanitize``): its entry points called as any C caller would,
    including what the Python wrapper never asks (an empty match), the blocks
    of memory every call and every tree give back, and any overrun or use
    after free on the way;
@@ -53,9 +53,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fuzz import sanitize
+from tools import sanitize
+from tools.checkout import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "csrc/tree.c"
 OPERATORS = ("ror", "const", "delete", "swap")
 MACHINES = ("cache", "manager")
@@ -552,7 +552,7 @@ def rescore(path: Path, goal: float) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fuzz.mutate_c", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m tools.mutate_c", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sample", type=int, default=None, help="draw this many mutants (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sample and of the campaigns")

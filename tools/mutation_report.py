@@ -1,6 +1,6 @@
 """The mutation score and its survivors, read from a finished ``mutmut run`` (``tox -e mutation``).
 
-``python -m fuzz.mutation_report [--root .] [--out docs/mutation_survivors.md]`` reads ``mutmut results``
+``python -m tools.mutation_report [--root .] [--out docs/mutation_survivors.md]`` reads ``mutmut results``
 and the mutants' sources under ``mutants/``, prints the score per module and overall, and writes every
 survivor with its diff, grouped by class. A class is either an argument that the mutant is equivalent
 (it cannot change what any caller observes on this machine) or ``other``: a test gap.
@@ -231,7 +231,7 @@ CLASSES: list[tuple[str, str, Callable[[str, str, str], bool]]] = [
     ),
     (
         "equivalent on a sound C tree: its corruption path",
-        "only a corrupted C tree reports CORRUPT or an unknown status here; python -m fuzz.planted plants such C bugs "
+        "only a corrupted C tree reports CORRUPT or an unknown status here; python -m tools.planted plants such C bugs "
         "and times their catch, outside the mutation run",
         _argued(r"RadixPrefixCacheǁ(check_integrity|_after_evict)", r"ffi\.string\(message\)|_raise_for\(status\)"),
     ),
@@ -480,7 +480,7 @@ def survivors_markdown(mutants: list[Mutant]) -> str:
     for mutant in mutants:
         if survived(mutant):
             groups[classify(mutant)].append(mutant)
-    out = ["# Surviving mutants of tox -e mutation, by class", "", "Written by `python -m fuzz.mutation_report`.", ""]
+    out = ["# Surviving mutants of tox -e mutation, by class", "", "Written by `python -m tools.mutation_report`.", ""]
     for name, group in sorted(groups.items(), key=lambda item: -len(item[1])):
         out += [f"## {name} ({len(group)})", "", arguments[name], ""]
         for mutant in group:
@@ -505,7 +505,7 @@ def load(root: Path) -> list[Mutant]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.mutation_report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.mutation_report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path("."), help="where mutmut ran (holds mutants/)")
     parser.add_argument("--out", type=Path, help="write every survivor with its diff here (markdown)")
     args = parser.parse_args(argv)

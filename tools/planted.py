@@ -1,7 +1,7 @@
-"""``python -m fuzz.planted``: plant known bugs one at a time in a copy of the tree; time the campaign's catch.
+"""``python -m tools.planted``: plant known bugs one at a time in a copy of the tree; time the campaign's catch.
 
 Each bug is a textual edit of one file (the real bugs that keep hitting
-serving engines). The copy is fuzzed with ``python -m fuzz``; the table
+serving engines). The copy is fuzzed with ``radixspec fuzz``; the table
 says how long the campaign took to find a failing example and to report
 it shrunk. A bug that survives the budget is reported as MISSED.
 """
@@ -20,9 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fuzz import sanitize
-
-ROOT = Path(__file__).resolve().parent.parent
+from tools import sanitize
+from tools.checkout import ROOT
 
 
 @dataclass(frozen=True)
@@ -327,7 +326,7 @@ def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[s
                 return "caught", run.seconds, run.seconds
             return verdict(subprocess.CompletedProcess([], run.returncode, run.stdout, run.stderr))
         impl = "all" if bug.machine == "scheduler" else bug.impl
-        cmd = [sys.executable, "-m", "fuzz", "--machine", bug.machine, "--impl", impl]
+        cmd = [sys.executable, "-m", "radixspec.fuzz", "--machine", bug.machine, "--impl", impl]
         cmd += ["--minutes", str(minutes), "--seed", str(seed), *extra]
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
     return verdict(proc)
@@ -335,14 +334,14 @@ def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[s
 
 def run_one_peer(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[str, float | None, float | None]:
     """Fuzz the target ``bug.peer`` with ``bug`` planted in a copy of its module."""
-    from fuzz.targets.shims import package_root
+    from radixspec.fuzz.targets.shims import package_root
 
     assert bug.peer == "sglang", "only SGLang's radix cache can be loaded from a patched copy"
     with tempfile.TemporaryDirectory(prefix="radixspec-planted-") as tmp:
         copy = Path(tmp) / "radix_cache.py"
         shutil.copy(package_root(bug.peer) / bug.path, copy)
         plant(replace(bug, path=copy.name), Path(tmp))
-        cmd = [sys.executable, "-m", "fuzz", "--target", bug.peer, "--machine", bug.machine]
+        cmd = [sys.executable, "-m", "radixspec.fuzz", "--target", bug.peer, "--machine", bug.machine]
         cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
         if not shrink:
             cmd.append("--no-shrink")
@@ -369,7 +368,7 @@ def seconds(value: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fuzz.planted", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.planted", description=__doc__)
     parser.add_argument("--minutes", type=positive_float, default=1.0, help="campaign budget per bug")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shrink", action="store_true", help="also shrink each failure (slow: minutes per bug)")

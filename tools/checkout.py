@@ -1,0 +1,20 @@
+"""The checkout the maintainer tools work on, found once; a clear exit when they run without one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def find_root() -> Path:
+    """The checkout holding this ``tools/`` folder; SystemExit saying so when the folder above is not one."""
+    root = Path(__file__).resolve().parent.parent
+    missing = [name for name in ("pyproject.toml", "csrc", "spec", "fuzz") if not (root / name).exists()]
+    if missing:
+        raise SystemExit(
+            f"radixspec's maintainer tools work on a checkout of its repository; {root} lacks {', '.join(missing)}"
+            " (an installed radixspec does not ship them: clone the repository and run python -m tools.NAME there)"
+        )
+    return root
+
+
+ROOT = find_root()
