@@ -12,7 +12,6 @@ store kernel, csrc/store.cu, is built by nvcc instead: ``python -m radixspec.opt
 import importlib.util
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
@@ -47,8 +46,9 @@ ffibuilder.set_source(
 )
 
 if __name__ == "__main__":
-    # cffi writes the module under the folders of its dotted name (radixspec/optimized/); a checkout keeps the
-    # package radixspec.optimized in optimized/, so the built module moves there
-    with tempfile.TemporaryDirectory() as build:
-        built = Path(ffibuilder.compile(tmpdir=build, verbose=True))
-        shutil.copy2(built, ROOT / "optimized" / built.name)
+    # cffi builds from the checkout's top (the sources are named relative to it) and writes the module under the
+    # folders of its dotted name (radixspec/optimized/); a checkout keeps radixspec.optimized in optimized/, so
+    # the built module moves there
+    built = Path(ffibuilder.compile(tmpdir=str(ROOT), verbose=True))
+    shutil.move(built, ROOT / "optimized" / built.name)
+    shutil.rmtree(ROOT / "radixspec" / "optimized", ignore_errors=True)
