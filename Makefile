@@ -5,22 +5,28 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-# the project's extras installed into .venv (CI adds ray)
-EXTRAS ?= test,events,metrics,plot
+# the project's extras and dependency groups (PEP 735: the development tools) installed into .venv (CI adds ray)
+EXTRAS ?= events,metrics,plot
+GROUPS ?= test
+# the torch of .venv: the CPU wheel of this machine's disk, installed first (pyproject.toml admits any torch >= 2.13;
+# `make compat` checks an engine's 2.14.1). TORCH= (empty) keeps whatever the environment resolves.
+TORCH ?= 2.13.0
 # extra arguments: make fuzz ARGS="--minutes 5 --seed 7", make test ARGS="-k replay"
 ARGS ?=
 
 PY := $(VENV)/bin/python
+comma := ,
 STAMP := $(VENV)/.radixspec-installed
 
-.PHONY: venv fuzz test lint crosshair sanitize bench mutation mutation-full ray clean-venv
+.PHONY: venv fuzz test compat lint crosshair sanitize bench mutation mutation-full ray clean-venv
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(if $(TORCH),$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH)")
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" $(foreach group,$(subst $(comma), ,$(GROUPS)),--group $(group))
 	touch $(STAMP)
 
 # the differential campaign: spec, reference and optimized side by side, every machine, 1 minute on every core
@@ -30,6 +36,23 @@ fuzz: $(STAMP)
 # the test suite (about 2 minutes on 2 cores; the CUDA tests skip without a GPU)
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# radixspec inside an engine's environment: a fresh virtualenv that holds SGLang 0.5.23's torch (2.14.1) first,
+# then `pip install .` (a wheel, not editable), which must keep that torch; then the whole suite runs against the
+# installed package (pytest's append import mode: site-packages' radixspec comes before the checkout's)
+COMPAT_VENV ?= /tmp/radixspec-compat
+COMPAT_TORCH ?= 2.14.1
+compat:
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(COMPAT_VENV)/bin/python -m pip install --quiet "torch==$(COMPAT_TORCH)"
+	$(COMPAT_VENV)/bin/python -m pip install --quiet ".[$(EXTRAS)]" --group test
+	$(COMPAT_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; \
+		assert v == '$(COMPAT_TORCH)', f'pip install . replaced torch $(COMPAT_TORCH) with {v}'; print('torch kept:', v)"
+	cd /tmp && $(COMPAT_VENV)/bin/python -c "import radixspec.optimized as o, sys; \
+		assert 'site-packages' in o.__file__, o.__file__; print('radixspec installed at', o.__file__)"
+	$(COMPAT_VENV)/bin/pytest --import-mode=append $(ARGS)
 
 # the tox environments (tox.ini), run by the tox of .venv
 lint crosshair sanitize bench mutation mutation-full ray: $(STAMP)

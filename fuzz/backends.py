@@ -5,7 +5,9 @@ breaks (a worker died, Ray unreachable) raises BackendError, and the campaign ex
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from typing import Any
@@ -49,12 +51,14 @@ _NOTIFY_QUEUE: Any = None
 
 
 def _init_worker(notify_queue: Any) -> None:
-    """A worker process: keep the queue failures are announced on; one torch thread (the cores are the workers)."""
+    """A worker process: keep the queue failures are announced on; one torch thread (the cores are the workers),
+    without importing torch where no target needs it (it reads OMP_NUM_THREADS when a target imports it)."""
     global _NOTIFY_QUEUE
     _NOTIFY_QUEUE = notify_queue
-    import torch
-
-    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _run_batch_in_worker(spec: BatchSpec) -> BatchResult:

@@ -53,7 +53,8 @@ from radixspec.spec.helpers import compute_page_to_token
 from radixspec.spec.invariants import check_invariants
 
 from .differential import apply_all, describe_difference
-from .targets.ours import IMPLEMENTATIONS, OptimizedCache, ReferenceCache, SpecCache
+from .targets.ours import IMPLEMENTATIONS, ReferenceCache, SpecCache
+from .targets.ours_optimized import OptimizedCache
 
 Op = tuple[str, ...]
 # the second namespace (a tuple of the spec's domain)

@@ -35,6 +35,7 @@ from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
 from .stats import STATS
 from .targets import resolve
+from .targets.api import TargetInfo
 from .targets.ours import HYBRID_IMPLEMENTATIONS, SpecHybridCache
 
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
@@ -65,7 +66,7 @@ class HybridMachine(RuleBasedStateMachine):
     """The spec's hybrid cache and our hybrid trees, and the hybrid manager over each, driven alike."""
 
     # the implementations beside the spec (radixspec.fuzz.machines.machine_for sets them from --impl)
-    IMPLS: ClassVar[tuple[str, ...]] = tuple(HYBRID_IMPLEMENTATIONS)
+    IMPLS: ClassVar[tuple[str | TargetInfo, ...]] = tuple(HYBRID_IMPLEMENTATIONS)
 
     seqs = Bundle("hybrid_seqs")
     handles = Bundle("hybrid_handles")
@@ -104,7 +105,8 @@ class HybridMachine(RuleBasedStateMachine):
         foreign = [name for name in self.IMPLS if name not in HYBRID_IMPLEMENTATIONS]
         if foreign:
             # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
-            info = resolve(foreign[0], check=False)
+            first = foreign[0]
+            info = first if isinstance(first, TargetInfo) else resolve(first, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
                 self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]

@@ -6,13 +6,19 @@ our own (so that a corpus is shared by every batch of one machine, whatever
 its seed), and shrinking bounded by the campaign's deadline. Each is an
 attribute Hypothesis reads but does not document; ``check()`` proves that the
 installed Hypothesis still reads each one (``tests/fuzz/test_hypothesis_compat.py``
-runs it and fails with its message when an upgrade breaks one). This is why
-pyproject.toml pins Hypothesis below 6.171.
+runs it and fails with its message when an upgrade breaks one).
+
+pyproject.toml admits every Hypothesis 6 from 6.130 on: each attribute is set only where the installed release
+still reads it. Where a release stops reading one, what it gave degrades, with one warning saying what (a
+batch's draws no longer follow its seed; batches no longer share a corpus; shrinking takes Hypothesis's own
+budget), and the campaign goes on.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -32,19 +38,60 @@ READERS: tuple[tuple[str, Any], ...] = (
 )
 
 
+# what is lost when the installed Hypothesis no longer reads an attribute
+DEGRADED = {
+    SEED_ATTRIBUTE: "a batch's draws no longer follow its seed (a campaign does not reproduce from --seed)",
+    DATABASE_KEY_ATTRIBUTE: "the batches of a machine no longer share one corpus in --db",
+    SHRINK_BUDGET: "shrinking is no longer bounded by the campaign's deadline (Hypothesis's own 300 s apply)",
+}
+
+
+@functools.cache
+def is_read(name: str) -> bool:
+    """True when the installed Hypothesis still reads the attribute ``name`` (checked once per process)."""
+    module = dict(READERS)[name]
+    try:
+        read = name in inspect.getsource(module)
+    except (OSError, TypeError):  # no source shipped (a zipped or compiled install): trust the attribute
+        read = True
+    if name == SHRINK_BUDGET:
+        read = read and isinstance(getattr(_engine, SHRINK_BUDGET, None), int)
+    return read
+
+
+@functools.cache
+def warn_degraded(name: str) -> None:
+    """One warning per process and attribute: what the campaign no longer gets, and why."""
+    warnings.warn(
+        f"radixspec: hypothesis {hypothesis.__version__} no longer reads {name}; {DEGRADED[name]}."
+        " Everything else works; fuzz/hypothesis_compat.py says more.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 def seed_machine(machine: type[RuleBasedStateMachine], seed: int) -> None:
     """Every run of ``machine``'s test draws from ``seed`` (what ``@seed`` does for a test function)."""
-    setattr(machine, SEED_ATTRIBUTE, seed)
+    if is_read(SEED_ATTRIBUTE):
+        setattr(machine, SEED_ATTRIBUTE, seed)
+    else:
+        warn_degraded(SEED_ATTRIBUTE)
 
 
 def set_database_key(test: Callable[..., Any], key: bytes) -> None:
     """Failing examples of ``test`` are saved and replayed under ``key`` in the example database."""
-    setattr(test, DATABASE_KEY_ATTRIBUTE, key)
+    if is_read(DATABASE_KEY_ATTRIBUTE):
+        setattr(test, DATABASE_KEY_ATTRIBUTE, key)
+    else:
+        warn_degraded(DATABASE_KEY_ATTRIBUTE)
 
 
 def bound_shrinking(seconds: float) -> None:
     """Shrinking stops after ``seconds`` (Hypothesis reads this when a shrink starts; its default is 300)."""
-    setattr(_engine, SHRINK_BUDGET, 300 if seconds == float("inf") else max(1, int(seconds)))
+    if is_read(SHRINK_BUDGET):
+        setattr(_engine, SHRINK_BUDGET, 300 if seconds == float("inf") else max(1, int(seconds)))
+    else:
+        warn_degraded(SHRINK_BUDGET)
 
 
 def check() -> list[str]:

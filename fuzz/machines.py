@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -9,21 +10,26 @@ from collections.abc import Callable
 from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
-from .cache_machine import CacheMachine
-from .hybrid_machine import HybridMachine
-from .kv_machine import KVStoreMachine
-from .manager_machine import ManagerMachine
-from .scheduler_machine import SchedulerMachine
 from .targets import resolve
+from .targets.api import TargetInfo
 from .targets.ours import IMPLEMENTATIONS
 
-MACHINES: dict[str, type[RuleBasedStateMachine]] = {
-    "cache": CacheMachine,
-    "manager": ManagerMachine,
-    "scheduler": SchedulerMachine,
-    "kv": KVStoreMachine,
-    "hybrid": HybridMachine,
+# the machines by name: (module, class), imported when one is asked for (the kv and scheduler machines drive
+# the optimized layer and import torch; a campaign of the cache machine over a pure-Python target does not)
+MACHINES: dict[str, tuple[str, str]] = {
+    "cache": ("radixspec.fuzz.cache_machine", "CacheMachine"),
+    "manager": ("radixspec.fuzz.manager_machine", "ManagerMachine"),
+    "scheduler": ("radixspec.fuzz.scheduler_machine", "SchedulerMachine"),
+    "kv": ("radixspec.fuzz.kv_machine", "KVStoreMachine"),
+    "hybrid": ("radixspec.fuzz.hybrid_machine", "HybridMachine"),
 }
+
+
+def machine_class(name: str) -> type[RuleBasedStateMachine]:
+    """The machine class ``name`` (a key of MACHINES), its module imported now."""
+    module, attribute = MACHINES[name]
+    machine: type[RuleBasedStateMachine] = getattr(importlib.import_module(module), attribute)
+    return machine
 
 
 class Stop:
@@ -63,16 +69,17 @@ class FailureClock:
 
 def machine_for(
     name: str,
-    targets: tuple[str, ...] = tuple(IMPLEMENTATIONS),
+    targets: tuple[str | TargetInfo, ...] = tuple(IMPLEMENTATIONS),
     device: str = "cpu",
     lru: str | None = None,
     shallow: bool = False,
 ) -> type[RuleBasedStateMachine]:
-    """The machine ``name`` driving the spec beside ``targets`` (names as --impl and --target take them; the
+    """The machine ``name`` driving the spec beside ``targets`` (names as --impl and --target take them, or
+    TargetInfo objects: radixspec.testing passes a user's factory so; the
     kv machine: the pool on ``device``), in LRU mode ``lru`` (default: the profiles'); ``shallow``: a shallow
     batch's machine (the cache machine grows no big trees and no long keys). Notes the time of its first
     failure."""
-    base: type[RuleBasedStateMachine] = MACHINES[name]
+    base = machine_class(name)
 
     def __init__(self: RuleBasedStateMachine) -> None:
         # before a failure only: once one is found, Hypothesis replays it and shrinks (bounded on its own)
@@ -98,7 +105,7 @@ def machine_for(
         "SHALLOW": shallow,
     }
     if name in ("cache", "manager"):
-        infos = tuple(resolve(target, check=False) for target in targets)
+        infos = tuple(target if isinstance(target, TargetInfo) else resolve(target, check=False) for target in targets)
         attributes["TARGETS"] = infos
         attributes["LRU"] = lru or (infos[0].profile.default_lru if len(infos) == 1 else "strict")
     elif name == "kv":

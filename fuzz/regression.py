@@ -26,9 +26,7 @@ Written by radixspec fuzz on {date}: machine {machine}, {driven}, batch seed {se
 
 Replays the {kind} failing program; run it with python -m pytest {name}
 """
-
-import torch  # noqa: F401  (drawn values may name torch dtypes)
-
+{torch}
 from radixspec.fuzz.regression import build_machine
 from radixspec.fuzz.sequences import Flavor, Tag  # noqa: F401  (drawn namespaces outside the domain)
 
@@ -81,6 +79,8 @@ def regression_source(
         kind="shrunk" if shrunk else "unshrunk",
         name=name,
         function=re.sub(r"\W", "_", Path(name).stem.removeprefix("test_")),
+        # only where a drawn value names a torch dtype: a pure-Python target's file does not import torch
+        torch="\nimport torch\n" if any("torch." in statement for statement in program) else "",
     )
     if reproduce:
         steps.append(f"# Hypothesis replays the same example with: {reproduce}")

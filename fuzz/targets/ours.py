@@ -12,18 +12,11 @@ turns tensors into lists.
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Generic, TypeAlias, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
-import numpy
-import torch
-
-from radixspec import optimized, reference
-from radixspec.optimized._c import load_c
-from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
-from radixspec.optimized.radix_cache import RadixCacheHandle as OptimizedHandle
+from radixspec import reference
 from radixspec.reference.hybrid_cache import HybridRadixCache
 from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.spec import cache_manager as sm
@@ -38,9 +31,15 @@ from radixspec.spec.types import SizeInfo
 
 from .api import EXACT, PageKey, Profile, TargetInfo
 
+if TYPE_CHECKING:
+    from radixspec import optimized
+    from radixspec.optimized.radix_cache import RadixCacheHandle as OptimizedHandle
+
+    from .ours_optimized import OptimizedCache, OptimizedManager
+
 # the handle type of a cache: the spec's, the reference tree's or the optimized tree's
-H = TypeVar("H", pc.Handle, RadixCacheHandle, OptimizedHandle)
-Tree = TypeVar("Tree", reference.RadixPrefixCache, optimized.RadixPrefixCache)
+H = TypeVar("H", pc.Handle, RadixCacheHandle, "OptimizedHandle")
+Tree = TypeVar("Tree", reference.RadixPrefixCache, "optimized.RadixPrefixCache")
 
 
 class ExactTarget(Generic[H]):
@@ -196,109 +195,14 @@ class ReferenceCache(TreeTarget[RadixCacheHandle, reference.RadixPrefixCache]):
         return list(self.cache.reset())
 
 
-# the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share),
-# with the bits of the integers each holds: values a format cannot hold (past int32, say) go as a list
-INPUT_FORMATS: tuple[tuple[Callable[[list[int]], Any], int | None], ...] = (
-    (list, None),
-    (lambda values: torch.tensor(values, dtype=torch.int32), 32),
-    (lambda values: torch.tensor(values, dtype=torch.int64), 64),
-    (lambda values: numpy.array(values, dtype=numpy.int64), 64),
-    (lambda values: numpy.array(values, dtype=numpy.int32), 32),
-    (lambda values: array("q", values), 64),
-    (tuple, None),
-)
-
-
-def fits(values: list[int], bits: int | None) -> bool:
-    """True when every value is an int that a signed integer of ``bits`` bits holds (any, for None)."""
-    if bits is None or not values:
-        return True
-    limit = 1 << (bits - 1)
-    return all(type(value) is int for value in values) and -limit <= min(values) and max(values) < limit
-
-
-@contextmanager
-def gives_back_its_blocks(call: str) -> Iterator[None]:
-    """A read of the C tree gives back every block of memory it took (``radix_tree_live_blocks``, all trees of
-    the process). Fewer blocks after it is no leak: another tree, dropped earlier, may be collected meanwhile."""
-    live_blocks = load_c()[1].radix_tree_live_blocks
-    before = live_blocks()
-    yield
-    kept = live_blocks() - before
-    assert kept <= 0, f"optimized: {call} kept {kept} blocks of the C tree's memory (a leak)"
-
-
-class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
-    """The optimized cache: lists in, converted to each input format it takes in turn, lists out."""
-
-    name = "optimized"
-
-    def __init__(self, page_size: int, num_pages: int = 0) -> None:
-        self.page_size = page_size
-        self.cache = optimized.RadixPrefixCache(page_size, device="cpu", enable_events=True)
-        self.calls = 0
-        self.evicted = []
-        self.out = torch.empty(0, dtype=torch.int32)
-
-    def check_integrity(self) -> None:
-        with gives_back_its_blocks("check_integrity"):
-            self.cache.check_integrity()
-
-    def abstract_state(self) -> pc.PrefixCacheState:
-        with gives_back_its_blocks("abstract_state (the tree's export)"):
-            return self.cache.abstract_state()
-
-    def convert(self, values: list[int], shift: int = 0) -> Any:
-        """``values`` in the next input format (``shift`` picks another one for the slots of the same call)."""
-        fmt, bits = INPUT_FORMATS[(self.calls + shift) % len(INPUT_FORMATS)]
-        return fmt(values) if fits(values, bits) else list(values)
-
-    def match_prefix(self, tokens: list[int], namespace: Namespace) -> OptimizedHandle:
-        self.calls += 1
-        return self.cache.match_prefix(self.convert(tokens), namespace)
-
-    def insert_prefix(
-        self, tokens: list[int], indices: list[int] | None, namespace: Namespace
-    ) -> tuple[int, OptimizedHandle]:
-        self.calls += 1
-        ids, slots = self.convert(tokens), self.convert(indices or [], shift=self.calls // len(INPUT_FORMATS))
-        cached_len, handle = self.cache.insert_prefix(ids, slots, namespace)
-        return int(cached_len), handle
-
-    def matched_slots(self, handle: OptimizedHandle) -> list[int]:
-        return [int(slot) for slot in handle.get_matched_indices().tolist()]
-
-    def path_nodes(self, handle: OptimizedHandle) -> int:
-        """Radix nodes from the handle's node up to the root (counted in C)."""
-        return int(self.cache.path_nodes(handle))
-
-    def evict(self, size: int) -> None:
-        """Every other call into the target's own buffer (``evict(size, out=)``), else into a new tensor."""
-        self.calls += 1
-        pages = -(-size // self.page_size) if size > 0 else 0
-        if self.calls % 2 and pages * self.page_size <= 4096:
-            if self.out.numel() < pages * self.page_size:
-                self.out = torch.empty(max(64, 2 * pages * self.page_size), dtype=torch.int32)
-            slots = self.cache.evict(size, out=self.out)[: pages * self.page_size]
-        else:
-            slots = self.cache.evict(size)
-        self.note_evicted([int(slot) for slot in slots.tolist()])
-
-    def reset(self) -> list[int]:
-        return [int(slot) for slot in self.cache.reset().tolist()]
-
-    def break_invariant(self, field: str, which: int, position: int, delta: int) -> bool | None:
-        """Test support (the cache machine's break_the_tree): ``delta`` added to one field of the C tree, of its
-        ``which``-th live node modulo their number (nodes with pages only, for a slot or a segment's refs);
-        ``-delta`` puts it back. None when there is no such node; else whether the C tree did it."""
-        stats = self.cache.tree_stats()
-        live = stats["nodes"] + (0 if field in ("slot", "segment_refs") else stats["roots"])
-        return self.cache.break_invariant(field, which % live, position, delta) if live else None
-
-
 # ---------------------------------------------------------------- managers
 
-Handle: TypeAlias = RadixCacheHandle | OptimizedHandle
+Handle: TypeAlias = "RadixCacheHandle | OptimizedHandle"
+
+
+def as_list(values: Any) -> list[Any]:
+    """A sequence as a list: a tensor or an array through its ``tolist`` (no torch import for lists)."""
+    return list(values.tolist() if hasattr(values, "tolist") else values)
 
 
 class OurManager:
@@ -357,7 +261,7 @@ class OurManager:
 
     def get_matched_indices(self, handle: Handle) -> list[int]:
         matched = handle.get_matched_indices()
-        return [int(slot) for slot in (matched.tolist() if isinstance(matched, torch.Tensor) else matched)]
+        return [int(slot) for slot in as_list(matched)]
 
     def available_size(self) -> int:
         return int(self.manager.available_size)
@@ -374,7 +278,7 @@ class OurManager:
 
     def evict(self, size: int) -> list[int]:
         slots = self.manager.prefix_cache.evict(size)
-        return [int(slot) for slot in (slots.tolist() if isinstance(slots, torch.Tensor) else slots)]
+        return [int(slot) for slot in as_list(slots)]
 
     # ------------------------------------------------------------ observation
 
@@ -410,7 +314,7 @@ class OurManager:
         return spec
 
     def view(self, state: sm.ManagerState, req: Req) -> sm.RequestView:
-        ids = req.input_ids.tolist() if isinstance(req.input_ids, torch.Tensor) else req.input_ids
+        ids = as_list(req.input_ids)
         handle = None if req.cache_handle is None else self.spec_handle(req.cache_handle)
         row = state.page_table[req.table_idx][: req.alloc_len]
         return sm.RequestView(
@@ -436,23 +340,6 @@ class ReferenceManager(OurManager):
         super().__init__(reference.CacheManager(num_pages, page_size, table), num_pages, page_size)
 
 
-class OptimizedManager(OurManager):
-    """optimized.CacheManager as a manager target; its requests keep token ids as CPU tensors."""
-
-    name = "optimized"
-
-    def __init__(self, num_pages: int, page_size: int, rows: int, max_seq_len: int) -> None:
-        table = optimized.make_page_table(rows, max_seq_len)
-        super().__init__(optimized.CacheManager(num_pages, page_size, table), num_pages, page_size)
-
-    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
-        tokens = torch.tensor(prompt, dtype=torch.int64)
-        return Req(input_ids=tokens, table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)  # type: ignore[arg-type]
-
-    def append_token(self, req: Req, token: int) -> None:
-        req.input_ids = torch.cat([req.input_ids, torch.tensor([token])])  # type: ignore[list-item, assignment]
-
-
 REFERENCE = TargetInfo(
     name="reference",
     description="radixspec's reference RadixPrefixCache and CacheManager (pure Python)",
@@ -460,11 +347,36 @@ REFERENCE = TargetInfo(
     manager_factory=ReferenceManager,
     profile=EXACT,
 )
+
+
+def make_optimized_cache(page_size: int, num_pages: int = 0) -> OptimizedCache:
+    """The optimized cache as a target; torch and the C tree are imported here, when one is made."""
+    from .ours_optimized import OptimizedCache
+
+    return OptimizedCache(page_size, num_pages)
+
+
+def make_optimized_manager(num_pages: int, page_size: int, rows: int, max_seq_len: int) -> OptimizedManager:
+    """The optimized manager as a target; torch and the C tree are imported here, when one is made."""
+    from .ours_optimized import OptimizedManager
+
+    return OptimizedManager(num_pages, page_size, rows, max_seq_len)
+
+
+def make_optimized_hybrid(page_size: int, windows: tuple[hy.Window, ...]) -> Any:
+    """The optimized hybrid cache (the C tree); imported when one is made."""
+    from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
+
+    return OptimizedHybridCache(page_size, windows)
+
+
+# the optimized targets are made by these functions: naming them imports neither torch nor the C tree (a campaign
+# over the spec, the reference or a user's pure-Python cache never loads either)
 OPTIMIZED = TargetInfo(
     name="optimized",
     description="radixspec's optimized RadixPrefixCache and CacheManager (torch, C)",
-    cache_factory=OptimizedCache,
-    manager_factory=OptimizedManager,
+    cache_factory=make_optimized_cache,
+    manager_factory=make_optimized_manager,
     profile=EXACT,
 )
 # what --impl names: our implementations, in the order --impl all drives them
@@ -520,5 +432,5 @@ class SpecHybridCache:
 # the hybrid caches by implementation name (the hybrid machine drives these beside the spec)
 HYBRID_IMPLEMENTATIONS: dict[str, Callable[[int, tuple[hy.Window, ...]], Any]] = {
     "reference": HybridRadixCache,
-    "optimized": OptimizedHybridCache,
+    "optimized": make_optimized_hybrid,
 }

@@ -16,7 +16,8 @@ from radixspec.fuzz.contracts import (
     manager_contract,
     run_manager_program,
 )
-from radixspec.fuzz.targets.ours import OptimizedManager, ReferenceManager
+from radixspec.fuzz.targets.ours import ReferenceManager
+from radixspec.fuzz.targets.ours_optimized import OptimizedManager
 from radixspec.spec.errors import IntegrityError, ManagerLawError
 
 page_sizes = st.integers(1, 2)

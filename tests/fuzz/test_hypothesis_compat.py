@@ -65,3 +65,26 @@ def test_shrinking_is_bounded_by_the_deadline(monkeypatch: pytest.MonkeyPatch) -
     assert engine.MAX_SHRINKING_SECONDS == 1
     compat.bound_shrinking(float("inf"))
     assert engine.MAX_SHRINKING_SECONDS == 300
+
+
+@pytest.mark.parametrize("name", [compat.SEED_ATTRIBUTE, compat.DATABASE_KEY_ATTRIBUTE, compat.SHRINK_BUDGET])
+def test_a_release_that_stops_reading_an_attribute_degrades_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setattr(compat, "is_read", lambda attribute: attribute != name)
+    compat.warn_degraded.cache_clear()
+    machine = recording_machine([])
+    test = get_state_machine_test(machine, settings=settings(max_examples=1, database=None))
+    # the test's own value, put back after it (monkeypatch restores what was there before its first setattr)
+    monkeypatch.setattr(engine, compat.SHRINK_BUDGET, 300)
+    with pytest.warns(RuntimeWarning, match=f"no longer reads {name}") as caught:
+        compat.seed_machine(machine, 3)
+        compat.set_database_key(test, b"radixspec:degraded")
+        compat.bound_shrinking(5)
+        compat.bound_shrinking(6)
+    assert len([w for w in caught if name in str(w.message)]) == 1
+    # the attribute that is no longer read was not set; the others were
+    assert hasattr(machine, compat.SEED_ATTRIBUTE) == (name != compat.SEED_ATTRIBUTE)
+    assert hasattr(test, compat.DATABASE_KEY_ATTRIBUTE) == (name != compat.DATABASE_KEY_ATTRIBUTE)
+    assert (getattr(engine, compat.SHRINK_BUDGET) == 6) == (name != compat.SHRINK_BUDGET)
+    compat.warn_degraded.cache_clear()

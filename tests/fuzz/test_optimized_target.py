@@ -10,7 +10,7 @@ def test_the_optimized_target_gives_each_format_only_values_it_holds(monkeypatch
     campaign under the preloaded ASan runtime (python -m tools.sanitize)."""
     import torch
 
-    from radixspec.fuzz.targets import ours
+    from radixspec.fuzz.targets import ours_optimized as ours
 
     real_tensor = torch.tensor
 
