@@ -392,7 +392,9 @@ def test_the_cffi_declarations_are_the_headers_and_nothing_else() -> None:
     # csrc/build_ffi.py and the CUDA loader both read the cdef blocks; nothing declares a C function twice
     from radixspec.optimized import _radix_c
 
-    api = read_cdef(*(csrc_dir().parent / "csrc" / n for n in ("radix.h", "store_status.h", "store.h", "tree.h")))
+    # the checkout's headers (an installed wheel ships only the CUDA sources, in optimized/csrc/)
+    checkout = Path(__file__).resolve().parents[2] / "csrc"
+    api = read_cdef(*(checkout / n for n in ("radix.h", "store_status.h", "store.h", "tree.h")))
     declared = set(re.findall(r"\b(radix_\w+)\(", api))
     assert declared == {name for name in dir(_radix_c.lib) if name.startswith("radix_")}
     cuda = read_cdef(csrc_dir() / "store_status.h", csrc_dir() / "store_cuda.h")
