@@ -330,7 +330,8 @@ class HybridMachine(RuleBasedStateMachine):
         if reqs[0].cached_len:
             STATS.record_rule("hybrid.match_req[hit]")
         STATS.record_reach(longest_key_tokens=len(prompt))
-        if self.foreign:
+        # a foreign manager's reach where it can tell (cached_pages() is optional: a user's may not have it)
+        if self.foreign and hasattr(self.managers[0], "cached_pages"):
             STATS.record_reach(largest_tree_pages=self.managers[0].cached_pages())
 
     def same_requests(self, what: str, reqs: list[HybridReq]) -> None:

@@ -16,10 +16,11 @@ budget), and the campaign goes on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import hypothesis.core
@@ -92,6 +93,18 @@ def bound_shrinking(seconds: float) -> None:
         setattr(_engine, SHRINK_BUDGET, 300 if seconds == float("inf") else max(1, int(seconds)))
     else:
         warn_degraded(SHRINK_BUDGET)
+
+
+@contextlib.contextmanager
+def shrinking_bounded(seconds: float) -> Iterator[None]:
+    """Shrinking stops after ``seconds`` inside the block; Hypothesis's budget as it was after it."""
+    before = getattr(_engine, SHRINK_BUDGET, None)
+    bound_shrinking(seconds)
+    try:
+        yield
+    finally:
+        if is_read(SHRINK_BUDGET) and before is not None:
+            setattr(_engine, SHRINK_BUDGET, before)
 
 
 def check() -> list[str]:

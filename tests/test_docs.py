@@ -95,3 +95,13 @@ def test_a_target_without_a_method_its_profile_promises_is_a_usage_error(tmp_pat
     run = run_fuzz(tmp_path, "--target", f"mycache:{name}", "--examples", "1")
     assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
     assert "has no reset" in run.stderr and "reset='returns'" in run.stderr
+
+
+def test_the_testing_docs_example_runs_under_pytest_with_the_plugin(tmp_path: Path) -> None:
+    """docs/testing.md's first block, saved as a user's test file: its machine and its fixture test pass."""
+    (tmp_path / "test_mine.py").write_text(blocks(ROOT / "docs" / "testing.md", "python")[0])
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tmp_path / "test_mine.py")]
+    command += ["--radixspec-examples", "10", "--radixspec-steps", "20", "--radixspec-seed", "random"]
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "2 passed" in run.stdout and re.search(r"radixspec \S+: seed \d+, examples 10", run.stdout)

@@ -201,7 +201,8 @@ def test_a_prefix_prints_its_tokens_or_both_ends_of_a_long_one() -> None:
 def test_a_page_key_names_the_last_whole_page_only() -> None:
     assert pc.page_key(("t",), [1, 2, 3, 4], 2) == (("t",), pc.Prefix.extend(pc.Prefix.extend(None, (1, 2)), (3, 4)))
     for tokens in ([], [1, 2, 3]):
-        with pytest.raises(AssertionError, match="^a page key covers whole pages$"):
+        # the message starts so (pytest, which loads radixspec's plugin, may add its own explanation after it)
+        with pytest.raises(AssertionError, match="^a page key covers whole pages"):
             pc.page_key(None, tokens, 2)
 
 
