@@ -46,7 +46,7 @@ from .cli import (
 )
 from .messages import bounded
 from .profiles import SHALLOW_STEPS
-from .report import Progress, print_summary, write_json
+from .report import Progress, print_summary, write_json, write_junit
 from .stats import CampaignStats
 
 __all__ = [
@@ -246,6 +246,7 @@ class Campaign:
                 name,
                 failure.reproduce,
                 failure.shallow,
+                campaign_seed=self.args.seed,
             )
             path: Path | None = None
             try:
@@ -309,6 +310,8 @@ class Campaign:
         print_summary(self, elapsed)
         if self.args.json is not None:
             write_json(self, elapsed)
+        if self.args.junit_xml is not None:
+            write_junit(self, elapsed)
         if broken:
             return EXIT_BROKEN
         return EXIT_FAILURES if any(state.failure for state in self.machines.values()) else EXIT_OK

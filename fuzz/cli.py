@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,35 @@ class DefaultsShown(argparse.HelpFormatter):
         if action.option_strings and shown and "%(default)" not in text:
             text += " (default: %(default)s)"
         return text
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: its affinity mask, bounded by its cgroup's CPU quota (a container limited
+    to 2 CPUs on a 64-core host gets 2), at least 1."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        count = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(count, quota) if quota is not None else count)
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """CPUs the cgroup's quota allows (rounded up), or None without a quota: cgroup v2's cpu.max
+    ("QUOTA PERIOD" or "max PERIOD"), else v1's cpu.cfs_quota_us / cpu.cfs_period_us (-1: none)."""
+    try:
+        fields = (root / "cpu.max").read_text().split()
+        if fields and fields[0] != "max":
+            return max(1, -(-int(fields[0]) // int(fields[1])))
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return max(1, -(-quota // period)) if quota > 0 and period > 0 else None
 
 
 def positive_float(text: str) -> float:
@@ -124,7 +154,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--minutes", type=positive_float, default=None, help="time budget; default: 1")
     budget.add_argument("--examples", type=positive_int, default=None, help="stop after this many examples per machine")
-    parser.add_argument("--seed", type=int, default=0, help="campaign seed (batches derive theirs from it)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="campaign seed (batches derive theirs from it); default: a fresh one, printed with the summary, in"
+        " the JSON and in every regression file, so that a run reproduces with --seed",
+    )
     parser.add_argument("--batch", type=positive_int, default=CAMPAIGN_EXAMPLES, help="examples per batch")
     parser.add_argument("--steps", type=positive_int, default=CAMPAIGN_STEPS, help="steps per example")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")
@@ -156,8 +192,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workers",
         type=non_negative_int,
-        default=os.cpu_count() or 1,
-        help="worker processes (every core; 0: run in this process)",
+        default=available_cpus(),
+        help="worker processes (the CPUs this process may use: its affinity and its cgroup's quota; 0: run in"
+        " this process)",
     )
     parser.add_argument(
         "--ray",
@@ -172,8 +209,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=Path("fuzz-failures"), help="where failures are written as pytest files"
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write a JSON summary here")
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write a JSON summary here (docs/campaigns.md: schema)"
+    )
+    parser.add_argument(
+        "--junit-xml",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write a JUnit XML report here: one test case per machine, its failures with their regression files",
+    )
     args = parser.parse_args(argv)
+    args.fresh_seed = args.seed is None
+    if args.seed is None:
+        args.seed = secrets.randbelow(2**32)
     if args.list_targets:
         print("\n".join(list_targets()))
         raise SystemExit(EXIT_OK)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -52,6 +51,7 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.helpers import compute_page_to_token
 from radixspec.spec.invariants import check_invariants
 
+from .cli import available_cpus
 from .differential import apply_all, describe_difference
 from .targets.ours import IMPLEMENTATIONS, ReferenceCache, SpecCache
 from .targets.ours_optimized import OptimizedCache
@@ -499,7 +499,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--page-sizes", default="1,2", help="comma-separated page sizes (default 1,2)")
     parser.add_argument("--machine", choices=("cache", "manager", "all"), default="all", help="which alphabet(s)")
     parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: every core)"
+        "--workers",
+        type=int,
+        default=available_cpus(),
+        help="worker processes (default: the CPUs this process may use)",
     )
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="where a counterexample's test goes")
     args = parser.parse_args(argv)

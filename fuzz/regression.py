@@ -21,7 +21,7 @@ from .messages import one_line
 
 HEADER = '''"""{title}
 
-Written by radixspec fuzz on {date}: machine {machine}, {driven}, batch seed {seed}.
+Written by radixspec fuzz on {date}: machine {machine}, {driven}, batch seed {seed}{campaign}.
 {error}
 
 Replays the {kind} failing program; run it with python -m pytest {name}
@@ -58,6 +58,7 @@ def regression_source(
     name: str,
     reproduce: str = "",
     shallow: bool = False,
+    campaign_seed: int | None = None,
 ) -> str:
     """The text of a pytest file replaying ``program`` (Hypothesis's printed steps)."""
     args = f"{machine!r}, targets={targets!r}, lru={lru!r}, device={device!r}" + (", shallow=True" if shallow else "")
@@ -75,6 +76,7 @@ def regression_source(
         machine=machine,
         driven=driven,
         seed=seed,
+        campaign="" if campaign_seed is None else f" (campaign: radixspec fuzz --seed {campaign_seed})",
         error=textwrap.indent(docstring_safe(error), "    "),
         kind="shrunk" if shrunk else "unshrunk",
         name=name,

@@ -32,6 +32,8 @@ def print_summary(campaign: Campaign, elapsed: float) -> None:
         f" largest KV store {shown(s.largest_store_rows, ' rows')}  (n/a: not observable by these machines)"
     )
     p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
+    fresh = " (fresh)" if getattr(campaign.args, "fresh_seed", False) else ""
+    p(f"seed {campaign.args.seed}{fresh}: radixspec fuzz --seed {campaign.args.seed} with the same options reruns it")
     if campaign.args.quiet:
         p(
             f"rules hit: {len(s.rules)} distinct, {sum(s.rejected.values())} rejected calls,"
@@ -80,13 +82,47 @@ def print_counts(p: Callable[..., None], s: CampaignStats) -> None:
             p(f"  {label:<52} {count:>9}")
 
 
-def write_json(campaign: Campaign, elapsed: float) -> None:
-    """The summary as JSON (--json), the counts listed in full."""
+# the JSON summary's layout; docs/campaigns.md describes each field. A new field keeps the version; a renamed,
+# removed or retyped one bumps it
+SCHEMA_VERSION = 1
+
+
+def versions(campaign: Campaign) -> dict[str, Any]:
+    """radixspec, Python, Hypothesis and torch (None: not installed; torch's version read without importing it),
+    and the engine package of every target (its installed version; ours: radixspec's)."""
+    from importlib import metadata
+
+    from .commands import versions as our_versions
+    from .targets import resolve
+
+    found: dict[str, Any] = dict(our_versions())
+    engines: dict[str, dict[str, str | None]] = {}
+    for name in campaign.targets:
+        try:
+            requires = resolve(name, check=False).requires
+        except Exception:  # the campaign ran it, so it resolves; a listing never fails the summary
+            requires = ()
+        packages: dict[str, str | None] = {}
+        for package, _ in requires:
+            try:
+                packages[package] = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                packages[package] = None
+        engines[name] = packages or {"radixspec": found["radixspec"]}
+    found["targets"] = engines
+    return found
+
+
+def summary_dict(campaign: Campaign, elapsed: float) -> dict[str, Any]:
+    """The summary as a JSON-ready dict (--json), the counts listed in full."""
     s = campaign.stats
-    summary: dict[str, Any] = {
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "versions": versions(campaign),
         "elapsed_s": round(elapsed, 3),
         "budget_s": campaign.budget_s,
         "seed": campaign.args.seed,
+        "seed_was_fresh": bool(getattr(campaign.args, "fresh_seed", False)),
         "machines": list(campaign.machines),
         "targets": list(campaign.targets),
         "lru": campaign.args.lru,
@@ -115,8 +151,53 @@ def write_json(campaign: Campaign, elapsed: float) -> None:
             for failure, path in state.failures
         ],
     }
+
+
+def write_json(campaign: Campaign, elapsed: float) -> None:
+    """The summary as JSON (--json)."""
     campaign.args.json.parent.mkdir(parents=True, exist_ok=True)
-    campaign.args.json.write_text(json.dumps(summary, indent=2))
+    campaign.args.json.write_text(json.dumps(summary_dict(campaign, elapsed), indent=2))
+
+
+def write_junit(campaign: Campaign, elapsed: float) -> None:
+    """A JUnit XML report (--junit-xml): one test suite, one test case per machine (its batches' time), a
+    failure element per distinct failure with its regression file and the program that reproduces it."""
+    from xml.etree import ElementTree as ET
+
+    summary = summary_dict(campaign, elapsed)
+    failed = sum(len(state.failures) for state in campaign.machines.values())
+    suite = ET.Element(
+        "testsuite",
+        name="radixspec fuzz",
+        tests=str(len(campaign.machines)),
+        failures=str(failed),
+        errors="0",
+        skipped="0",
+        time=f"{elapsed:.3f}",
+        timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(campaign.start)),
+    )
+    properties = ET.SubElement(suite, "properties")
+    shown_versions = {k: v for k, v in summary["versions"].items() if k != "targets"}
+    for key, value in [("seed", summary["seed"]), ("targets", ",".join(summary["targets"])), *shown_versions.items()]:
+        ET.SubElement(properties, "property", name=str(key), value=str(value))
+    driven = ",".join(campaign.targets)
+    for state in campaign.machines.values():
+        # the machines run side by side for the whole campaign: each case's time is the campaign's
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"radixspec.fuzz.{state.name}",
+            name=f"{state.name}[{driven}]",
+            time=f"{elapsed:.3f}",
+        )
+        ET.SubElement(case, "system-out").text = f"batches {state.batches}, examples {state.examples}"
+        for failure, path in state.failures:
+            element = ET.SubElement(case, "failure", message=one_line(failure.error)[:500], type="radixspec.failure")
+            lines = [failure.error, "", f"batch seed {failure.seed}; campaign seed {summary['seed']}"]
+            lines += [f"regression test: {path}" if path else "regression test: not written", "", *failure.program]
+            element.text = "\n".join(lines)
+    campaign.args.junit_xml.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suite).write(campaign.args.junit_xml, encoding="utf-8", xml_declaration=True)
 
 
 class Progress:

@@ -105,3 +105,35 @@ def test_the_testing_docs_example_runs_under_pytest_with_the_plugin(tmp_path: Pa
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "2 passed" in run.stdout and re.search(r"radixspec \S+: seed \d+, examples 10", run.stdout)
+
+
+def test_the_ci_workflow_parses_and_every_radixspec_command_and_option_in_it_exists() -> None:
+    import yaml
+
+    from radixspec.fuzz import commands, pytest_plugin
+
+    (source,) = blocks(ROOT / "docs" / "ci.md", "yaml")
+    workflow = yaml.safe_load(source)
+    steps = [step for job in workflow["jobs"].values() for step in job["steps"]]
+    runs = [line.strip() for step in steps for line in step.get("run", "").splitlines() if line.strip()]
+    assert runs, "the workflow runs nothing"
+    plugin_source = Path(pytest_plugin.__file__).read_text()
+    checked = 0
+    for line in runs:
+        words = line.split()
+        if words[0] == "radixspec":
+            assert words[1] in commands.SUBCOMMANDS, f"{line}: no subcommand {words[1]}"
+            parser_help = subprocess.run(
+                [sys.executable, "-m", "radixspec", words[1], "--help"], capture_output=True, text=True, check=True
+            ).stdout
+            known = set(re.findall(r"(?<![\w-])--[\w-]+", parser_help))
+            for option in (word for word in words[2:] if word.startswith("--")):
+                assert option in known, f"{line}: radixspec {words[1]} has no option {option}"
+            checked += 1
+        elif words[0] == "pytest":
+            for option in (word for word in words if word.startswith("--radixspec")):
+                assert f'"{option}"' in plugin_source, f"{line}: the plugin has no option {option}"
+            checked += 1
+    assert checked >= 2
+    uses = {step["uses"].split("@")[0] for step in steps if "uses" in step}
+    assert {"actions/checkout", "actions/cache", "actions/upload-artifact"} <= uses
