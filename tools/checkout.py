@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def find_root() -> Path:
+# the folder above tools/: the checkout, when this file is in one
+ABOVE = Path(__file__).resolve().parent.parent
+
+
+def find_root(root: Path = ABOVE) -> Path:
     """The checkout holding this ``tools/`` folder; SystemExit saying so when the folder above is not one."""
-    root = Path(__file__).resolve().parent.parent
     missing = [name for name in ("pyproject.toml", "csrc", "spec", "fuzz") if not (root / name).exists()]
     if missing:
         raise SystemExit(
