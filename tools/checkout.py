@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 # the folder above tools/: the checkout, when this file is in one
 ABOVE = Path(__file__).resolve().parent.parent
 
