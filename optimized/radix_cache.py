@@ -268,8 +268,17 @@ class RadixPrefixCache(ev.EmitsEvents):
         if out is None:
             slots = torch.empty(pages * p, dtype=torch.int32)
             pointer = self._cast("int32_t *", slots.data_ptr())
-        elif out is self._out and out.data_ptr() == self._out_address and out.numel() >= pages * p:
-            slots, pointer = out, self._out_pointer  # the buffer of the last call, checked then
+        elif (
+            out is self._out
+            and out.data_ptr() == self._out_address
+            # the same object may have changed since: its dtype (out.data = ...), shape, strides, size, device
+            and out.dtype is torch.int32
+            and out.dim() == 1
+            and out.is_contiguous()
+            and out.is_cpu
+            and out.numel() >= pages * p
+        ):
+            slots, pointer = out, self._out_pointer  # the buffer of the last call, whose address was cast then
         else:
             slots = self._check_out(out, pages * p)
             pointer = self._cast("int32_t *", slots.data_ptr())
