@@ -1,5 +1,6 @@
 """radixspec.testing, radixspec.strategies and the pytest plugin: a user's cache in a user's pytest."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -54,10 +55,12 @@ def test_a_buggy_cache_fails_and_leaves_a_regression_file_that_replays_the_failu
     assert files and f"regression test written to {files[0]}" in notes
     source = files[0].read_text()
     assert "targets=('tests.targets.toy:ForgetfulToyCache',)" in source and "batch seed 1" in source
+    # the file replays on its own, from anywhere its factory imports (pytest run in a directory of its own)
     root = Path(__file__).resolve().parents[2]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(files[0])],
-        cwd=root,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
         timeout=300,
