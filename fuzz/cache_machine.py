@@ -43,7 +43,14 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import SLOT_LIMIT, Namespace
-from radixspec.spec.errors import CacheError, IntegrityError, InvalidTypeError, StaleHandleError, UnlockError
+from radixspec.spec.errors import (
+    CacheError,
+    IntegrityError,
+    InvalidTypeError,
+    NamespaceDepthError,
+    StaleHandleError,
+    UnlockError,
+)
 from radixspec.spec.helpers import compute_page_starts, compute_page_to_token, div_ceil
 from radixspec.spec.invariants import check_invariants
 
@@ -744,7 +751,8 @@ class CacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.every(lambda p: p.namespaces))
     @rule(seq=seqs, namespace=bad_namespaces, insert=st.booleans())
     def bad_namespace(self, seq: tuple[int, ...], namespace: Any, insert: bool) -> None:
-        """A namespace outside the domain (an alias of a valid one, a float, a subclass): InvalidTypeError."""
+        """A namespace outside the domain (an alias of a valid one, a float, a subclass, one tuple too deep):
+        InvalidTypeError or NamespaceDepthError."""
         STATS.record_rule(f"cache.bad_namespace[{'insert' if insert else 'match'}]")
         tokens = list(seq)
         indices = list(itertools.islice((s + k for s in self.peek_pages() for k in range(self.page_size)), len(tokens)))
@@ -761,7 +769,7 @@ class CacheMachine(RuleBasedStateMachine):
             error = self.spec_try(lambda: pc.insert_prefix(plan, tokens, indices, namespace))
         else:
             error = self.spec_try(lambda: pc.match_prefix(plan, tokens, namespace))
-        assert isinstance(error, InvalidTypeError), f"the spec took namespace {namespace!r}: {error!r}"
+        assert isinstance(error, (InvalidTypeError, NamespaceDepthError)), f"the spec took {namespace!r}: {error!r}"
         self.rejected(f"{'insert' if insert else 'match'}, bad namespace", call, error)
 
     # ------------------------------------------------------------ checks

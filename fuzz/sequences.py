@@ -13,6 +13,8 @@ from enum import IntEnum
 
 from hypothesis import strategies as st
 
+from radixspec.spec.domains import NAMESPACE_DEPTH_LIMIT
+
 # page sizes: the common ones often, then any size an engine may pick (not only powers of two)
 page_sizes = st.one_of(st.sampled_from([1, 2, 4, 16]), st.integers(1, 128))
 NUM_PATTERNS = 8
@@ -55,8 +57,20 @@ namespaces = st.one_of(
     st.sampled_from(NAMESPACE_PALETTE),
     st.lists(namespace_items, max_size=3).map(tuple),
 )
-# outside the domain: every implementation raises InvalidTypeError and changes nothing
+
+
+def nested(depth: int) -> tuple[object, ...]:
+    """A namespace of ``depth`` nested tuples around one str."""
+    namespace: tuple[object, ...] = ("lora",)
+    for _ in range(depth - 1):
+        namespace = (namespace,)
+    return namespace
+
+
+# outside the domain: every implementation raises InvalidTypeError (a wrong type) or NamespaceDepthError (one
+# tuple deeper than the domain's bound) and changes nothing
 BAD_NAMESPACES: tuple[object, ...] = (
+    nested(NAMESPACE_DEPTH_LIMIT + 1),
     ("lora", True),
     ("lora", 1.0),
     (False,),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +50,8 @@ class HybridHandle:
     versions: torch.Tensor
     # per group, per page: the generation of each page the match uses (-1 where unused), groups x pages
     gens: torch.Tensor
+    # the cache that made it: a handle of another cache (or one built by hand) is refused
+    cache: object = field(default=None, compare=False, repr=False)
 
     @property
     def cached_len(self) -> int:
@@ -112,7 +114,7 @@ class HybridRadixCache:
         n = int(self._walk.length) // self.page_size
         used = gens.view(-1)[: len(self.windows) * n].view(len(self.windows), n).clone()
         return HybridHandle(
-            namespace, tuple(tokens[: n * self.page_size].tolist()), nodes[:n].clone(), versions[:n].clone(), used
+            namespace, tuple(tokens[: n * self.page_size].tolist()), nodes[:n].clone(), versions[:n].clone(), used, self
         )
 
     def _arrays(self, pages: int) -> tuple[torch.Tensor, ...]:
@@ -173,9 +175,28 @@ class HybridRadixCache:
         result_unused = tuple(tuple(s for s in row if s >= 0) for row in rows_unused)
         return hy.HybridInsertResult(result_unused, self._handle(namespace, tokens, arrays))
 
-    def _on_handle(self, op: int, handle: object, slots: torch.Tensor | None = None) -> HybridHandle:
+    def check_handle(self, handle: object) -> HybridHandle:
+        """``handle`` if this cache made it and its arrays are as this cache made them (C reads them by the
+        handle's length and the number of groups), else InvalidTypeError; staleness is C's to tell."""
         if not isinstance(handle, HybridHandle):
             raise InvalidTypeError(f"expected an optimized HybridHandle, got {type(handle).__name__}")
+        if handle.cache is not self:
+            raise InvalidTypeError("the handle belongs to another cache")
+        n, groups = handle.cached_len // self.page_size, len(self.windows)
+        shapes = ((handle.nodes, (n,)), (handle.versions, (n,)), (handle.gens, (groups, n)))
+        if handle.cached_len % self.page_size or not all(
+            type(array) is torch.Tensor
+            and array.dtype is torch.int64
+            and array.is_cpu
+            and array.is_contiguous()
+            and tuple(array.shape) == shape
+            for array, shape in shapes
+        ):
+            raise InvalidTypeError("the handle's arrays were changed: they no longer match its length and groups")
+        return handle
+
+    def _on_handle(self, op: int, handle: object, slots: torch.Tensor | None = None) -> HybridHandle:
+        handle = self.check_handle(handle)
         out = self._ffi.NULL if slots is None else self._ptr(slots)
         status = self._lib.hybrid_handle(
             self._tree,
@@ -222,6 +243,8 @@ class HybridRadixCache:
 
     def size_info(self, group: int) -> SizeInfo:
         """Evictable (ref 0) and protected (ref > 0) tokens of one group."""
+        # CHECK (C reads the group's counters by index)
+        group = int(hy.check_group(group, len(self.windows)))
         counts = self._ffi.new("int64_t[3]")
         self._lib.hybrid_counts(self._tree, group, counts)
         return SizeInfo(counts[0] * self.page_size, counts[1] * self.page_size)
@@ -283,6 +306,7 @@ class HybridRadixCache:
 
     def abstract_handle(self, handle: HybridHandle) -> hy.HybridHandle:
         """A handle as the spec's handle (same match, same generations)."""
+        handle = self.check_handle(handle)
         gens = tuple(tuple(g for g in row if g >= 0) for row in handle.gens.tolist())
         return hy.HybridHandle(handle.namespace, handle.tokens, gens)
 

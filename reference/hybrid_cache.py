@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
@@ -68,6 +68,8 @@ class HybridHandle:
     namespace: Namespace
     tokens: tuple[int, ...]
     used: tuple[tuple[tuple[HybridNode, int], ...], ...]
+    # the cache that made it: a handle of another cache (or one built by hand) is refused
+    cache: object = field(default=None, compare=False, repr=False)
 
     @property
     def cached_len(self) -> int:
@@ -151,7 +153,7 @@ class HybridRadixCache:
     ) -> HybridHandle:
         """The handle of a valid match of ``tokens[:length]`` along ``path``."""
         used = tuple(tuple((node, value.generation) for node, value in row) for row in self.used_values(path, length))
-        return HybridHandle(namespace, tuple(tokens[:length]), used)
+        return HybridHandle(namespace, tuple(tokens[:length]), used, self)
 
     def is_stale(self, handle: HybridHandle) -> bool:
         """True when a page the handle uses was evicted (or evicted and cached again) since it was made."""
@@ -165,6 +167,8 @@ class HybridRadixCache:
         """``handle`` if it is a live handle of this cache, else raise."""
         if not isinstance(handle, HybridHandle):
             raise InvalidTypeError(f"expected a reference HybridHandle, got {type(handle).__name__}")
+        if handle.cache is not self:
+            raise InvalidTypeError("the handle belongs to another cache")
         if self.is_stale(handle):
             raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction or reset")
         return handle
@@ -194,6 +198,8 @@ class HybridRadixCache:
 
     def size_info(self, group: int) -> SizeInfo:
         """Evictable (ref 0) and protected (ref > 0) tokens of one group."""
+        # CHECK (-1 would read the last group)
+        group = hy.check_group(group, len(self.windows))
         values = [v for node in self.nodes() if (v := node.values[group]) is not None]
         locked = sum(1 for v in values if v.ref_count)
         return SizeInfo((len(values) - locked) * self.page_size, locked * self.page_size)
@@ -381,6 +387,8 @@ class HybridRadixCache:
 
     def abstract_handle(self, handle: HybridHandle) -> hy.HybridHandle:
         """A handle as the spec's handle (same match, same generations)."""
+        if not isinstance(handle, HybridHandle) or handle.cache is not self:
+            raise InvalidTypeError("expected a HybridHandle of this cache")
         return hy.HybridHandle(handle.namespace, handle.tokens, tuple(tuple(g for _, g in row) for row in handle.used))
 
     def check_integrity(self) -> None:

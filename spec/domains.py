@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import TypeAlias
 
-from .errors import InvalidInputError, InvalidTypeError, SlotOutOfRangeError
+from .errors import InvalidInputError, InvalidTypeError, NamespaceDepthError, SlotOutOfRangeError
 
 # A namespace isolates cache lines (LoRA id, tenant salt). ``None`` is the
 # default namespace; any other namespace is a tuple, never a joined string
@@ -18,11 +18,14 @@ Namespace: TypeAlias = "tuple[Hashable, ...] | None"
 
 
 def check_page_size(page_size: object) -> int:
-    """``page_size`` as an int >= 1, or raise."""
+    """``page_size`` as an int, 1 <= page_size <= SLOT_LIMIT (a page's slots lie in the slot domain), or raise."""
     if not isinstance(page_size, int) or isinstance(page_size, bool):
         raise InvalidTypeError(f"page_size must be an int, got {type(page_size).__name__}")
+    page_size = int(page_size)
     if page_size < 1:
         raise InvalidInputError(f"page_size must be >= 1, got {page_size}")
+    if page_size > SLOT_LIMIT:
+        raise InvalidInputError(f"page_size must be <= 2**31 (a page's slots lie in the slot domain), got {page_size}")
     return page_size
 
 
@@ -35,30 +38,51 @@ TOKEN_LIMIT = 2**63
 NAMESPACE_ITEM_TYPES = (str, bytes, int)
 
 
+# How deep tuples may nest in a namespace: far beyond any real key (a LoRA id, a tenant salt), far below what
+# CPython's recursive tuple hash and repr survive (a namespace is hashed and printed)
+NAMESPACE_DEPTH_LIMIT = 32
+
+
 def check_namespace(namespace: object) -> Namespace:
-    """``namespace`` if it lies in the namespace domain, else raise InvalidTypeError.
+    """``namespace`` if it lies in the namespace domain, else raise InvalidTypeError (a wrong type) or
+    NamespaceDepthError (nested too deep).
 
     The domain: ``None``, or a tuple whose items are ``str``, ``bytes`` or ``int``
-    (exactly those types) or tuples of the same, nested to any depth. Python calls
-    ``("lora", 1)``, ``("lora", True)`` and ``("lora", 1.0)`` equal; only the first is
-    in the domain, so two cache lines never alias by a coincidence of ``==``.
+    (exactly those types) or tuples of the same, nested up to NAMESPACE_DEPTH_LIMIT
+    tuples deep. Python calls ``("lora", 1)``, ``("lora", True)`` and ``("lora", 1.0)``
+    equal; only the first is in the domain, so two cache lines never alias by a
+    coincidence of ``==``. The check is linear in the namespace's size.
     """
     if namespace is None:
         return None
     if type(namespace) is not tuple:
         raise InvalidTypeError(f"namespace must be None or a tuple (e.g. ('lora', 7)), got {type(namespace).__name__}")
-    # an explicit stack: nesting depth is the caller's choice, not the interpreter's recursion limit
-    stack: list[tuple[str, object]] = [("namespace", namespace)]
+    # an explicit stack (never the interpreter's recursion); each entry: a value, its depth, and its path as a
+    # linked list of indices (spelled out only for an error: building it at every level would be quadratic)
+    stack: list[tuple[object, int, tuple[object, int] | None]] = [(namespace, 1, None)]
     while stack:
-        where, value = stack.pop()
+        value, depth, path = stack.pop()
         if type(value) is tuple:
-            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+            if depth > NAMESPACE_DEPTH_LIMIT:
+                raise NamespaceDepthError(
+                    f"{spell_path(path)} nests tuples {depth} deep: namespaces nest at most {NAMESPACE_DEPTH_LIMIT}"
+                )
+            stack.extend((item, depth + 1, (path, i)) for i, item in enumerate(value))
         elif type(value) not in NAMESPACE_ITEM_TYPES:
             raise InvalidTypeError(
-                f"{where} is a {type(value).__name__}: namespace items must be str, bytes, int"
+                f"{spell_path(path)} is a {type(value).__name__}: namespace items must be str, bytes, int"
                 " (not bool, float or a subclass) or tuples of those"
             )
     return namespace
+
+
+def spell_path(path: tuple[object, int] | None) -> str:
+    """``namespace[i][j]...`` from the linked list of indices (innermost last)."""
+    indices: list[int] = []
+    while path is not None:
+        path, index = path  # type: ignore[assignment]
+        indices.append(index)
+    return "namespace" + "".join(f"[{i}]" for i in reversed(indices))
 
 
 def check_token_ids(values: object, what: str = "input_ids") -> tuple[int, ...]:

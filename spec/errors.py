@@ -63,6 +63,10 @@ class InvalidInputError(CacheError, ValueError):
     """Bad argument value; the call was rejected before any change."""
 
 
+class NamespaceDepthError(InvalidInputError):
+    """A namespace nests tuples deeper than the domain's bound (spec/domains.py: NAMESPACE_DEPTH_LIMIT)."""
+
+
 class LengthMismatchError(InvalidInputError):
     """Two sequences that must have equal lengths do not."""
 

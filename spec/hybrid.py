@@ -221,6 +221,8 @@ def get_matched_pages(state: HybridState, handle: HybridHandle) -> list[list[int
 
 def size_info(state: HybridState, group: int) -> SizeInfo:
     """Evictable (ref 0) and protected (ref > 0) tokens of one group."""
+    # CHECK (-1 would read the last group)
+    group = check_group(group, len(state.groups))
     locked = sum(1 for entry in state.groups[group].values() if entry.ref_count > 0)
     p = state.page_size
     return SizeInfo(evictable_size=(len(state.groups[group]) - locked) * p, protected_size=locked * p)

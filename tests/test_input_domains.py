@@ -7,6 +7,9 @@ lines (the class of SGLang #24638). Slots: ``0 <= slot < 2**31`` (int32 page
 tables). Token ids: ``0 <= token < 2**63``.
 """
 
+import subprocess
+import sys
+import textwrap
 from enum import IntEnum
 from typing import Any
 
@@ -14,9 +17,10 @@ import pytest
 import torch
 
 from radixspec import optimized, reference
+from radixspec.fuzz.sequences import nested
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.domains import check_namespace
-from radixspec.spec.errors import InvalidInputError, InvalidTypeError, SlotOutOfRangeError
+from radixspec.spec.domains import NAMESPACE_DEPTH_LIMIT, check_namespace
+from radixspec.spec.errors import InvalidInputError, InvalidTypeError, NamespaceDepthError, SlotOutOfRangeError
 from radixspec.spec.requests import RequestSpec, SchedulerConfig
 
 
@@ -90,11 +94,48 @@ def test_lines_that_python_calls_equal_no_longer_alias() -> None:
     assert engine.scheduler.status == {0: "waiting"}, "the request before the bad one was queued, nothing else"
 
 
-def test_namespaces_may_nest_deeper_than_the_recursion_limit() -> None:
-    namespace: Any = ("leaf",)
-    for _ in range(5000):
-        namespace = (namespace,)
-    assert check_namespace(namespace) is namespace
+def test_namespaces_nest_up_to_the_domains_bound_and_one_deeper_is_a_named_error() -> None:
+    assert check_namespace(nested(NAMESPACE_DEPTH_LIMIT)) == nested(NAMESPACE_DEPTH_LIMIT)
+    too_deep = nested(NAMESPACE_DEPTH_LIMIT + 1)
+    for cache in caches(page_size=1):
+        before = cache.abstract_state()
+        with pytest.raises(NamespaceDepthError, match=f"nests tuples {NAMESPACE_DEPTH_LIMIT + 1} deep"):
+            cache.match_prefix([1, 2], too_deep)
+        with pytest.raises(NamespaceDepthError, match=f"nests tuples {NAMESPACE_DEPTH_LIMIT + 1} deep"):
+            cache.insert_prefix([1, 2], [0, 1], too_deep)
+        assert cache.abstract_state() == before, type(cache)
+
+
+def test_a_namespace_far_deeper_than_the_interpreter_hashes_is_refused_quickly_and_the_process_lives() -> None:
+    """CPython's tuple hash recurses: 200,000 levels crashed both caches in match_prefix; the check, linear,
+    refuses them first (in a child process: a crash would take the test run with it)."""
+    probe = textwrap.dedent(
+        """
+        import time
+        from radixspec import optimized, reference
+        from radixspec.spec.domains import check_namespace
+        from radixspec.spec.errors import NamespaceDepthError
+        deep = ("x",)
+        for _ in range(320_000):
+            deep = (deep,)
+        start = time.perf_counter()
+        try:
+            check_namespace(deep)
+        except NamespaceDepthError:
+            pass
+        assert time.perf_counter() - start < 1.0, "the check is not linear"
+        for cache in (reference.RadixPrefixCache(page_size=1), optimized.RadixPrefixCache(page_size=1, device="cpu")):
+            for call in (lambda: cache.match_prefix([1, 2], deep), lambda: cache.insert_prefix([1, 2], [0, 1], deep)):
+                try:
+                    call()
+                except NamespaceDepthError:
+                    continue
+                raise AssertionError("a 320,000-deep namespace was accepted")
+        print("alive")
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "alive" in run.stdout, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("slot", [2**31, 2**31 + 7, 2**40])

@@ -351,6 +351,10 @@ def test_page_sizes_namespaces_and_devices_are_checked_in_the_same_words_everywh
         assert says(InvalidTypeError, lambda make=make: make(2.0)) == "page_size must be an int, got float"
         assert says(InvalidTypeError, lambda make=make: make(True)) == "page_size must be an int, got bool"
         assert says(InvalidInputError, lambda make=make: make(0)) == "page_size must be >= 1, got 0"
+        # was: accepted by the reference, an OverflowError of the C tree
+        assert says(InvalidInputError, lambda make=make: make(2**63)) == (
+            "page_size must be <= 2**31 (a page's slots lie in the slot domain), got 9223372036854775808"
+        )
     assert says(InvalidTypeError, lambda: check_namespace("lora")) == (
         "namespace must be None or a tuple (e.g. ('lora', 7)), got str"
     )

@@ -36,3 +36,57 @@ def test_an_out_buffer_changed_after_its_first_use_is_checked_again(mutate: Call
     # a buffer that is right again is taken again
     fresh = torch.full((16,), -1, dtype=torch.int32)
     assert cache.evict(2, out=fresh)[:2].tolist() == [9, 10]
+
+
+# ---------------------------------------------------------------- hybrid caches: groups and handles
+
+
+def hybrid_pair(family: str) -> tuple[object, object]:
+    from radixspec.optimized.hybrid_cache import HybridRadixCache as Optimized
+    from radixspec.reference.hybrid_cache import HybridRadixCache as Reference
+
+    make = Optimized if family == "optimized" else Reference
+    return make(1, (None, 2)), make(1, (None, 2))
+
+
+@pytest.mark.parametrize("family", ["reference", "optimized"])
+@pytest.mark.parametrize("group", [-1, 2, 10**6])
+def test_a_group_outside_the_cache_is_refused_by_size_info(family: str, group: int) -> None:
+    from radixspec.spec.errors import InvalidInputError
+
+    cache, _ = hybrid_pair(family)
+    with pytest.raises(InvalidInputError, match=f"group {group} is not one of the cache's 2 groups"):
+        cache.size_info(group)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("family", ["reference", "optimized"])
+def test_a_handle_of_another_cache_is_refused_and_neither_cache_changes(family: str) -> None:
+    a, b = hybrid_pair(family)
+    for cache in (a, b):
+        cache.insert_prefix([1, 2, 3, 4], [[0, 1, 2, 3], [0, 1, 2, 3]])  # type: ignore[attr-defined]
+    foreign = b.match_prefix([1, 2, 3, 4])  # type: ignore[attr-defined]
+    before = (a.abstract_state(), b.abstract_state())  # type: ignore[attr-defined]
+    for operation in ("lock", "unlock", "get_matched_pages", "abstract_handle"):
+        with pytest.raises(InvalidTypeError, match="another cache|of this cache"):
+            getattr(a, operation)(foreign)
+    assert (a.abstract_state(), b.abstract_state()) == before  # type: ignore[attr-defined]
+    a.check_integrity()  # type: ignore[attr-defined]
+    b.check_integrity()  # type: ignore[attr-defined]
+
+
+def test_a_forged_optimized_hybrid_handle_is_refused_before_c_reads_it() -> None:
+    from radixspec.optimized.hybrid_cache import HybridHandle
+
+    cache, _ = hybrid_pair("optimized")
+    cache.insert_prefix([1, 2, 3, 4], [[0, 1, 2, 3], [0, 1, 2, 3]])  # type: ignore[attr-defined]
+    empty = torch.empty(0, dtype=torch.int64)
+    with pytest.raises(InvalidTypeError, match="another cache"):
+        cache.lock(HybridHandle(None, (1, 2, 3, 4), empty, empty, empty))  # type: ignore[attr-defined]
+    real = cache.match_prefix([1, 2, 3, 4])  # type: ignore[attr-defined]
+    # the right owner, arrays too short for its length (C would read past them)
+    edited = HybridHandle(None, real.tokens, empty, empty, empty, cache)
+    with pytest.raises(InvalidTypeError, match="no longer match its length and groups"):
+        cache.lock(edited)  # type: ignore[attr-defined]
+    cache.lock(real)  # type: ignore[attr-defined]
+    cache.unlock(real)  # type: ignore[attr-defined]
+    cache.check_integrity()  # type: ignore[attr-defined]
