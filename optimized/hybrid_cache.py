@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from radixspec.reference.threads import new_mutex, serialized
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace, check_namespace, check_page_size
@@ -59,11 +60,27 @@ class HybridHandle:
         return len(self.tokens)
 
 
+# one call at a time (reference/threads.py): a cache may be shared between threads
+@serialized(
+    "match_prefix",
+    "insert_prefix",
+    "check_handle",
+    "get_matched_pages",
+    "lock",
+    "unlock",
+    "size_info",
+    "evict",
+    "reset",
+    "abstract_state",
+    "abstract_handle",
+    "check_integrity",
+)
 class HybridRadixCache:
     """A prefix cache for several attention groups on the C tree (``windows``: None for full attention, W)."""
 
     def __init__(self, page_size: int, windows: Sequence[hy.Window]) -> None:
         self.page_size = check_page_size(page_size)
+        self._mutex = new_mutex()
         self.windows = hy.check_windows(windows)
         self._ffi, self._lib = load_c()
         c_windows = self._ffi.new("int64_t[]", [0 if w is None else w for w in self.windows])

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from radixspec.reference.threads import new_mutex, serialized
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace, check_namespace, check_page_size
@@ -99,12 +100,37 @@ class RadixCacheHandle:
         return f"RadixCacheHandle(cached_len={self.cached_len})"
 
 
+# one call at a time (reference/threads.py): cffi lets other threads run during a C call, and the calls share
+# scratch buffers (the walk, the token and slot rooms)
+@serialized(
+    "stats",
+    "match_prefix",
+    "insert_prefix",
+    "lock",
+    "unlock",
+    "is_handle_locked",
+    "evict",
+    "reset",
+    "size_info",
+    "check_integrity",
+    "nodes",
+    "abstract_state",
+    "abstract_handle",
+    "path_nodes",
+    "tree_stats",
+    "break_invariant",
+    "take_events",
+    "enable_events",
+    "_path_slots",
+)
 class RadixPrefixCache(ev.EmitsEvents):
-    """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``."""
+    """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``. Safe to share between
+    threads: its calls run one at a time."""
 
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
         self.device = device_of(device)
+        self._mutex = new_mutex()
         self._ffi, self._lib = load_c()
         tree = self._lib.radix_tree_new(self.page_size)
         if tree == self._ffi.NULL:

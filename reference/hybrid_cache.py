@@ -34,6 +34,8 @@ from radixspec.spec.helpers import compute_page_to_token, div_ceil
 from radixspec.spec.prefix_cache import check_evict_size
 from radixspec.spec.types import SizeInfo
 
+from .threads import new_mutex, serialized
+
 
 @dataclass
 class PageValue:
@@ -77,11 +79,38 @@ class HybridHandle:
         return len(self.tokens)
 
 
+# one call at a time (reference/threads.py): a cache may be shared between threads
+@serialized(
+    "walk",
+    "match_len",
+    "used_values",
+    "make_handle",
+    "is_stale",
+    "check_handle",
+    "get_matched_pages",
+    "nodes",
+    "size_info",
+    "take_tick",
+    "match_prefix",
+    "insert_prefix",
+    "lock",
+    "unlock",
+    "add_refs",
+    "evict",
+    "is_evictable",
+    "has_group_below",
+    "prune",
+    "reset",
+    "abstract_state",
+    "abstract_handle",
+    "check_integrity",
+)
 class HybridRadixCache:
     """A prefix cache for several attention groups (``windows``: None for full attention, W for a window)."""
 
     def __init__(self, page_size: int, windows: Sequence[hy.Window]) -> None:
         self.page_size = check_page_size(page_size)
+        self._mutex = new_mutex()
         self.windows = hy.check_windows(windows)
         self.roots: dict[Namespace, HybridNode] = {}
         # per group: the slot starts it caches (to refuse a duplicate in O(1))

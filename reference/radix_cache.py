@@ -30,6 +30,7 @@ from radixspec.spec.metrics import CacheStats, StatsCounter
 from radixspec.spec.types import InsertResult, SizeInfo
 
 from .base import BaseCacheHandle, BasePrefixCache
+from .threads import new_mutex, serialized
 
 
 class RadixTreeNode:
@@ -117,6 +118,10 @@ class RadixCacheHandle(BaseCacheHandle):
 
     def get_matched_indices(self) -> list[int]:
         """Walk from the handle's node up to the root, then reverse: each node stores only its own run."""
+        with self.cache._mutex:
+            return self._matched_indices()
+
+    def _matched_indices(self) -> list[int]:
         if self.node.detached:
             raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction or reset")
         values: list[list[int]] = []
@@ -131,11 +136,30 @@ class RadixCacheHandle(BaseCacheHandle):
         return f"RadixCacheHandle(cached_len={self.cached_len})"
 
 
+# one call at a time (threads.py): two threads never interleave inside the tree
+@serialized(
+    "stats",
+    "match_prefix",
+    "insert_prefix",
+    "lock",
+    "unlock",
+    "is_handle_locked",
+    "evict",
+    "reset",
+    "size_info",
+    "check_integrity",
+    "abstract_state",
+    "abstract_handle",
+    "take_events",
+    "enable_events",
+)
 class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
-    """The seed's radix tree, one root per namespace, with exact LRU eviction of pages."""
+    """The seed's radix tree, one root per namespace, with exact LRU eviction of pages. Safe to share between
+    threads: its calls run one at a time."""
 
     def __init__(self, page_size: int = 1, enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
+        self._mutex = new_mutex()
         # one root per namespace that holds pages: made by the first insert, dropped when it empties
         self.roots: dict[Namespace, RadixTreeNode] = {}
         self.clock = 0

@@ -81,3 +81,27 @@ def test_d_serving_loop_trace(benchmark: Any, impl: str, page_size: int) -> None
 
 
 TRACES: dict[int, list[Any]] = {}
+
+
+@pytest.mark.parametrize("impl", ["optimized", "optimized-without-lock"])
+def test_h_the_cost_of_the_lock_on_a_short_match(benchmark: Any, impl: str) -> None:
+    """The threading policy's price (reference/threads.py): one short match, with the cache's lock and through
+    the method the lock wraps, in the same run."""
+    import torch
+
+    from radixspec import optimized
+
+    benchmark.group = "h one short match (64 tokens, P=16): the lock's cost"
+    cache = optimized.RadixPrefixCache(page_size=16, device="cpu")
+    tokens = torch.arange(64, dtype=torch.int64)
+    cache.insert_prefix(tokens, torch.arange(64, dtype=torch.int32))
+    calls = 1000
+    match = type(cache).match_prefix
+    call = match if impl == "optimized" else match.__wrapped__  # type: ignore[attr-defined]
+
+    def run() -> None:
+        for _ in range(calls):
+            call(cache, tokens)
+
+    benchmark.extra_info["calls"] = calls
+    benchmark.pedantic(run, rounds=20, iterations=1)
