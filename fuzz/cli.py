@@ -227,6 +227,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         print("\n".join(list_targets()))
         raise SystemExit(EXIT_OK)
     select(parser, args)
+    if args.device != "cpu":
+        # torch is imported only for a device other than the CPU: a device this machine lacks is a usage error
+        from radixspec.optimized.inputs import device_of
+        from radixspec.spec.errors import CacheError
+
+        try:
+            device_of(args.device)
+        except CacheError as exc:
+            parser.error(f"--device {args.device}: {exc}")
     if args.ray is not None:
         try:
             import ray  # noqa: F401

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from radixspec.spec import cache_manager as spec_manager
-from radixspec.spec.domains import check_page_size
+from radixspec.spec.domains import check_page_size, check_pool_size
 from radixspec.spec.errors import (
     CacheBusyError,
     InvalidRequestError,
@@ -42,9 +42,8 @@ class CacheManager:
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor, type: str = "radix") -> None:
         # CHECK
-        check_page_size(page_size)
-        if num_pages < 1:
-            raise InvalidSizeError(f"num_pages must be >= 1, got {num_pages}")
+        page_size = check_page_size(page_size)
+        num_pages = check_pool_size(num_pages, page_size)
         if type not in ("radix", "naive"):
             raise InvalidRequestError(f"prefix cache type must be 'radix' or 'naive', got {type!r}")
         if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or page_table.dtype != torch.int32:

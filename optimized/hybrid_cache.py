@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from radixspec.reference.base import NotCopyable
 from radixspec.reference.threads import new_mutex, serialized
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
@@ -75,7 +76,7 @@ class HybridHandle:
     "abstract_handle",
     "check_integrity",
 )
-class HybridRadixCache:
+class HybridRadixCache(NotCopyable):
     """A prefix cache for several attention groups on the C tree (``windows``: None for full attention, W)."""
 
     def __init__(self, page_size: int, windows: Sequence[hy.Window]) -> None:

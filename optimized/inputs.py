@@ -41,6 +41,9 @@ def device_of(device: torch.device | str) -> torch.device:
         checked = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise InvalidTypeError(f"not a torch device: {device!r} ({exc})") from None
+    if checked.type not in ("cpu", "cuda"):
+        # 'meta' holds no data (the evicted slots would be lost); the stores run on the CPU and on CUDA only
+        raise InvalidInputError(f"device {str(checked)!r}: the caches run on 'cpu' and 'cuda' devices only")
     if checked.type == "cuda":
         if not torch.cuda.is_available():
             built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"

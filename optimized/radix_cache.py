@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import torch
 
+from radixspec.reference.base import NotCopyable
 from radixspec.reference.threads import new_mutex, serialized
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
@@ -61,6 +62,8 @@ _T = TypeVar("_T")
 _WIDTH = {torch.int64: 8, torch.int32: 4}
 # the node of a handle that matched nothing: the namespace's root, which never goes stale
 _ROOT = -1
+# evict sizes above this are checked against the evictable size before the result buffer is allocated
+_LARGE_EVICT = 1 << 20
 
 
 class RadixTreeNode(NamedTuple):
@@ -123,7 +126,7 @@ class RadixCacheHandle:
     "enable_events",
     "_path_slots",
 )
-class RadixPrefixCache(ev.EmitsEvents):
+class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
     """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``. Safe to share between
     threads: its calls run one at a time."""
 
@@ -289,6 +292,10 @@ class RadixPrefixCache(ev.EmitsEvents):
             size = int(size)
         if size < 0:
             raise InvalidSizeError(f"cannot evict a negative size ({size})")
+        if size > _LARGE_EVICT:
+            # past what is ever evictable at once: the spec's EvictionError before a buffer that large is made
+            # (evict(10**10) was a torch error); smaller sizes C checks against the evictable pages
+            pc.check_evict_size(size, self.size_info.evictable_size)
         p = self.page_size
         pages = (size + p - 1) // p
         if out is None:

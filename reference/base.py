@@ -7,7 +7,21 @@ from collections.abc import Sequence
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import InvalidTypeError
 from radixspec.spec.types import InsertResult, SizeInfo
+
+
+class NotCopyable:
+    """A cache is not copied: a shallow copy would share its tree (its C tree, in the optimized caches) with the
+    original, and a change through either would corrupt both. Make a new cache instead."""
+
+    def __copy__(self) -> NotCopyable:
+        raise InvalidTypeError(
+            f"a {type(self).__name__} cannot be copied (the copy would share its tree); make a new one"
+        )
+
+    def __deepcopy__(self, memo: dict[int, object]) -> NotCopyable:
+        return self.__copy__()
 
 
 class BaseCacheHandle(ABC):
@@ -21,7 +35,7 @@ class BaseCacheHandle(ABC):
         """Slots of the matched prefix in sequence order; raises StaleHandleError once a page was evicted."""
 
 
-class BasePrefixCache(ABC):
+class BasePrefixCache(NotCopyable, ABC):
     """A prefix cache: token ids -> slot indices. Stores no KV, only the mapping."""
 
     page_size: int

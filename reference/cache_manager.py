@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from radixspec.spec import cache_manager as spec_manager
-from radixspec.spec.domains import check_page_size
+from radixspec.spec.domains import check_page_size, check_pool_size
 from radixspec.spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError
 from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
 from radixspec.spec.requests import Prompted, Req
@@ -33,9 +33,8 @@ class CacheManager:
 
     def __init__(self, num_pages: int, page_size: int, page_table: list[list[int]], type: str = "radix") -> None:
         # CHECK
-        check_page_size(page_size)
-        if num_pages < 1:
-            raise InvalidSizeError(f"num_pages must be >= 1, got {num_pages}")
+        page_size = check_page_size(page_size)
+        num_pages = check_pool_size(num_pages, page_size)
         if type not in ("radix", "naive"):
             raise InvalidRequestError(f"prefix cache type must be 'radix' or 'naive', got {type!r}")
         if not page_table or len({len(row) for row in page_table}) != 1:

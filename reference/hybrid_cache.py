@@ -34,6 +34,7 @@ from radixspec.spec.helpers import compute_page_to_token, div_ceil
 from radixspec.spec.prefix_cache import check_evict_size
 from radixspec.spec.types import SizeInfo
 
+from .base import NotCopyable
 from .threads import new_mutex, serialized
 
 
@@ -105,7 +106,7 @@ class HybridHandle:
     "abstract_handle",
     "check_integrity",
 )
-class HybridRadixCache:
+class HybridRadixCache(NotCopyable):
     """A prefix cache for several attention groups (``windows``: None for full attention, W for a window)."""
 
     def __init__(self, page_size: int, windows: Sequence[hy.Window]) -> None:

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import TypeAlias
 
-from .errors import InvalidInputError, InvalidTypeError, NamespaceDepthError, SlotOutOfRangeError
+from .errors import (
+    InvalidInputError,
+    InvalidSizeError,
+    InvalidTypeError,
+    NamespaceDepthError,
+    SlotOutOfRangeError,
+)
 
 # A namespace isolates cache lines (LoRA id, tenant salt). ``None`` is the
 # default namespace; any other namespace is a tuple, never a joined string
@@ -27,6 +33,22 @@ def check_page_size(page_size: object) -> int:
     if page_size > SLOT_LIMIT:
         raise InvalidInputError(f"page_size must be <= 2**31 (a page's slots lie in the slot domain), got {page_size}")
     return page_size
+
+
+def check_pool_size(num_pages: object, page_size: int) -> int:
+    """``num_pages`` as an int >= 1 whose pages' slots all lie in the slot domain (num_pages * page_size <= 2**31),
+    or raise (InvalidTypeError, InvalidSizeError)."""
+    if not isinstance(num_pages, int) or isinstance(num_pages, bool):
+        raise InvalidTypeError(f"num_pages must be an int, got {type(num_pages).__name__}")
+    num_pages = int(num_pages)
+    if num_pages < 1:
+        raise InvalidSizeError(f"num_pages must be >= 1, got {num_pages}")
+    if num_pages * page_size > SLOT_LIMIT:
+        raise InvalidSizeError(
+            f"num_pages * page_size must be <= 2**31 (every slot of the pool in the slot domain),"
+            f" got {num_pages} * {page_size} = {num_pages * page_size}"
+        )
+    return num_pages
 
 
 # Slots index the KV pool through int32 page tables, as every engine's kernels do.

@@ -90,3 +90,71 @@ def test_a_forged_optimized_hybrid_handle_is_refused_before_c_reads_it() -> None
     cache.lock(real)  # type: ignore[attr-defined]
     cache.unlock(real)  # type: ignore[attr-defined]
     cache.check_integrity()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- sizes, devices, copies
+
+
+@pytest.mark.parametrize("size", [2**21, 10**10, 2**63])
+def test_an_eviction_past_what_is_evictable_is_the_specs_error_at_every_size(size: int) -> None:
+    from radixspec.spec.errors import EvictionError
+
+    cache = RadixPrefixCache(page_size=1, device="cpu")
+    cache.insert_prefix([1, 2, 3], [0, 1, 2])
+    before = cache.abstract_state()
+    # was: torch's RuntimeError / TypeError allocating the result before C checked the size
+    with pytest.raises(EvictionError, match=f"cannot evict {size} tokens, only 3 are evictable"):
+        cache.evict(size)
+    assert cache.abstract_state() == before
+
+
+def test_a_device_without_data_is_refused() -> None:
+    from radixspec.spec.errors import InvalidInputError
+
+    # was: accepted, and the evicted slots were lost on the meta device
+    with pytest.raises(InvalidInputError, match="'meta': the caches run on 'cpu' and 'cuda' devices only"):
+        RadixPrefixCache(page_size=1, device="meta")
+
+
+@pytest.mark.parametrize("family", ["reference", "optimized"])
+def test_a_pool_whose_slots_leave_the_slot_domain_is_refused(family: str) -> None:
+    from radixspec import optimized, reference
+    from radixspec.spec.errors import InvalidSizeError
+
+    module = optimized if family == "optimized" else reference
+    table = module.make_page_table(2, 8)
+    # was: slots past 2**31 (negative in the optimized free list)
+    with pytest.raises(InvalidSizeError, match=r"num_pages \* page_size must be <= 2\*\*31"):
+        module.CacheManager(2**29 + 1, 4, table)  # type: ignore[arg-type]  # one page past 2**31 slots
+
+
+def test_a_cache_cannot_be_copied_and_the_original_stays_intact() -> None:
+    import copy
+
+    from radixspec import reference
+    from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybrid
+    from radixspec.reference.hybrid_cache import HybridRadixCache as ReferenceHybrid
+
+    caches = [
+        RadixPrefixCache(page_size=1, device="cpu"),
+        reference.RadixPrefixCache(page_size=1),
+        OptimizedHybrid(1, (None,)),
+        ReferenceHybrid(1, (None,)),
+    ]
+    for cache in caches:
+        for duplicate in (copy.copy, copy.deepcopy):
+            # was: copy.copy shared the C tree; a change through the copy corrupted the original
+            with pytest.raises(InvalidTypeError, match="cannot be copied"):
+                duplicate(cache)
+        cache.check_integrity()  # type: ignore[attr-defined]
+
+
+def test_a_campaign_on_a_device_this_machine_lacks_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from radixspec.fuzz import cli
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_args(["--machine", "kv", "--device", "cuda"])
+    assert exit_.value.code == 2
+    assert "--device cuda: device 'cuda' asked for" in capsys.readouterr().err
