@@ -24,7 +24,7 @@ from .targets.api import TargetInfo
 
 # our implementations (fuzz/targets/ours.py: IMPLEMENTATIONS) and the machines (fuzz/machines.py: MACHINES), by name
 IMPLEMENTATIONS = ("reference", "optimized")
-MACHINE_NAMES = ("cache", "manager", "scheduler", "kv", "hybrid")
+MACHINE_NAMES = ("cache", "manager", "scheduler", "kv", "hybrid", "hostile")
 # those of ours with a hybrid twin (radixspec.fuzz.targets.ours.HYBRID_IMPLEMENTATIONS): the hybrid machine drives them
 HYBRID_IMPLEMENTATIONS = ("reference", "optimized")
 
@@ -128,12 +128,13 @@ def select(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def machines_for(names: Sequence[str], foreign: dict[str, TargetInfo]) -> list[str]:
     """The machines that can drive every selected target: cache and manager when each has that layer; the
-    scheduler and the kv machine when all are ours; the hybrid machine when all have a hybrid twin."""
+    scheduler and the kv machine when all are ours; the hybrid machine when all have a hybrid twin; the
+    hostile-input machine when all are ours."""
     layers = (("cache", "cache_factory"), ("manager", "manager_factory"))
     found = [machine for machine, layer in layers if all(getattr(info, layer) is not None for info in foreign.values())]
     found += ["scheduler", "kv"] if not foreign else []
     hybrid = all(name in HYBRID_IMPLEMENTATIONS or (name in foreign and foreign[name].hybrid_factory) for name in names)
-    return found + (["hybrid"] if hybrid else [])
+    return found + (["hybrid"] if hybrid else []) + (["hostile"] if not foreign else [])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ MACHINES: dict[str, tuple[str, str]] = {
     "scheduler": ("radixspec.fuzz.scheduler_machine", "SchedulerMachine"),
     "kv": ("radixspec.fuzz.kv_machine", "KVStoreMachine"),
     "hybrid": ("radixspec.fuzz.hybrid_machine", "HybridMachine"),
+    "hostile": ("radixspec.fuzz.hostile_machine", "HostileMachine"),
 }
 
 

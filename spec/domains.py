@@ -130,4 +130,6 @@ def _check_ints(values: object, what: str, limit: int, out_of_range: type[Invali
             raise InvalidTypeError(f"{what}[{i}] must be an int, got {type(v).__name__}")
         if not 0 <= v < limit:
             raise out_of_range(f"{what}[{i}] = {v} is outside [0, 2**{limit.bit_length() - 1})")
-    return out
+    # an int subclass as the int it holds: one whose __eq__ / __hash__ / __index__ lie would otherwise alias
+    # other slots or tokens in the spec's sets and dicts (found by the hostile machine)
+    return tuple(int.__int__(v) for v in out)

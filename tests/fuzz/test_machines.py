@@ -11,3 +11,6 @@ TestSchedulerMachine = SchedulerMachine.TestCase
 from radixspec.fuzz.hybrid_machine import HybridMachine  # noqa: E402
 
 TestHybridMachine = HybridMachine.TestCase
+from radixspec.fuzz.hostile_machine import HostileMachine  # noqa: E402
+
+TestHostileMachine = HostileMachine.TestCase

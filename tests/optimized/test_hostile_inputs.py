@@ -158,3 +158,24 @@ def test_a_campaign_on_a_device_this_machine_lacks_is_a_usage_error(capsys: pyte
         cli.parse_args(["--machine", "kv", "--device", "cuda"])
     assert exit_.value.code == 2
     assert "--device cuda: device 'cuda' asked for" in capsys.readouterr().err
+
+
+def test_a_slot_that_is_an_int_subclass_with_lying_dunders_is_the_int_it_holds_everywhere() -> None:
+    """Found by the hostile machine: the spec kept the subclass, whose __hash__ and __eq__ made slot 2 equal to
+    the cached slot 0 (DuplicateSlotError), while the optimized cache read 2 and took it."""
+    from radixspec import reference
+    from radixspec.fuzz.hostile_machine import LyingInt
+    from radixspec.spec import prefix_cache as pc
+
+    state = pc.new_state(1)
+    caches = [RadixPrefixCache(page_size=1, device="cpu"), reference.RadixPrefixCache(page_size=1)]
+    pc.insert_prefix(state, [0], [0], None)
+    for cache in caches:
+        cache.insert_prefix([0], [0])
+    assert pc.insert_prefix(state, [7], [LyingInt(2)], None).cached_len == 0
+    for cache in caches:
+        assert cache.insert_prefix([7], [LyingInt(2)]).cached_len == 0
+    expected = {key: entry.slot_start for key, entry in state.entries.items()}
+    for cache in caches:
+        assert {key: entry.slot_start for key, entry in cache.abstract_state().entries.items()} == expected
+    assert sorted(expected.values()) == [0, 2] and all(type(slot) is int for slot in expected.values())

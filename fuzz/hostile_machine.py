@@ -1,0 +1,371 @@
+"""The hostile-input machine: what a buggy caller passes, against the spec, the reference and the optimized cache.
+
+Every call either does what the spec says or raises a named error of ``spec/errors.py`` with nothing changed;
+the process stays alive. The machine draws valid operations (so that the trees grow, split, lock and evict) and,
+between them, hostile ones:
+
+* ``evict(out=)`` with a buffer changed after its first use (restrided, resized, dtype-swapped, made 2-D);
+* handles of another cache, of a reset cache, or stale ones;
+* int subclasses with lying dunders (``__index__``, ``__eq__``, ``__hash__``) as sizes, tokens and slots;
+* a list that changes while the cache reads it;
+* namespaces one tuple too deep, or very wide;
+* sizes, tokens and slots at and past every edge of their domains;
+* copies of a cache; two threads on one cache.
+
+The laws, checked on every call (``attempt``): the outcome is a value or a ``CacheError`` (any other exception
+is a failure: a foreign error, a crash the process survived); every implementation agrees with the spec on
+which; a refused call leaves every abstract state as it was; after every step each cache passes its own
+integrity check and equals the spec state.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import NAMESPACE_DEPTH_LIMIT, SLOT_LIMIT, TOKEN_LIMIT
+from radixspec.spec.errors import CacheError
+
+from .sequences import nested
+from .stats import STATS
+
+Outcome = tuple[str, Any]
+# values outside the domains, typed as the spec's functions take them (they must refuse them)
+FLOAT_ONE: Any = 1.0
+LIST_NAMESPACE: Any = ["lora", 1]
+
+
+class LyingInt(int):
+    """An int subclass whose dunders lie: it says it is another number, equals everything, hashes to 0."""
+
+    def __index__(self) -> int:
+        return int(self) + 1
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class ShiftingList(list[int]):
+    """A list that changes while it is read: every read of its length appends a value."""
+
+    def __len__(self) -> int:
+        n = super().__len__()
+        if n < 64:
+            self.append(0)
+        return n
+
+
+class Implementation:
+    """One cache under hostile calls: how to make it, call it, and read its state as lists."""
+
+    def __init__(self, name: str, page_size: int) -> None:
+        self.name = name
+        if name == "optimized":
+            import torch
+
+            from radixspec import optimized
+
+            self.torch: Any = torch
+            self.cache: Any = optimized.RadixPrefixCache(page_size, device="cpu")
+        else:
+            from radixspec import reference
+
+            self.torch = None
+            self.cache = reference.RadixPrefixCache(page_size)
+
+    def as_list(self, values: Any) -> list[int]:
+        return [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+
+
+class HostileMachine(RuleBasedStateMachine):
+    """The spec beside our caches, under valid and hostile calls alike."""
+
+    # our implementations driven beside the spec (radixspec.fuzz.machines.machine_for sets them from --impl)
+    IMPLS: ClassVar[tuple[str, ...]] = ("reference", "optimized")
+    SHALLOW: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        STATS.examples += 1
+        self.page_size = 1
+        self.model = pc.new_state(1)
+        self.impls: list[Implementation] = []
+        self.next_slot = 0
+        self.handles: list[list[Any]] = []
+
+    @initialize(page_size=st.sampled_from([1, 2, 4]))
+    def setup(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.model = pc.new_state(page_size)
+        self.impls = [Implementation(name, page_size) for name in ("reference", "optimized") if name in self.IMPLS]
+
+    # ------------------------------------------------------------ the law
+
+    def outcome(self, call: Callable[[], Any], normalize: Callable[[Any], Any]) -> Outcome:
+        """("ok", normalized value) or ("error", class name); any exception not of spec/errors.py fails."""
+        try:
+            return ("ok", normalize(call()))
+        except CacheError as error:
+            return ("error", type(error).__name__)
+        except Exception as error:
+            raise AssertionError(f"raised {type(error).__module__}.{type(error).__name__}: {error}") from error
+
+    def attempt(
+        self,
+        label: str,
+        spec: Callable[[pc.PrefixCacheState], Any] | None,
+        call: Callable[[Implementation], Any],
+        normalize: Callable[[Any], Any] = lambda value: None,
+    ) -> list[Outcome]:
+        """Apply one call to the spec (when it has a twin of it) and every implementation; check the law."""
+        STATS.record_rule(f"hostile.{label}")
+        before = [impl.cache.abstract_state() for impl in self.impls]
+        model_before = pc.PrefixCacheState(self.model.page_size, dict(self.model.entries), self.model.clock)
+        outcomes = []
+        for impl, state in zip(self.impls, before, strict=True):
+            result = self.outcome(functools.partial(call, impl), normalize)
+            if result[0] == "error":
+                assert impl.cache.abstract_state() == state, f"{label}: {impl.name} refused ({result[1]}) and changed"
+            outcomes.append(result)
+        if spec is not None:
+            expected = self.outcome(lambda: spec(self.model), normalize)
+            if expected[0] == "error":
+                assert self.model.entries == model_before.entries, f"{label}: the spec refused and changed"
+            for impl, result in zip(self.impls, outcomes, strict=True):
+                assert result == expected, f"{label}: {impl.name} gave {result}, the spec {expected}"
+        else:
+            assert len({str(o) for o in outcomes}) <= 1, f"{label}: the implementations disagree: {outcomes}"
+        return outcomes
+
+    # ------------------------------------------------------------ valid calls (they grow the trees)
+
+    def fresh_slots(self, n: int) -> list[int]:
+        start = self.next_slot
+        self.next_slot += -(-n // self.page_size) * self.page_size + self.page_size
+        return list(range(start, start + n))
+
+    @rule(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=24))
+    def insert(self, tokens: list[int]) -> None:
+        slots = self.fresh_slots(len(tokens))
+        self.attempt(
+            "insert_prefix",
+            lambda m: pc.insert_prefix(m, tokens, slots, None),
+            lambda impl: impl.cache.insert_prefix(tokens, slots),
+            lambda r: int(r[0]),
+        )
+        self.handles.append([impl.cache.match_prefix(tokens) for impl in self.impls])
+        pc.match_prefix(self.model, tokens, None)
+
+    @rule(size=st.integers(0, 8))
+    def evict(self, size: int) -> None:
+        self.attempt(
+            "evict",
+            lambda m: pc.evict(m, size),
+            lambda impl: impl.cache.evict(size),
+            lambda slots: sorted(int(s) for s in (slots.tolist() if hasattr(slots, "tolist") else slots)),
+        )
+
+    # ------------------------------------------------------------ hostile calls
+
+    @precondition(lambda self: "optimized" in self.IMPLS)
+    @rule(
+        mutation=st.sampled_from(["zero stride", "every other", "int8 underneath", "resized to 1", "2-D", "int64"]),
+        size=st.integers(0, 6),
+    )
+    def evict_into_a_changed_buffer(self, mutation: str, size: int) -> None:
+        impl = next(i for i in self.impls if i.name == "optimized")
+        torch = impl.torch
+        out = torch.empty(64, dtype=torch.int32)
+        self.outcome(lambda: impl.cache.evict(0, out=out), lambda v: None)  # the buffer, kept by the cache
+        changes: dict[str, Callable[[], Any]] = {
+            "zero stride": lambda: out.as_strided_((10**6,), (0,)),
+            "every other": lambda: out.as_strided_((16,), (2,)),
+            "int8 underneath": lambda: setattr(out, "data", out.view(torch.int8)),
+            "resized to 1": lambda: out.resize_(1),
+            "2-D": lambda: out.resize_(8, 8),
+            "int64": lambda: setattr(out, "data", torch.empty(64, dtype=torch.int64)),
+        }
+        changes[mutation]()
+        before = impl.cache.abstract_state()
+        result = self.outcome(lambda: impl.cache.evict(size, out=out), lambda v: None)
+        STATS.record_rule(f"hostile.evict_into_a_changed_buffer[{mutation}]")
+        # only a buffer resized to 1 slot may still take the eviction (of at most one slot): then the call is an
+        # evict like any other, and the spec says what it gives
+        pages = -(-size // self.page_size)
+        if mutation == "resized to 1" and pages * self.page_size <= 1:
+            plan = pc.PrefixCacheState(self.model.page_size, dict(self.model.entries), self.model.clock)
+            expected = self.outcome(lambda: pc.evict(plan, size), lambda v: None)
+            assert result == expected, f"evict(out= {mutation}): {result}, the spec {expected}"
+            if result[0] == "ok":
+                self.model_evicted(size, impl)
+            else:
+                assert impl.cache.abstract_state() == before
+            return
+        assert result == ("error", "InvalidTypeError"), f"evict(out= {mutation}): {result}"
+        assert impl.cache.abstract_state() == before
+
+    def model_evicted(self, size: int, done: Implementation) -> None:
+        """The optimized cache evicted ``size`` through a buffer: the spec and the other caches do too."""
+        pc.evict(self.model, size)
+        for impl in self.impls:
+            if impl is not done:
+                impl.cache.evict(size)
+
+    @precondition(lambda self: bool(self.handles))
+    @rule(which=st.integers(0, 1 << 16), how=st.sampled_from(["another cache", "lock", "unlock", "stale indices"]))
+    def use_a_handle_badly(self, which: int, how: str) -> None:
+        handles = self.handles[which % len(self.handles)]
+        if how == "another cache":
+            # each implementation gets a handle of a cache of the same family that is not it
+            strangers = [Implementation(impl.name, self.page_size) for impl in self.impls]
+            foreign = [s.cache.match_prefix([0]) for s in strangers]
+            self.attempt(
+                "lock[a handle of another cache]", None, lambda impl: impl.cache.lock(foreign[self.impls.index(impl)])
+            )
+            return
+        # a handle of this cache that may be stale: lock, unlock without a lock, read its slots
+        ops: dict[str, Callable[[Implementation], Any]] = {
+            "lock": lambda impl: impl.cache.lock(handles[self.impls.index(impl)]),
+            "unlock": lambda impl: impl.cache.unlock(handles[self.impls.index(impl)]),
+            "stale indices": lambda impl: handles[self.impls.index(impl)].get_matched_indices(),
+        }
+        outcomes = self.attempt(f"{how}[a handle of this cache]", None, ops[how], lambda v: None)
+        if how == "lock" and outcomes and outcomes[0][0] == "ok":
+            # undo it, so that the trees stay evictable (and mirror it in the spec through a fresh match)
+            for impl in self.impls:
+                impl.cache.unlock(handles[self.impls.index(impl)])
+
+    @rule(
+        what=st.sampled_from(
+            [
+                "size -1",
+                "size 2**63",
+                "size a lying int",
+                "size a float",
+                "size a bool",
+                "token 2**63",
+                "token -1",
+                "token a lying int",
+                "slot 2**31",
+                "slot a lying int",
+                "a list that grows while read",
+                "namespace too deep",
+                "namespace wide",
+                "namespace a list",
+            ]
+        )
+    )
+    def call_at_a_domain_edge(self, what: str) -> None:
+        p = self.page_size
+        slots = self.fresh_slots(p)
+        tokens = [7] * p
+        calls: dict[str, tuple[Callable[[pc.PrefixCacheState], Any], Callable[[Implementation], Any]]] = {
+            "size -1": (lambda m: pc.evict(m, -1), lambda i: i.cache.evict(-1)),
+            "size 2**63": (lambda m: pc.evict(m, 2**63), lambda i: i.cache.evict(2**63)),
+            "size a lying int": (lambda m: pc.evict(m, LyingInt(0)), lambda i: i.cache.evict(LyingInt(0))),
+            "size a float": (lambda m: pc.evict(m, FLOAT_ONE), lambda i: i.cache.evict(1.0)),
+            "size a bool": (lambda m: pc.evict(m, True), lambda i: i.cache.evict(True)),
+            "token 2**63": (
+                lambda m: pc.insert_prefix(m, [TOKEN_LIMIT] * p, slots, None),
+                lambda i: i.cache.insert_prefix([TOKEN_LIMIT] * p, slots),
+            ),
+            "token -1": (
+                lambda m: pc.insert_prefix(m, [-1] * p, slots, None),
+                lambda i: i.cache.insert_prefix([-1] * p, slots),
+            ),
+            "token a lying int": (
+                lambda m: pc.match_prefix(m, [LyingInt(7)] * p, None),
+                lambda i: i.cache.match_prefix([LyingInt(7)] * p),
+            ),
+            "slot 2**31": (
+                lambda m: pc.insert_prefix(m, tokens, [SLOT_LIMIT + k for k in range(p)], None),
+                lambda i: i.cache.insert_prefix(tokens, [SLOT_LIMIT + k for k in range(p)]),
+            ),
+            "slot a lying int": (
+                lambda m: pc.insert_prefix(m, tokens, [LyingInt(s) for s in slots], None),
+                lambda i: i.cache.insert_prefix(tokens, [LyingInt(s) for s in slots]),
+            ),
+            "a list that grows while read": (
+                lambda m: pc.match_prefix(m, ShiftingList(tokens), None),
+                lambda i: i.cache.match_prefix(ShiftingList(tokens)),
+            ),
+            "namespace too deep": (
+                lambda m: pc.match_prefix(m, tokens, nested(NAMESPACE_DEPTH_LIMIT + 1)),
+                lambda i: i.cache.match_prefix(tokens, nested(NAMESPACE_DEPTH_LIMIT + 1)),
+            ),
+            "namespace wide": (
+                lambda m: pc.match_prefix(m, tokens, tuple(range(10_000))),
+                lambda i: i.cache.match_prefix(tokens, tuple(range(10_000))),
+            ),
+            "namespace a list": (
+                lambda m: pc.match_prefix(m, tokens, LIST_NAMESPACE),
+                lambda i: i.cache.match_prefix(tokens, ["lora", 1]),
+            ),
+        }
+        spec, call = calls[what]
+        # the spec stamps on a match: only the outcome is compared (the stamps follow in compare_states)
+        self.attempt(f"call_at_a_domain_edge[{what}]", spec, call, lambda value: None)
+
+    @rule()
+    def copy_a_cache(self) -> None:
+        self.attempt("copy", None, lambda impl: copy.copy(impl.cache))
+        self.attempt("deepcopy", None, lambda impl: copy.deepcopy(impl.cache))
+
+    @rule(rounds=st.integers(1, 40))
+    def two_threads(self, rounds: int) -> None:
+        """Two threads match and lock / unlock on every cache at once; nothing they do changes the pages (their
+        tokens are never cached: a match stamps no page, so the spec's LRU order still holds)."""
+        STATS.record_rule("hostile.two_threads")
+        failures: list[str] = []
+        tokens = [[9] * self.page_size, [9, 8] * self.page_size]
+
+        def hammer(impl: Implementation, which: int) -> None:
+            try:
+                for _ in range(rounds):
+                    handle = impl.cache.match_prefix(tokens[which])
+                    impl.cache.lock(handle)
+                    impl.cache.unlock(handle)
+                    impl.cache.size_info  # noqa: B018  (a read between the other thread's calls)
+            except CacheError as error:
+                failures.append(f"{impl.name}: {error!r}")
+            except Exception as error:  # not a named error: the law is broken
+                failures.append(f"{impl.name}: not a named error: {error!r}")
+
+        for impl in self.impls:
+            threads = [threading.Thread(target=hammer, args=(impl, which)) for which in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert not failures, failures
+
+    # ------------------------------------------------------------ checks
+
+    @invariant()
+    def caches_are_intact_and_agree(self) -> None:
+        for impl in self.impls:
+            impl.cache.check_integrity()
+        self.compare_states()
+
+    def compare_states(self) -> None:
+        """Every cache holds the spec's pages with the spec's slots and locks (the clocks differ: the threads'
+        matches ticked the caches' clocks, not the spec's, and stamped no page)."""
+        expected = {key: (e.slot_start, e.ref_count) for key, e in self.model.entries.items()}
+        for impl in self.impls:
+            state = impl.cache.abstract_state()
+            actual = {key: (e.slot_start, e.ref_count) for key, e in state.entries.items()}
+            assert actual == expected, f"{impl.name} holds other pages than the spec"
+
+    def teardown(self) -> None:
+        if self.impls:
+            STATS.record_reach(largest_tree_pages=len(self.model.entries))
