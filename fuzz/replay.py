@@ -67,24 +67,41 @@ def namespace_of(value: Any) -> Namespace:
     return check_namespace(as_tuple(value) if isinstance(value, list) else (value,))
 
 
+# the most tokens one request of a trace may expand to: a line cannot cost more memory than this
+MAX_REQUEST_TOKENS = 1 << 22
+
+
+def load_line(line: str, number: int, path: Path) -> dict[str, Any]:
+    """One line of a trace as a JSON object; ValueError naming the line otherwise."""
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}:{number}: a request is a JSON object, got {type(record).__name__}")
+    return record
+
+
 def detect_format(path: Path) -> str:
     """``jsonl`` or ``mooncake``, from the first request's fields."""
     with path.open() as lines:
-        for line in lines:
+        for number, line in enumerate(lines, start=1):
             if line.strip():
-                first = json.loads(line)
-                return "mooncake" if "hash_ids" in first else "jsonl"
+                return "mooncake" if "hash_ids" in load_line(line, number, path) else "jsonl"
     raise ValueError(f"{path}: no request in the trace")
 
 
 def read_trace(path: Path, fmt: str = "auto", block_size: int = 512) -> Iterator[Request]:
-    """The requests of a trace, in replay order (by timestamp when the lines carry one; file order else)."""
+    """The requests of a trace, in replay order (by timestamp when the lines carry one; file order else);
+    ValueError naming the line for a malformed one."""
     fmt = detect_format(path) if fmt == "auto" else fmt
     stamped: list[tuple[float, int, int]] = []
     with path.open() as lines:
         for number, line in enumerate(lines):
             if line.strip():
-                stamp = json.loads(line).get("timestamp") if '"timestamp"' in line else None
+                stamp = load_line(line, number + 1, path).get("timestamp") if '"timestamp"' in line else None
+                if stamp is not None and (type(stamp) not in (int, float) or stamp != stamp):
+                    raise ValueError(f"{path}:{number + 1}: 'timestamp' must be a number, got {stamp!r}")
                 stamped.append((0.0 if stamp is None else float(stamp), number, 0))
     order = {number for _, number, _ in stamped}
     ranks = {number: rank for rank, (_, number, _) in enumerate(sorted(stamped))}
@@ -95,26 +112,42 @@ def read_trace(path: Path, fmt: str = "auto", block_size: int = 512) -> Iterator
         for number, line in enumerate(lines):
             if number not in order:
                 continue
-            by_rank[ranks[number]] = parse_request(json.loads(line), fmt, block_size, number + 1, path)
+            record = load_line(line, number + 1, path)
+            by_rank[ranks[number]] = parse_request(record, fmt, block_size, number + 1, path)
             while next_rank in by_rank:
                 yield by_rank.pop(next_rank)
                 next_rank += 1
 
 
 def parse_request(record: dict[str, Any], fmt: str, block_size: int, line: int, path: Path) -> Request:
-    """One line of the trace as (tokens, namespace); ValueError naming the line when it is malformed."""
+    """One line of the trace as (tokens, namespace); ValueError naming the line when it is malformed.
+
+    A Mooncake line's tokens are made one by one up to its ``input_length`` (never a whole block past it), and
+    no line expands to more than MAX_REQUEST_TOKENS tokens."""
     where = f"{path}:{line}"
     if fmt == "mooncake":
-        try:
-            hash_ids, length = record["hash_ids"], int(record["input_length"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: a Mooncake request needs hash_ids and input_length ({exc})") from None
-        tokens = [(h * block_size + j) % TOKEN_LIMIT for h in hash_ids for j in range(block_size)][:length]
-        return tokens, namespace_of(record.get("namespace"))
+        hash_ids, length = record.get("hash_ids"), record.get("input_length")
+        if not isinstance(hash_ids, list) or not all(type(h) is int and h >= 0 for h in hash_ids):
+            raise ValueError(f"{where}: a Mooncake request needs hash_ids, a list of ints >= 0")
+        if type(length) is not int or not 0 <= length <= MAX_REQUEST_TOKENS:
+            raise ValueError(f"{where}: input_length must be an int in [0, {MAX_REQUEST_TOKENS}], got {length!r}")
+        length = min(length, len(hash_ids) * block_size)
+        tokens = [(hash_ids[i // block_size] * block_size + i % block_size) % TOKEN_LIMIT for i in range(length)]
+        return tokens, namespace_of_line(record.get("namespace"), where)
     ids = record.get("tokens")
     if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < TOKEN_LIMIT for t in ids):
         raise ValueError(f"{where}: 'tokens' must be a list of token ids in [0, 2**63)")
-    return ids, namespace_of(record.get("namespace"))
+    if len(ids) > MAX_REQUEST_TOKENS:
+        raise ValueError(f"{where}: {len(ids)} tokens, more than a request may have ({MAX_REQUEST_TOKENS})")
+    return ids, namespace_of_line(record.get("namespace"), where)
+
+
+def namespace_of_line(value: Any, where: str) -> Namespace:
+    """``namespace_of`` with the line named in its error."""
+    try:
+        return namespace_of(value)
+    except CacheError as exc:
+        raise ValueError(f"{where}: namespace {exc}") from None
 
 
 def generate(out: Path, requests: int, seed: int = 0) -> None:

@@ -123,3 +123,47 @@ def test_a_long_replay_says_how_far_it_got(trace: Path, monkeypatch: pytest.Monk
     replay.replay_trace(replay.OurDriver("reference", 16), replay.read_trace(trace), 128, 16, progress=out)
     lines = out.getvalue().splitlines()
     assert lines and lines[0].startswith("  ... reference at 128 pages: 256 requests in")
+
+
+GOOD = json.dumps({"tokens": [1, 2, 3, 4]})
+MALFORMED = {
+    "not JSON": ("{tokens", "not JSON"),
+    "not an object": ("[1, 2]", "a request is a JSON object, got list"),
+    "a timestamp that is no number": (json.dumps({"timestamp": "soon", "tokens": [1]}), "'timestamp' must be a number"),
+    "hash ids that are strings": (
+        json.dumps({"hash_ids": ["a"], "input_length": 4}),
+        "hash_ids, a list of ints >= 0",
+    ),
+    "an input length past the bound": (
+        json.dumps({"hash_ids": [1], "input_length": 10**12}),
+        "input_length must be an int in [0, 4194304]",
+    ),
+    "a namespace outside the domain": (json.dumps({"tokens": [1], "namespace": [1.5]}), "namespace"),
+}
+
+
+@pytest.mark.parametrize("line, says", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_line_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, says: str
+) -> None:
+    """Each was a traceback (exit 1), a KeyError, or memory without bound."""
+    fmt = "mooncake" if "hash_ids" in line else "jsonl"
+    trace = tmp_path / "trace.jsonl"
+    # the bad line second: it fails during the replay, not only in the first check
+    first = json.dumps({"hash_ids": [1], "input_length": 4}) if fmt == "mooncake" else GOOD
+    trace.write_text(f"{first}\n{line}\n")
+    try:
+        status = replay.main([str(trace), "--impl", "spec", "--format", fmt])
+    except SystemExit as exit_:  # a malformed line the first check reads: a usage error of argparse
+        status = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2, err
+    assert any(f"{trace}:2" in entry and says in entry for entry in err), err
+
+
+def test_a_huge_mooncake_block_size_expands_only_the_tokens_asked_for(tmp_path: Path) -> None:
+    """--block-size 10**9 hung: every block was expanded before the cut to input_length."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(json.dumps({"hash_ids": [3, 4], "input_length": 10}) + "\n")
+    ((tokens, namespace),) = list(replay.read_trace(trace, "mooncake", 10**9))
+    assert tokens == [3 * 10**9 + j for j in range(10)] and namespace is None
