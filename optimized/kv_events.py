@@ -32,7 +32,7 @@ import msgspec
 
 from radixspec.spec import events as ev
 from radixspec.spec.domains import Namespace
-from radixspec.spec.errors import InvalidTypeError
+from radixspec.spec.errors import EventStreamError, InvalidTypeError
 
 MEDIUM_GPU = "GPU"
 
@@ -131,8 +131,14 @@ _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 def decode(payload: bytes) -> KVEventBatch:
-    """A payload back into the batch (what a router does)."""
-    return _DECODER.decode(payload)
+    """A payload back into the batch (what a router does); EventStreamError naming the problem when the
+    payload is not a batch (a wrong type, truncated or foreign bytes), never msgspec's own errors."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise InvalidTypeError(f"payload must be bytes, got {type(payload).__name__}")
+    try:
+        return _DECODER.decode(payload)
+    except msgspec.MsgspecError as exc:
+        raise EventStreamError(f"not a KV event batch ({len(payload)} bytes): {exc}") from None
 
 
 def from_wire(events: Sequence[Any], namespaces: dict[tuple[Any, ...] | None, Namespace]) -> list[ev.Event]:

@@ -150,3 +150,19 @@ def test_the_publisher_numbers_its_batches_and_names_its_rank() -> None:
         publisher._socket = socket
         publisher.close()
     assert socket.closed
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\xff\xff\xff", b"\x93\x01\x02\x03", bytes(range(64))],
+    ids=["empty", "junk", "wrong shape", "noise"],
+)
+def test_a_payload_that_is_no_batch_is_the_specs_event_stream_error(payload: bytes) -> None:
+    """Was: msgspec's own DecodeError / ValidationError, unnamed by spec/errors.py."""
+    from radixspec.optimized.kv_events import decode
+    from radixspec.spec.errors import EventStreamError, InvalidTypeError
+
+    with pytest.raises(EventStreamError, match="not a KV event batch"):
+        decode(payload)
+    with pytest.raises(InvalidTypeError, match="payload must be bytes"):
+        decode("text")  # type: ignore[arg-type]
