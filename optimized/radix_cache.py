@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from radixspec.reference.base import NotCopyable
-from radixspec.reference.threads import new_mutex, serialized
+from radixspec.reference.threads import PREFIX_CACHE_CALLS, new_mutex, serialized
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace, check_namespace, check_page_size
@@ -105,27 +105,7 @@ class RadixCacheHandle:
 
 # one call at a time (reference/threads.py): cffi lets other threads run during a C call, and the calls share
 # scratch buffers (the walk, the token and slot rooms)
-@serialized(
-    "stats",
-    "match_prefix",
-    "insert_prefix",
-    "lock",
-    "unlock",
-    "is_handle_locked",
-    "evict",
-    "reset",
-    "size_info",
-    "check_integrity",
-    "nodes",
-    "abstract_state",
-    "abstract_handle",
-    "path_nodes",
-    "tree_stats",
-    "break_invariant",
-    "take_events",
-    "enable_events",
-    "_path_slots",
-)
+@serialized(*PREFIX_CACHE_CALLS, "nodes", "path_nodes", "tree_stats", "break_invariant", "_path_slots")
 class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
     """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``. Safe to share between
     threads: its calls run one at a time."""

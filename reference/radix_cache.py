@@ -30,7 +30,7 @@ from radixspec.spec.metrics import CacheStats, StatsCounter
 from radixspec.spec.types import InsertResult, SizeInfo
 
 from .base import BaseCacheHandle, BasePrefixCache
-from .threads import new_mutex, serialized
+from .threads import PREFIX_CACHE_CALLS, new_mutex, serialized
 
 
 class RadixTreeNode:
@@ -137,22 +137,7 @@ class RadixCacheHandle(BaseCacheHandle):
 
 
 # one call at a time (threads.py): two threads never interleave inside the tree
-@serialized(
-    "stats",
-    "match_prefix",
-    "insert_prefix",
-    "lock",
-    "unlock",
-    "is_handle_locked",
-    "evict",
-    "reset",
-    "size_info",
-    "check_integrity",
-    "abstract_state",
-    "abstract_handle",
-    "take_events",
-    "enable_events",
-)
+@serialized(*PREFIX_CACHE_CALLS)
 class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
     """The seed's radix tree, one root per namespace, with exact LRU eviction of pages. Safe to share between
     threads: its calls run one at a time."""

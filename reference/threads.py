@@ -13,6 +13,24 @@ from typing import Any, TypeVar
 
 C = TypeVar("C", bound=type)
 
+# the calls of a radix prefix cache (reference and optimized) that take its lock; each family adds its own
+PREFIX_CACHE_CALLS = (
+    "stats",
+    "match_prefix",
+    "insert_prefix",
+    "lock",
+    "unlock",
+    "is_handle_locked",
+    "evict",
+    "reset",
+    "size_info",
+    "check_integrity",
+    "abstract_state",
+    "abstract_handle",
+    "take_events",
+    "enable_events",
+)
+
 
 def new_mutex() -> threading.RLock:
     """The lock a cache makes in its ``__init__`` (as ``self._mutex``)."""
