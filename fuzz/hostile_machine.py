@@ -10,7 +10,10 @@ between them, hostile ones:
 * a list that changes while the cache reads it;
 * namespaces one tuple too deep, or very wide;
 * sizes, tokens and slots at and past every edge of their domains;
-* copies of a cache; two threads on one cache.
+* copies of a cache; two threads on one cache;
+* on the hybrid caches: groups outside the cache, handles of another cache, namespaces too deep;
+* ``kv_events.decode`` of random bytes (``EventStreamError``), trace lines of any shape (a request, or a
+  ValueError naming the line).
 
 The laws, checked on every call (``attempt``): the outcome is a value or a ``CacheError`` (any other exception
 is a failure: a foreign error, a crash the process survived); every implementation agrees with the spec on
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
+import importlib.util
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -102,12 +107,27 @@ class HostileMachine(RuleBasedStateMachine):
         self.impls: list[Implementation] = []
         self.next_slot = 0
         self.handles: list[list[Any]] = []
+        # the hybrid caches (one full-attention group, one window of 2 pages) beside the spec's hybrid state
+        self.hybrid_model: Any = None
+        self.hybrids: list[tuple[str, Any]] = []
+        self.hybrid_next = 0
 
     @initialize(page_size=st.sampled_from([1, 2, 4]))
     def setup(self, page_size: int) -> None:
         self.page_size = page_size
         self.model = pc.new_state(page_size)
         self.impls = [Implementation(name, page_size) for name in ("reference", "optimized") if name in self.IMPLS]
+        from radixspec.spec import hybrid as hy
+
+        windows = (None, 2 * page_size)
+        self.hybrid_model = hy.new_state(page_size, windows)
+        self.hybrids = []
+        for name in ("reference", "optimized"):
+            if name in self.IMPLS:
+                module = (
+                    "radixspec.optimized.hybrid_cache" if name == "optimized" else "radixspec.reference.hybrid_cache"
+                )
+                self.hybrids.append((name, importlib.import_module(module).HybridRadixCache(page_size, windows)))
 
     # ------------------------------------------------------------ the law
 
@@ -349,6 +369,103 @@ class HostileMachine(RuleBasedStateMachine):
                 thread.join()
         assert not failures, failures
 
+    # ------------------------------------------------------------ the hybrid caches
+
+    def hybrid_attempt(self, label: str, spec: Callable[[Any], Any], call: Callable[[Any], Any]) -> None:
+        """One call on the spec's hybrid state and each hybrid cache: the same outcome class, nothing changed by
+        a refusal (values are compared by the hybrid machine; here, what a hostile call does)."""
+        STATS.record_rule(f"hostile.hybrid.{label}")
+        expected = self.outcome(lambda: spec(self.hybrid_model), lambda value: None)
+        for name, cache in self.hybrids:
+            before = cache.abstract_state()
+            result = self.outcome(functools.partial(call, cache), lambda value: None)
+            assert result == expected, f"hybrid {label}: {name} gave {result}, the spec {expected}"
+            if result[0] == "error":
+                assert cache.abstract_state() == before, f"hybrid {label}: {name} refused and changed"
+
+    @rule(pages=st.integers(1, 4))
+    def hybrid_insert(self, pages: int) -> None:
+        from radixspec.spec import hybrid as hy
+
+        p = self.page_size
+        tokens = [self.hybrid_next % 3] * (pages * p)
+        starts = [self.hybrid_next * p + k * p for k in range(pages)]
+        self.hybrid_next += pages
+        rows = [list(starts), list(starts)]
+        self.hybrid_attempt(
+            "insert_prefix", lambda m: hy.insert_prefix(m, tokens, rows, None), lambda c: c.insert_prefix(tokens, rows)
+        )
+
+    @rule(
+        what=st.sampled_from(
+            ["group -1", "group past the last", "group a bool", "a handle of another cache", "namespace too deep"]
+        )
+    )
+    def hybrid_call_at_an_edge(self, what: str) -> None:
+        from radixspec.spec import hybrid as hy
+
+        tokens = [0] * self.page_size
+        if what == "a handle of another cache":
+            # each cache gets a handle of another cache of its family: refused, nothing changed in either
+            for name, cache in self.hybrids:
+                stranger = type(cache)(self.page_size, self.hybrid_model.windows)
+                handle = stranger.match_prefix(tokens)
+                before = cache.abstract_state()
+                result = self.outcome(functools.partial(cache.lock, handle), lambda value: None)
+                STATS.record_rule("hostile.hybrid.lock[a handle of another cache]")
+                assert result == ("error", "InvalidTypeError"), f"hybrid lock of a foreign handle: {name}: {result}"
+                assert cache.abstract_state() == before
+            return
+        calls: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+            "group -1": (lambda m: hy.size_info(m, -1), lambda c: c.size_info(-1)),
+            "group past the last": (lambda m: hy.size_info(m, 2), lambda c: c.size_info(2)),
+            "group a bool": (lambda m: hy.evict(m, True, 0), lambda c: c.evict(True, 0)),
+            "namespace too deep": (
+                lambda m: hy.match_prefix(m, tokens, nested(NAMESPACE_DEPTH_LIMIT + 1)),
+                lambda c: c.match_prefix(tokens, nested(NAMESPACE_DEPTH_LIMIT + 1)),
+            ),
+        }
+        spec, call = calls[what]
+        self.hybrid_attempt(f"call_at_an_edge[{what}]", spec, call)
+
+    # ------------------------------------------------------------ the readers: KV event batches, trace lines
+
+    @precondition(lambda self: importlib.util.find_spec("msgspec") is not None)
+    @rule(payload=st.binary(max_size=64))
+    def decode_noise(self, payload: bytes) -> None:
+        """Bytes off the wire that are no event batch: EventStreamError, never msgspec's own errors."""
+        from radixspec.optimized.kv_events import decode
+
+        STATS.record_rule("hostile.kv_events.decode")
+        self.outcome(lambda: decode(payload), lambda value: None)
+
+    @rule(
+        record=st.dictionaries(
+            st.sampled_from(["tokens", "hash_ids", "input_length", "namespace", "timestamp"]),
+            st.one_of(
+                st.none(),
+                st.integers(-(2**64), 2**64),
+                st.floats(),
+                st.text(max_size=3),
+                st.lists(st.one_of(st.integers(-2, 2**63), st.text(max_size=2)), max_size=5),
+            ),
+        ),
+        fmt=st.sampled_from(["jsonl", "mooncake"]),
+    )
+    def read_a_hostile_trace_line(self, record: dict[str, Any], fmt: str) -> None:
+        """A trace line of any shape: a request, or a ValueError naming the line (the CLI's exit 2)."""
+        from pathlib import Path
+
+        from radixspec.fuzz.replay import parse_request
+
+        STATS.record_rule(f"hostile.trace_line[{fmt}]")
+        try:
+            tokens, _ = parse_request(record, fmt, 4, 1, Path("trace.jsonl"))
+        except ValueError as error:
+            assert "trace.jsonl:1" in str(error), f"the error does not name the line: {error}"
+            return
+        assert len(tokens) <= 1 << 22
+
     # ------------------------------------------------------------ checks
 
     @invariant()
@@ -356,6 +473,9 @@ class HostileMachine(RuleBasedStateMachine):
         for impl in self.impls:
             impl.cache.check_integrity()
         self.compare_states()
+        for name, cache in self.hybrids:
+            cache.check_integrity()
+            assert cache.abstract_state().groups == self.hybrid_model.groups, f"hybrid {name} differs from the spec"
 
     def compare_states(self) -> None:
         """Every cache holds the spec's pages with the spec's slots and locks (the clocks differ: the threads'
