@@ -538,7 +538,11 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
             if n > kept.capacity:
                 kept = _ListRoom(self._ffi, 2 * n)
                 setattr(self, room, kept)
-            return (kept.pointer, n, 8, values) if read_int64(values, kept.address, kept.capacity) == n else None
+            if read_int64(values, kept.address, kept.capacity) != n:
+                return None
+            # the owner is what C read, not the caller's list: the events of this call are built from it, and the
+            # list may change while C runs (cffi lets other threads run then)
+            return kept.pointer, n, 8, memoryview(kept.buffer)[:n]
         view = int_view(values)
         return None if view is None else (self._from_buffer(view), len(view), view.itemsize, view)
 

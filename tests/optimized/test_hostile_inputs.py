@@ -179,3 +179,19 @@ def test_a_slot_that_is_an_int_subclass_with_lying_dunders_is_the_int_it_holds_e
     for cache in caches:
         assert {key: entry.slot_start for key, entry in cache.abstract_state().entries.items()} == expected
     assert sorted(expected.values()) == [0, 2] and all(type(slot) is int for slot in expected.values())
+
+
+def test_the_events_of_an_insert_are_built_from_what_c_read_not_from_the_callers_list() -> None:
+    """The caller's list may change while C runs (another thread): the values the call keeps for its events
+    and messages are the ones C read."""
+    from radixspec.spec import events as ev
+
+    cache = RadixPrefixCache(page_size=2, device="cpu", enable_events=True)
+    tokens = [1, 2, 3, 4]
+    _, n, width, owner = cache._read_in_place(tokens, "_token_room")  # type: ignore[misc]
+    tokens[:] = [9, 9, 9, 9]
+    assert (n, width, owner.tolist()) == (4, 8, [1, 2, 3, 4])
+    # and end to end: the stored events replay to exactly the cached pages
+    cache.insert_prefix([5, 6, 7, 8], [0, 1, 2, 3])
+    replayed = ev.replay(cache.take_events(), 2)
+    assert replayed == {key: entry.slot_start for key, entry in cache.abstract_state().entries.items()}
