@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from radixspec import optimized, reference
+from radixspec.spec.errors import CacheError
 from radixspec.spec.requests import RequestSpec, SchedulerConfig, StepReport
 
 from .cli import DefaultsShown
@@ -89,7 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache_type=args.cache,
         overlap=args.overlap,
     )
-    engine = reference.Engine(config) if args.impl == "reference" else optimized.Engine(config)
+    try:
+        engine = reference.Engine(config) if args.impl == "reference" else optimized.Engine(config)
+    except CacheError as exc:  # sizes outside the domains (a page past 2**31 slots, ...): the options' fault
+        parser.error(str(exc))
     workload = shared_prompt_workload(args.requests, args.seed)
     clock = RequestClock()
     result = engine.generate(workload, on_step=clock.on_step)

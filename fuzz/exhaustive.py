@@ -493,6 +493,10 @@ def test_exhaustive_counterexample() -> None:
     return path
 
 
+# the small scope: deeper or wider would run for days (depth 6, P = 1 and 2, takes minutes)
+MAX_DEPTH, MAX_PAGE_SIZE = 12, 64
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixspec exhaustive", description=__doc__.split("\n\n")[0])
     parser.add_argument("--depth", type=int, default=6, help="longest operation sequence explored (>= 1)")
@@ -506,16 +510,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="where a counterexample's test goes")
     args = parser.parse_args(argv)
-    if args.depth < 1:
-        parser.error(f"--depth must be >= 1, got {args.depth}")
+    if not 1 <= args.depth <= MAX_DEPTH:
+        parser.error(f"--depth must be in [1, {MAX_DEPTH}] (the states grow exponentially), got {args.depth}")
     if args.workers < 1:
         parser.error(f"--workers must be >= 1, got {args.workers}")
     try:
         sizes = [int(part) for part in args.page_sizes.split(",")]
     except ValueError:
         parser.error(f"--page-sizes: expected comma-separated ints, got {args.page_sizes!r}")
-    if not sizes or min(sizes) < 1:
-        parser.error("--page-sizes must be >= 1")
+    if not sizes or min(sizes) < 1 or max(sizes) > MAX_PAGE_SIZE:
+        parser.error(f"--page-sizes must be in [1, {MAX_PAGE_SIZE}] (a small scope), got {args.page_sizes}")
     print(
         f"radixspec exhaustive: depth {args.depth}, page sizes {sizes}, machines {args.machine},"
         f" spec + {', '.join(IMPLEMENTATIONS)}, {args.workers} workers"

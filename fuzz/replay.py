@@ -495,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.generate is not None:
+        if not args.generate.parent.is_dir():
+            parser.error(f"--generate {args.generate}: no directory {args.generate.parent}")
         generate(args.generate, args.requests, args.seed)
         print(f"wrote {args.requests} requests to {args.generate}")
         return 0

@@ -47,3 +47,36 @@ def test_the_console_script_and_python_m_run_the_same_command() -> None:
         assert proc.returncode == 0 and proc.stdout.startswith("radixspec "), proc.stderr
     proc = subprocess.run([sys.executable, "-m", "radixspec.fuzz", "--machine", "x"], capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: radixspec fuzz" in proc.stderr
+
+
+MALFORMED = {
+    "exhaustive, a page size past the small scope (hung)": (
+        ["exhaustive", "--page-sizes", "3000000000"],
+        "--page-sizes must be in [1, 64]",
+    ),
+    "exhaustive, a depth that never ends": (["exhaustive", "--depth", "999999"], "--depth must be in [1, 12]"),
+    "engine-run, a page past the slot domain (was a traceback)": (
+        ["engine-run", "--page-size", "3000000000"],
+        "page_size must be <= 2**31",
+    ),
+    "engine-run, a pool past the slot domain (was a traceback)": (
+        ["engine-run", "--num-pages", "100000000000", "--page-size", "64"],
+        "num_pages * page_size must be <= 2**31",
+    ),
+    "replay, a trace written into no directory (was a traceback)": (
+        ["replay", "--generate", "/nonexistent/dir/t.jsonl", "--requests", "3"],
+        "no directory /nonexistent/dir",
+    ),
+    "fuzz, a machine that does not exist": (["fuzz", "--machine", "nope"], "invalid choice: 'nope'"),
+}
+
+
+@pytest.mark.parametrize("argv, says", MALFORMED.values(), ids=MALFORMED.keys())
+def test_every_subcommand_answers_a_malformed_option_with_one_line_and_exit_2(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        commands.main(argv)
+    assert exit_.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and says in errors[0], errors
