@@ -10,9 +10,9 @@ runs it and fails with its message when an upgrade breaks one).
 
 pyproject.toml admits every Hypothesis 6 from 6.140 on (older ones want an argument of the state machine
 test that a batch does not pass; 6.140, 6.150, 6.160 and 6.170.17 were run): each attribute is set only where
-the installed release still reads it. Where a release stops reading one, what it gave degrades, with one warning saying what (a
-batch's draws no longer follow its seed; batches no longer share a corpus; shrinking takes Hypothesis's own
-budget), and the campaign goes on.
+the installed release still reads it. Where a release stops reading one, what it gave degrades, with one
+warning saying what (a batch's draws no longer follow its seed; batches no longer share a corpus; shrinking
+takes Hypothesis's own budget), and the campaign goes on.
 """
 
 from __future__ import annotations
