@@ -639,6 +639,11 @@ int hybrid_evict(hybrid_tree *tree, int64_t group, int64_t pages, int64_t *out) 
 /* ---------------------------------------------------------------- reading */
 
 void hybrid_counts(const hybrid_tree *tree, int64_t group, int64_t *out) {
+    if (group < 0 || group >= tree->groups) { /* no such group: -1 pages, never a read past the counters */
+        out[0] = out[1] = -1;
+        out[2] = tree->nodes;
+        return;
+    }
     out[0] = tree->cached[group] - tree->locked[group];
     out[1] = tree->locked[group];
     out[2] = tree->nodes;

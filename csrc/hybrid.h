@@ -73,7 +73,8 @@ int hybrid_handle(hybrid_tree *tree, int op, const int64_t *nodes, const int64_t
 int hybrid_evict(hybrid_tree *tree, int64_t group, int64_t pages, int64_t *out);
 /* free every node (roots too) */
 void hybrid_reset(hybrid_tree *tree);
-/* out[0]: evictable pages of group, out[1]: locked pages, out[2]: nodes (roots included) */
+/* out[0]: evictable pages of group, out[1]: locked pages, out[2]: nodes (roots included); -1 pages for a group
+   the tree does not have */
 void hybrid_counts(const hybrid_tree *tree, int64_t group, int64_t *out);
 /* Every node below a root, parents first: parent[i] (an index of the export, or -1 - root for a child
  * of root), its page tokens (P per node), and per group 4 values (slot start, stamp, refs, generation).

@@ -195,3 +195,18 @@ def test_the_events_of_an_insert_are_built_from_what_c_read_not_from_the_callers
     cache.insert_prefix([5, 6, 7, 8], [0, 1, 2, 3])
     replayed = ev.replay(cache.take_events(), 2)
     assert replayed == {key: entry.slot_start for key, entry in cache.abstract_state().entries.items()}
+
+
+def test_the_c_hybrid_tree_reads_no_counter_of_a_group_it_does_not_have() -> None:
+    """The Python wrapper refuses the group first; C itself answers -1 pages instead of reading past its counters."""
+    from radixspec.optimized._c import load_c
+    from radixspec.optimized.hybrid_cache import HybridRadixCache
+
+    ffi, lib = load_c()
+    cache = HybridRadixCache(1, (None, 2))
+    counts = ffi.new("int64_t[3]")
+    for group in (-1, 2, 10**6):
+        lib.hybrid_counts(cache._tree, group, counts)
+        assert (counts[0], counts[1]) == (-1, -1)
+    lib.hybrid_counts(cache._tree, 1, counts)
+    assert (counts[0], counts[1]) == (0, 0)
