@@ -868,6 +868,11 @@ class CacheMachine(RuleBasedStateMachine):
                     f"metrics of {name}, namespace {namespace!r}: {counts.pages_stored} pages stored,"
                     f" {cached[namespace]} cached, {counts.pages_evicted} evicted, {counts.pages_dropped} dropped"
                 )
+            retired = stats.retired
+            assert retired.pages_stored == retired.pages_evicted + retired.pages_dropped, (
+                f"metrics of {name}, retired namespaces: {retired.pages_stored} pages stored,"
+                f" {retired.pages_evicted} evicted, {retired.pages_dropped} dropped"
+            )
         first_name, first = counted[0]
         for name, stats in counted[1:]:
             assert stats == first, f"metrics: {first_name} {first.as_dict()}, {name} {stats.as_dict()}"

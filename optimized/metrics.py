@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import fields
 from typing import Any
 
-from radixspec.spec.metrics import CacheStats, NamespaceStats
+from radixspec.spec.metrics import RETIRED_LABEL, CacheStats, NamespaceStats
 
 HELP = {
     "match_requests": "match_prefix calls",
@@ -44,6 +44,7 @@ class CacheMetricsCollector:
             family = CounterMetricFamily(f"{self.prefix}_{item.name}", HELP[item.name], labels=["namespace"])
             for namespace, counts in stats.namespaces.items():
                 family.add_metric([repr(namespace)], getattr(counts, item.name))
+            family.add_metric([RETIRED_LABEL], getattr(stats.retired, item.name))
             yield family
         total = stats.total
         for name, value, text in (

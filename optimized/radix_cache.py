@@ -150,7 +150,7 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
         self._on_host = self.device.type == "cpu"
         # metrics (spec/metrics.py): counted here as the operations run; evictions per namespace are
         # what was stored less what is cached and what reset dropped; C sums the evicted pages' stamps
-        self.counter = StatsCounter()
+        self.counter = StatsCounter(lambda namespace: namespace in self.roots)
         self._evict_clock_sum = 0
 
     def stats(self) -> CacheStats:
@@ -163,7 +163,7 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
             for namespace, counts in self.counter.counts.items()
         }
         age_sum = self._evict_clock_sum - self._lib.radix_tree_evicted_stamp_sum(self._tree)
-        return self.counter.snapshot(evicted, age_sum)
+        return self.counter.snapshot(age_sum, evicted)
 
     # ------------------------------------------------------------ operations
 

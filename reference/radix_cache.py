@@ -155,13 +155,12 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         # KV events (spec/events.py) not yet taken, or None when the cache emits none
         self.events: list[ev.Event] | None = [] if enable_events else None
         # metrics (spec/metrics.py): counted as the operations run
-        self.counter = StatsCounter()
-        self.evicted_pages: dict[Namespace, int] = {}
+        self.counter = StatsCounter(lambda namespace: namespace in self.roots)
         self.eviction_age_sum = 0
 
     def stats(self) -> CacheStats:
         """Hit rates, pages stored / evicted / dropped per namespace, mean eviction age (spec/metrics.py)."""
-        return self.counter.snapshot(self.evicted_pages, self.eviction_age_sum)
+        return self.counter.snapshot(self.eviction_age_sum)
 
     # ------------------------------------------------------------ operations
 
@@ -274,7 +273,7 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
             remaining -= node.length // self.page_size
             # ACCOUNT (metrics): the pages' namespace and how long ago they were used
             namespace = self._root_of(node).namespace
-            self.evicted_pages[namespace] = self.evicted_pages.get(namespace, 0) + node.length // self.page_size
+            self.counter.evicted(namespace, node.length // self.page_size)
             self.eviction_age_sum += (self.clock - node.timestamp) * (node.length // self.page_size)
             if self.events is not None:
                 self.events += self._removed_pages(node)

@@ -11,15 +11,26 @@ compare them:
 * the *eviction age* of a page is the logical clock at the eviction minus the
   page's last access stamp: how many cache operations ago it was last used.
 
-Per namespace, except the eviction age, which is over all pages.
+Per namespace, except the eviction age, which is over all pages. The table
+is bounded: a namespace that holds no cached page may be *retired*, its
+counters folded into one ``retired`` bucket, once the table passes
+``STATS_NAMESPACE_LIMIT`` namespaces. Totals stay exact; per-namespace
+detail stays for every namespace that holds pages (and for up to the limit
+of others), so a stream of one-shot namespaces costs bounded memory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .domains import Namespace
+
+# namespaces whose counters a cache keeps apart before it retires those holding no page
+STATS_NAMESPACE_LIMIT = 1024
+# the label of the retired bucket in an exposition (no namespace's repr reads so)
+RETIRED_LABEL = "<retired>"
 
 
 @dataclass
@@ -55,13 +66,16 @@ class CacheStats:
     """A cache's metrics: counters per namespace, and the eviction age over all evicted pages."""
 
     namespaces: dict[Namespace, NamespaceStats] = field(default_factory=dict)
+    # the counters of namespaces retired from the table (they held no page then), summed
+    retired: NamespaceStats = field(default_factory=NamespaceStats)
     # sum over evicted pages of (clock at eviction - the page's last access stamp)
     eviction_age_sum: int = 0
 
     @property
     def total(self) -> NamespaceStats:
-        """Every namespace's counters summed."""
+        """Every namespace's counters summed, the retired ones included."""
         total = NamespaceStats()
+        total.add(self.retired)
         for stats in self.namespaces.values():
             total.add(stats)
         return total
@@ -73,7 +87,7 @@ class CacheStats:
         return self.eviction_age_sum / evicted if evicted else 0.0
 
     def of(self, namespace: Namespace) -> NamespaceStats:
-        """The counters of ``namespace`` (zeros if it never showed up)."""
+        """The counters of ``namespace`` (zeros if it never showed up or was retired)."""
         return self.namespaces.get(namespace, NamespaceStats())
 
     def as_dict(self) -> dict[str, Any]:
@@ -88,20 +102,40 @@ class CacheStats:
                 repr(namespace): {item.name: getattr(stats, item.name) for item in fields(stats)}
                 for namespace, stats in self.namespaces.items()
             },
+            "retired": {item.name: getattr(self.retired, item.name) for item in fields(self.retired)},
         }
 
 
 class StatsCounter:
-    """The counting both caches share: per-namespace counters kept as the operations run."""
+    """The counting both caches share: per-namespace counters kept as the operations run.
 
-    def __init__(self) -> None:
+    ``holds_pages(namespace)`` tells whether the cache holds a page of the namespace now. When a namespace
+    new to the table would pass its room, every namespace holding no page is retired: its counters are added
+    to ``retired`` (its evicted pages being, by conservation, those stored less those dropped) and its entry
+    goes. The room then doubles past what is left, so retiring costs O(1) per namespace, amortized.
+    """
+
+    def __init__(self, holds_pages: Callable[[Namespace], bool], limit: int | None = None) -> None:
         self.counts: dict[Namespace, NamespaceStats] = {}
+        self.retired = NamespaceStats()
+        self._holds_pages = holds_pages
+        self._limit = STATS_NAMESPACE_LIMIT if limit is None else limit
+        self._room = self._limit
 
     def _ns(self, namespace: Namespace) -> NamespaceStats:
         found = self.counts.get(namespace)
         if found is None:
+            if len(self.counts) >= self._room:
+                self._retire()
             found = self.counts[namespace] = NamespaceStats()
         return found
+
+    def _retire(self) -> None:
+        for namespace in [ns for ns in self.counts if not self._holds_pages(ns)]:
+            stats = self.counts.pop(namespace)
+            stats.pages_evicted = stats.pages_stored - stats.pages_dropped
+            self.retired.add(stats)
+        self._room = max(self._limit, 2 * len(self.counts))
 
     def matched(self, namespace: Namespace, asked: int, cached_len: int) -> None:
         """One match_prefix call: ``asked`` tokens, ``cached_len`` of them cached."""
@@ -117,18 +151,24 @@ class StatsCounter:
         if pages:
             self._ns(namespace).pages_stored += pages
 
+    def evicted(self, namespace: Namespace, pages: int) -> None:
+        """An evict took ``pages`` pages of the namespace (a cache that counts evictions one by one)."""
+        self._ns(namespace).pages_evicted += pages
+
     def dropped(self, namespace: Namespace, pages: int) -> None:
         """A reset dropped ``pages`` pages of the namespace."""
         if pages:
             self._ns(namespace).pages_dropped += pages
 
-    def snapshot(self, evicted: dict[Namespace, int], eviction_age_sum: int) -> CacheStats:
-        """The stats now, with the pages evicted per namespace as the cache counts them."""
+    def snapshot(self, eviction_age_sum: int, evicted: dict[Namespace, int] | None = None) -> CacheStats:
+        """The stats now; ``evicted``, when given, the pages evicted per namespace as the cache counts them."""
         out = CacheStats(eviction_age_sum=eviction_age_sum)
+        out.retired.add(self.retired)
         for namespace, stats in self.counts.items():
             copy = NamespaceStats()
             copy.add(stats)
-            copy.pages_evicted = evicted.get(namespace, 0)
+            if evicted is not None:
+                copy.pages_evicted = evicted.get(namespace, 0)
             out.namespaces[namespace] = copy
         return out
 

@@ -64,6 +64,7 @@ def test_prometheus_exposition_reads_the_stats_at_scrape_time() -> None:
     cache.match_prefix([1, 2, 3])
     text = prometheus_client.generate_latest(registry).decode()
     assert 'radixspec_cache_hit_tokens_total{namespace="None"} 2.0' in text
+    assert 'radixspec_cache_hit_tokens_total{namespace="<retired>"} 0.0' in text
     assert "radixspec_cache_token_hit_rate 0.6666" in text
 
 
@@ -86,6 +87,53 @@ def test_the_cache_machine_catches_metrics_that_disagree_or_lose_pages() -> None
     reference_cache.eviction_age_sum += 1
     with pytest.raises(AssertionError, match="metrics: reference"):
         state.compare_metrics()
+    reference_cache.eviction_age_sum -= 1
+    # a retired namespace's pages must be evicted or dropped: it holds none
+    reference_cache.counter.retired.pages_stored += 1
+    with pytest.raises(AssertionError, match="metrics of reference, retired namespaces: 1 pages stored"):
+        state.compare_metrics()
+
+
+def one_shot_namespaces(cache: Any, count: int, keep: int = 0) -> None:
+    """``count`` tenants that each match, insert one page and lose it to an evict; ``keep`` locked ones stay."""
+    for k in range(keep):
+        cache.lock(cache.insert_prefix([k, k], [2 * k, 2 * k + 1], namespace=("kept", k)).handle)
+    for k in range(count):
+        namespace = ("one-shot", k)
+        cache.match_prefix([1, 2, 3], namespace=namespace)
+        cache.insert_prefix([1, 2], [1000, 1001], namespace=namespace)
+        cache.evict(2)
+
+
+@pytest.mark.parametrize("impl", [reference.RadixPrefixCache, optimized.RadixPrefixCache])
+def test_namespaces_without_pages_are_retired_past_the_limit_and_totals_stay_exact(
+    impl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unbounded = impl(page_size=2)
+    one_shot_namespaces(unbounded, 50, keep=6)
+    monkeypatch.setattr("radixspec.spec.metrics.STATS_NAMESPACE_LIMIT", 4)
+    bounded = impl(page_size=2)
+    one_shot_namespaces(bounded, 50, keep=6)
+    full, kept = unbounded.stats(), bounded.stats()
+    assert len(full.namespaces) == 56 and full.retired == NamespaceStats()
+    # the table never holds more than twice what holds pages (6 kept + the last tenant) and the limit
+    assert len(bounded.counter.counts) <= 2 * 7 and 0 < len(kept.namespaces) < 56
+    assert kept.total == full.total and kept.eviction_age_sum == full.eviction_age_sum
+    # every namespace that holds pages keeps its own counters, exactly
+    for k in range(6):
+        assert kept.of(("kept", k)) == full.of(("kept", k)) == NamespaceStats(pages_stored=1)
+    assert kept.retired.pages_stored == kept.retired.pages_evicted > 0 and kept.retired.match_requests > 0
+    assert kept.as_dict()["retired"]["pages_evicted"] == kept.retired.pages_evicted
+
+
+@pytest.mark.parametrize("impl", [reference.RadixPrefixCache, optimized.RadixPrefixCache])
+def test_a_stream_of_one_shot_namespaces_costs_bounded_memory(impl: Any) -> None:
+    from radixspec.spec.metrics import STATS_NAMESPACE_LIMIT
+
+    cache = impl(page_size=2)
+    one_shot_namespaces(cache, 3 * STATS_NAMESPACE_LIMIT)
+    assert len(cache.counter.counts) <= STATS_NAMESPACE_LIMIT
+    assert cache.stats().total.match_requests == 3 * STATS_NAMESPACE_LIMIT
 
 
 def test_as_dict_names_every_number_for_json() -> None:
@@ -113,6 +161,7 @@ def test_as_dict_names_every_number_for_json() -> None:
                 "pages_dropped": 0,
             },
         },
+        "retired": {**dict.fromkeys(counters, 0), "pages_stored": 0, "pages_evicted": 0, "pages_dropped": 0},
     }
     assert stats.of(("never",)) == NamespaceStats() and CacheStats().mean_eviction_age == 0.0
 
