@@ -8,7 +8,6 @@ scatter (a Python loop over requests, never over tokens).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -65,10 +64,12 @@ class CacheManager:
     def match_req(self, req: Prompted) -> Any:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""
         # CHECK
-        if len(req.input_ids) == 0:
+        input_ids: Any = getattr(req, "input_ids", None)
+        n = spec_manager.prompt_length(input_ids)
+        if n == 0:
             raise InvalidRequestError("a request needs at least one input token")
         # WALK
-        return self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)
+        return self.prefix_cache.match_prefix(input_ids[: n - 1], getattr(req, "namespace", None))
 
     @property
     def available_size(self) -> int:
@@ -85,17 +86,18 @@ class CacheManager:
         """Pages for ``[cached_len, device_len)`` of each request, written with one scatter."""
         # CHECK
         p = self.page_size
-        spec_manager.check_distinct_rows(reqs)
+        batch = spec_manager.read_batch(reqs)
+        spec_manager.check_distinct_rows(batch)
         rows: list[int] = []
         firsts: list[int] = []
         lengths: list[int] = []
-        for req in reqs:
-            self._check_req(req)
+        for req, fields in zip(reqs, batch, strict=True):
+            self._check_req(req, fields)
             first_page, last_page = spec_manager.check_allocation(
-                req.uid, req.cached_len, req.device_len, req.alloc_len, self.page_table.shape[1], p
+                fields.uid, fields.cached_len, fields.device_len, fields.alloc_len, self.page_table.shape[1], p
             )
             if last_page > first_page:
-                rows.append(req.table_idx)
+                rows.append(fields.table_idx)
                 firsts.append(first_page * p)
                 lengths.append((last_page - first_page) * p)
         needed_pages = sum(lengths) // p
@@ -112,25 +114,27 @@ class CacheManager:
         starts = torch.tensor(firsts, dtype=torch.int64, device=device) - (torch.cumsum(length_t, 0) - length_t)
         positions = torch.arange(allocated.numel(), device=device) + torch.repeat_interleave(starts, length_t)
         self.page_table[row_idx, positions] = allocated
-        for req in reqs:
-            if div_ceil(req.device_len, p) * p > req.alloc_len:
-                req.alloc_len = div_ceil(req.device_len, p) * p
+        for req, fields in zip(reqs, batch, strict=True):
+            if div_ceil(fields.device_len, p) * p > fields.alloc_len:
+                req.alloc_len = div_ceil(fields.device_len, p) * p
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Insert the request's computed prefix; free what the cache already had (see the reference's map)."""
         # CHECK
-        old_handle = self._check_req(req)
-        spec_manager.check_cache_req(req.uid, old_handle.cached_len, req.cached_len, req.alloc_len, len(req.input_ids))
-        row = self.page_table[req.table_idx]
+        fields = spec_manager.read_request(req)
+        old_handle = self._check_req(req, fields)
+        tokens = spec_manager.prompt_length(req.input_ids)
+        spec_manager.check_cache_req(fields.uid, old_handle.cached_len, fields.cached_len, fields.alloc_len, tokens)
+        row = self.page_table[fields.table_idx]
         # UPDATE
         cached_len, new_handle = self.prefix_cache.insert_prefix(
-            req.input_ids[: req.cached_len], row[: req.cached_len], req.namespace
+            req.input_ids[: fields.cached_len], row[: fields.cached_len], req.namespace
         )
         self.unlock(old_handle)
         # ACCOUNT
         self._free(row[old_handle.cached_len : cached_len])
         if finished:
-            self._free(row[new_handle.cached_len : req.alloc_len])
+            self._free(row[new_handle.cached_len : fields.alloc_len])
             req.cache_handle = None
             req.alloc_len = 0
         else:
@@ -161,12 +165,7 @@ class CacheManager:
         self.prefix_cache.check_integrity()
         spec_manager.check_manager_invariants(
             self.abstract_state(),
-            [
-                req
-                if req.cache_handle is None
-                else dataclasses.replace(req, cache_handle=self.prefix_cache.abstract_handle(req.cache_handle))
-                for req in live_reqs
-            ],
+            spec_manager.as_spec_requests(live_reqs, self.prefix_cache.abstract_handle),
         )
 
     def abstract_state(self) -> spec_manager.ManagerState:
@@ -208,12 +207,13 @@ class CacheManager:
             return pages
         return (pages.unsqueeze(1) + self._offsets).flatten()
 
-    def _check_req(self, req: Req) -> Any:
-        """The request's locked handle, after checking its row; raise otherwise."""
+    def _check_req(self, req: Req, fields: spec_manager.RequestFields) -> Any:
+        """The request's locked handle, after checking its row (``fields``: its numbers, read once); raise
+        otherwise."""
         handle = req.cache_handle
         locked = handle is not None and self.prefix_cache.is_handle_locked(handle)
         rows, row_len = self.page_table.shape
         spec_manager.check_request(
-            req.uid, req.table_idx, rows, row_len, handle is None, locked, req.alloc_len, self.page_size
+            fields.uid, fields.table_idx, rows, row_len, handle is None, locked, fields.alloc_len, self.page_size
         )
         return handle

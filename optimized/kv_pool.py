@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from radixspec.spec.domains import check_page_size, check_pool_size
 from radixspec.spec.errors import (
     InvalidInputError,
     InvalidSizeError,
@@ -42,16 +43,15 @@ class MHAKVCache:
         device: torch.device | str,
         store_mode: str = "checked",
     ) -> None:
-        # CHECK
-        for name, value in (
-            ("num_kv_heads", num_kv_heads),
-            ("num_layers", num_layers),
-            ("head_dim", head_dim),
-            ("num_pages", num_pages),
-            ("page_size", page_size),
-        ):
+        # CHECK (sizes read once as plain ints: an int subclass's dunders may lie)
+        sizes = []
+        for name, value in (("num_kv_heads", num_kv_heads), ("num_layers", num_layers), ("head_dim", head_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidSizeError(f"{name} must be an int >= 1, got {value!r}")
+            sizes.append(int.__int__(value))
+        num_kv_heads, num_layers, head_dim = sizes
+        page_size = check_page_size(page_size)
+        num_pages = check_pool_size(num_pages, page_size)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise InvalidTypeError(f"dtype must be a float torch.dtype, got {dtype!r}")
         if store_mode not in STORE_MODES:
@@ -64,7 +64,12 @@ class MHAKVCache:
         # zero bytes, viewed as the dtype: torch fills no float4 dtype
         shape = (2, num_layers, num_pages, page_size, num_kv_heads, head_dim)
         item = torch.empty(0, dtype=dtype).element_size()
-        self._kv_buffer = torch.zeros((*shape[:-1], head_dim * item), dtype=torch.uint8, device=self.device).view(dtype)
+        try:
+            buffer = torch.zeros((*shape[:-1], head_dim * item), dtype=torch.uint8, device=self.device)
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            size = 2 * num_layers * num_pages * page_size * num_kv_heads * head_dim * item
+            raise InvalidSizeError(f"a pool of {size} bytes cannot be allocated on {self.device}: {error}") from None
+        self._kv_buffer = buffer.view(dtype)
         self._storage_shape = (self.num_slots, num_kv_heads, head_dim)
         self.store_mode = store_mode
         # fast stores OR their error flags in here; check_store_errors reads and clears it
@@ -149,4 +154,4 @@ class MHAKVCache:
         """``layer_id`` if it names a layer of the pool, else raise InvalidInputError."""
         if not isinstance(layer_id, int) or isinstance(layer_id, bool) or not 0 <= layer_id < self.num_layers:
             raise InvalidInputError(f"layer_id {layer_id!r} outside 0..{self.num_layers - 1}")
-        return layer_id
+        return int.__int__(layer_id)

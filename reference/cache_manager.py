@@ -6,9 +6,9 @@ Every page of the pool is free, cached, or private to one live request;
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from radixspec.spec import cache_manager as spec_manager
 from radixspec.spec.domains import check_page_size, check_pool_size
@@ -56,10 +56,12 @@ class CacheManager:
     def match_req(self, req: Prompted) -> BaseCacheHandle:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""
         # CHECK
-        if len(req.input_ids) == 0:
+        input_ids: Any = getattr(req, "input_ids", None)
+        n = spec_manager.prompt_length(input_ids)
+        if n == 0:
             raise InvalidRequestError("a request needs at least one input token")
         # WALK
-        return self.prefix_cache.match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)
+        return self.prefix_cache.match_prefix(input_ids[: n - 1], getattr(req, "namespace", None))
 
     @property
     def max_seq_len(self) -> int:
@@ -86,26 +88,27 @@ class CacheManager:
         """
         # CHECK
         p = self.page_size
-        spec_manager.check_distinct_rows(reqs)
+        batch = spec_manager.read_batch(reqs)
+        spec_manager.check_distinct_rows(batch)
         needed_pages = 0
-        allocation_info: list[tuple[Req, int, int]] = []
-        for req in reqs:
-            self._check_req(req)
+        allocation_info: list[tuple[Req, int, int, int]] = []
+        for req, fields in zip(reqs, batch, strict=True):
+            self._check_req(req, fields)
             first_page, last_page = spec_manager.check_allocation(
-                req.uid, req.cached_len, req.device_len, req.alloc_len, self.max_seq_len, p
+                fields.uid, fields.cached_len, fields.device_len, fields.alloc_len, self.max_seq_len, p
             )
             if last_page > first_page:
                 needed_pages += last_page - first_page
-                allocation_info.append((req, first_page, last_page))
+                allocation_info.append((req, fields.table_idx, first_page, last_page))
         spec_manager.check_pages_available(
             needed_pages, len(self.free_slots), self.prefix_cache.size_info.evictable_size, p
         )
         # UPDATE
         allocated = self._page_to_token(self._allocate(needed_pages))
         offset = 0
-        for req, first_page, last_page in allocation_info:
+        for req, table_idx, first_page, last_page in allocation_info:
             length = (last_page - first_page) * p
-            self.page_table[req.table_idx][first_page * p : last_page * p] = allocated[offset : offset + length]
+            self.page_table[table_idx][first_page * p : last_page * p] = allocated[offset : offset + length]
             req.alloc_len = last_page * p
             offset += length
 
@@ -124,18 +127,20 @@ class CacheManager:
         just freed. When finished, the request is released.
         """
         # CHECK
-        old_handle = self._check_req(req)
-        spec_manager.check_cache_req(req.uid, old_handle.cached_len, req.cached_len, req.alloc_len, len(req.input_ids))
-        row = self.page_table[req.table_idx]
+        fields = spec_manager.read_request(req)
+        old_handle = self._check_req(req, fields)
+        tokens = spec_manager.prompt_length(req.input_ids)
+        spec_manager.check_cache_req(fields.uid, old_handle.cached_len, fields.cached_len, fields.alloc_len, tokens)
+        row = self.page_table[fields.table_idx]
         # UPDATE (insert_prefix checks its own input first and raises before any change)
         cached_len, new_handle = self.prefix_cache.insert_prefix(
-            req.input_ids[: req.cached_len], row[: req.cached_len], req.namespace
+            req.input_ids[: fields.cached_len], row[: fields.cached_len], req.namespace
         )
         self.unlock(old_handle)
         # ACCOUNT
         self._free(row[old_handle.cached_len : cached_len])
         if finished:
-            self._free(row[new_handle.cached_len : req.alloc_len])
+            self._free(row[new_handle.cached_len : fields.alloc_len])
             req.cache_handle = None
             req.alloc_len = 0
         else:
@@ -164,12 +169,7 @@ class CacheManager:
         self.prefix_cache.check_integrity()
         spec_manager.check_manager_invariants(
             self.abstract_state(),
-            [
-                req
-                if req.cache_handle is None
-                else dataclasses.replace(req, cache_handle=self.prefix_cache.abstract_handle(req.cache_handle))
-                for req in live_reqs
-            ],
+            spec_manager.as_spec_requests(live_reqs, self.prefix_cache.abstract_handle),
         )
 
     def abstract_state(self) -> spec_manager.ManagerState:
@@ -207,18 +207,19 @@ class CacheManager:
         """Expand page starts to the slots of each page."""
         return compute_page_to_token(pages, self.page_size)
 
-    def _check_req(self, req: Req) -> BaseCacheHandle:
-        """The request's locked handle, after checking its row; raise otherwise."""
+    def _check_req(self, req: Req, fields: spec_manager.RequestFields) -> BaseCacheHandle:
+        """The request's locked handle, after checking its row (``fields``: its numbers, read once); raise
+        otherwise."""
         handle: BaseCacheHandle | None = req.cache_handle
         locked = handle is not None and self.prefix_cache.is_handle_locked(handle)
         spec_manager.check_request(
-            req.uid,
-            req.table_idx,
+            fields.uid,
+            fields.table_idx,
             len(self.page_table),
             self.max_seq_len,
             handle is None,
             locked,
-            req.alloc_len,
+            fields.alloc_len,
             self.page_size,
         )
         assert handle is not None

@@ -19,14 +19,17 @@ operation and the law.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from . import prefix_cache as pc
 from .domains import Namespace
 from .errors import (
     CacheError,
     InvalidRequestError,
+    InvalidTypeError,
     ManagerLawError,
     OutOfPagesError,
     UnlockError,
@@ -192,6 +195,62 @@ def unlock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None
 # Pure functions of a request's numbers: each raises the error a manager must raise, with its message, in the
 # order the checks run. The reference and the optimized managers call them; the relations below take their
 # guards from them, so the three can never disagree on which call is rejected or why.
+
+
+class RequestFields(NamedTuple):
+    """A request's numbers as a manager reads them: once, as plain ints."""
+
+    uid: int
+    table_idx: int
+    cached_len: int
+    device_len: int
+    alloc_len: int
+
+
+def read_request(req: object) -> RequestFields:
+    """``req``'s numbers, each an int (not a bool; an int subclass as the int it holds, whatever its dunders say),
+    or raise InvalidTypeError. A manager reads a request's fields only through this, so that the value it checks
+    is the value it uses (a field whose ``__index__`` lies would otherwise pick another row than the one checked:
+    found by the hostile machine)."""
+    values = []
+    for name in RequestFields._fields:
+        value = getattr(req, name, None)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidTypeError(
+                f"{type(req).__name__} is not a request: its {name} must be an int, got {type(value).__name__}"
+            )
+        values.append(int.__int__(value))
+    return RequestFields(*values)
+
+
+def read_batch(reqs: object) -> list[RequestFields]:
+    """The fields of every request of a batch (a list or tuple of requests), or raise InvalidTypeError."""
+    if not isinstance(reqs, (list, tuple)):
+        raise InvalidTypeError(f"a batch must be a list or tuple of requests, got {type(reqs).__name__}")
+    return [read_request(req) for req in reqs]
+
+
+def as_spec_requests(live_reqs: Sequence[Req], abstract_handle: Callable[[Any], pc.Handle]) -> list[Req]:
+    """Copies of a manager's live requests as the invariants read them: numbers as plain ints (``read_request``),
+    handles as the spec's."""
+    return [
+        dataclasses.replace(
+            req,
+            cache_handle=None if req.cache_handle is None else abstract_handle(req.cache_handle),
+            **read_request(req)._asdict(),
+        )
+        for req in live_reqs
+    ]
+
+
+def prompt_length(input_ids: object) -> int:
+    """How many tokens ``input_ids`` holds (the tokens themselves are checked by the cache), or raise."""
+    if isinstance(input_ids, (str, bytes)) or not hasattr(input_ids, "__getitem__"):
+        raise InvalidTypeError(f"input_ids must be a sequence of ints, got {type(input_ids).__name__}")
+    try:
+        return len(input_ids)  # type: ignore[arg-type]
+    except TypeError as error:
+        raise InvalidTypeError(f"input_ids must be a sequence of ints: {error}") from None
 
 
 def check_request(
@@ -452,7 +511,7 @@ def lazy_free_region(before_exit: ManagerState, after_exit: ManagerState) -> Non
 # ---------------------------------------------------------------- invariants
 
 
-def check_distinct_rows(reqs: Sequence[Req]) -> None:
+def check_distinct_rows(reqs: Sequence[Req] | Sequence[RequestFields]) -> None:
     """Raise when two requests of one batch share a page-table row."""
     rows = [req.table_idx for req in reqs]
     if len(set(rows)) != len(rows):

@@ -210,3 +210,75 @@ def test_the_c_hybrid_tree_reads_no_counter_of_a_group_it_does_not_have() -> Non
         assert (counts[0], counts[1]) == (-1, -1)
     lib.hybrid_counts(cache._tree, 1, counts)
     assert (counts[0], counts[1]) == (0, 0)
+
+
+# ---------------------------------------------------------------- managers and the KV pool
+
+
+def manager_and_request(family: str) -> tuple[object, object]:
+    """A manager of either family (8 pages of 2) with one admitted request: [1..5] in row 0, computed."""
+    from radixspec import optimized, reference
+    from radixspec.spec.requests import Req
+
+    module = optimized if family == "optimized" else reference
+    manager = module.CacheManager(8, 2, module.cache_manager.make_page_table(4, 16))
+    req = Req([1, 2, 3, 4, 5], 0, None)
+    req.cache_handle = manager.match_req(req)
+    manager.lock(req.cache_handle)
+    req.device_len = 5
+    manager.allocate_paged([req])
+    req.cached_len = 5
+    return manager, req
+
+
+@pytest.mark.parametrize("family", ["reference", "optimized"])
+def test_request_rows_with_lying_dunders_are_the_ints_they_hold(family: str) -> None:
+    from radixspec.fuzz.hostile_machine import LyingInt
+    from radixspec.spec.requests import Req
+
+    manager, first = manager_and_request(family)
+    batch = []
+    for row in (1, 2):
+        # rows 1 and 2, whose __eq__ and __hash__ say they are one row: the batch was refused as sharing a row
+        req = Req([7, row, 7], LyingInt(row), None)
+        req.cache_handle = manager.match_req(req)  # type: ignore[attr-defined]
+        manager.lock(req.cache_handle)  # type: ignore[attr-defined]
+        req.device_len = 3
+        batch.append(req)
+    manager.allocate_paged(batch)  # type: ignore[attr-defined]
+    assert [req.alloc_len for req in batch] == [4, 4]
+    manager.check_integrity([first, *batch])  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("family", ["reference", "optimized"])
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda m, r: m.match_req(type(r)(None, 1, None)), "input_ids must be a sequence of ints, got NoneType"),
+        (lambda m, r: m.allocate_paged(r), "a batch must be a list or tuple of requests, got Req"),
+        (lambda m, r: m.allocate_paged([None]), "NoneType is not a request: its uid must be an int"),
+        (lambda m, r: (setattr(r, "cached_len", 4.0), m.cache_req(r, finished=True)), "its cached_len must be an int"),
+        (lambda m, r: (setattr(r, "table_idx", True), m.cache_req(r, finished=True)), "its table_idx must be an int"),
+    ],
+    ids=["match_req of no tokens", "a batch that is a request", "a batch of None", "a float length", "a bool row"],
+)
+def test_a_malformed_request_is_a_named_type_error_and_changes_nothing(
+    family: str, call: Callable[[object, object], object], message: str
+) -> None:
+    manager, req = manager_and_request(family)
+    before = manager.abstract_state()  # type: ignore[attr-defined]
+    with pytest.raises(InvalidTypeError, match=message):
+        call(manager, req)
+    assert manager.abstract_state() == before  # type: ignore[attr-defined]
+
+
+def test_a_pool_past_the_slot_domain_or_this_machines_memory_is_refused() -> None:
+    from radixspec.optimized import MHAKVCache
+    from radixspec.spec.errors import InvalidSizeError
+
+    sizes = {"num_kv_heads": 1, "num_layers": 1, "head_dim": 1, "dtype": torch.bfloat16, "device": "cpu"}
+    with pytest.raises(InvalidSizeError, match=r"num_pages \* page_size must be <= 2\*\*31"):
+        MHAKVCache(num_pages=2**31, page_size=2, **sizes)  # type: ignore[arg-type]
+    huge = {**sizes, "num_kv_heads": 2**20, "head_dim": 2**20}
+    with pytest.raises(InvalidSizeError, match="bytes cannot be allocated on cpu"):
+        MHAKVCache(num_pages=2**20, page_size=1, **huge)  # type: ignore[arg-type]

@@ -750,7 +750,7 @@ class TestThePoolSaysWhy:
 
     def test_the_sizes_dtype_and_mode(self) -> None:
         sizes = {"num_kv_heads": 1, "num_layers": 1, "head_dim": 1, "num_pages": 1, "page_size": 1}
-        for name in sizes:
+        for name in ("num_kv_heads", "num_layers", "head_dim"):
             for value in (0, True):
                 self.refused(
                     lambda name=name, value=value: MHAKVCache(
@@ -759,6 +759,18 @@ class TestThePoolSaysWhy:
                     InvalidSizeError,
                     f"{name} must be an int >= 1, got {value!r}",
                 )
+        # the page and pool sizes are the spec's domains, as a CacheManager checks them
+        for name, value, error, message in (
+            ("page_size", 0, InvalidInputError, "page_size must be >= 1, got 0"),
+            ("page_size", True, InvalidTypeError, "page_size must be an int, got bool"),
+            ("num_pages", 0, InvalidSizeError, "num_pages must be >= 1, got 0"),
+            ("num_pages", True, InvalidTypeError, "num_pages must be an int, got bool"),
+        ):
+            self.refused(
+                lambda name=name, value=value: MHAKVCache(**{**sizes, name: value}, dtype=torch.float32, device="cpu"),
+                error,
+                message,
+            )
         self.refused(
             lambda: MHAKVCache(**sizes, dtype=torch.int32, device="cpu"),
             InvalidTypeError,
