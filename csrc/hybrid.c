@@ -574,9 +574,10 @@ int hybrid_insert(hybrid_tree *tree, int64_t root, const int64_t *tokens, int64_
 /* ---------------------------------------------------------------- handles */
 
 int hybrid_handle(hybrid_tree *tree, int op, const int64_t *nodes, const int64_t *versions, const int64_t *gens,
-                  int64_t length, int64_t *slots) {
+                  int64_t room, int64_t length, int64_t *slots) {
+    /* CHECK: the arrays hold the handle's pages, then every page the match uses is the one it used */
+    if (length < 0 || length % tree->page_size || length / tree->page_size > room) return HYBRID_BAD_ARGS;
     int64_t n = length / tree->page_size;
-    /* CHECK: every page the match uses is the one it used */
     for (int64_t g = 0; g < tree->groups; g++)
         for (int64_t k = first_used(tree, length, g); k < n; k++) {
             int64_t node = nodes[k];

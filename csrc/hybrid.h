@@ -65,9 +65,11 @@ int hybrid_insert(hybrid_tree *tree, int64_t root, const int64_t *tokens, int64_
                   int64_t stamp, int64_t *unused, int64_t *nodes, int64_t *versions, int64_t *gens,
                   hybrid_walk *out);
 /* op on a handle (nodes, versions, gens as hybrid_match wrote them for a match of length tokens);
- * HYBRID_MATCHED writes slots[g * pages + k] (-1 where unused) */
+ * HYBRID_MATCHED writes slots[g * pages + k] (-1 where unused). room: the pages each array holds per group
+ * (nodes and versions room entries, gens and slots groups * room); HYBRID_BAD_ARGS unless length is a
+ * whole number of pages, at most room, so that no array is read or written past its end */
 int hybrid_handle(hybrid_tree *tree, int op, const int64_t *nodes, const int64_t *versions, const int64_t *gens,
-                  int64_t length, int64_t *slots);
+                  int64_t room, int64_t length, int64_t *slots);
 /* evict exactly pages pages of group, the oldest evictable first (deeper first on a tie); their starts
  * go to out */
 int hybrid_evict(hybrid_tree *tree, int64_t group, int64_t pages, int64_t *out);

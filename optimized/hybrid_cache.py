@@ -222,6 +222,7 @@ class HybridRadixCache(NotCopyable):
             self._ptr(handle.nodes),
             self._ptr(handle.versions),
             self._ptr(handle.gens),
+            min(handle.nodes.numel(), handle.versions.numel(), handle.gens.numel() // len(self.windows)),
             handle.cached_len,
             out,
         )

@@ -84,8 +84,8 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "match_req matches the whole prompt",
         "reference/cache_manager.py",
-        "match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)",
-        "match_prefix(req.input_ids, req.namespace)",
+        'match_prefix(input_ids[: n - 1], getattr(req, "namespace", None))',
+        'match_prefix(input_ids, getattr(req, "namespace", None))',
         "manager",
     ),
     # the same bugs in the optimized implementation: its tree is C (csrc/tree.c)
@@ -179,8 +179,8 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "match_req matches the whole prompt",
         "optimized/cache_manager.py",
-        "match_prefix(req.input_ids[: len(req.input_ids) - 1], req.namespace)",
-        "match_prefix(req.input_ids, req.namespace)",
+        'match_prefix(input_ids[: n - 1], getattr(req, "namespace", None))',
+        'match_prefix(input_ids, getattr(req, "namespace", None))',
         "manager",
         "optimized",
     ),
@@ -196,7 +196,7 @@ BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
         "cache_req(finished=True) skips freeing the tail",
         "reference/cache_manager.py",
-        "            self._free(row[new_handle.cached_len : req.alloc_len])\n",
+        "            self._free(row[new_handle.cached_len : fields.alloc_len])\n",
         "",
         "scheduler",
     ),

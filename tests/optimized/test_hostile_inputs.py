@@ -212,6 +212,23 @@ def test_the_c_hybrid_tree_reads_no_counter_of_a_group_it_does_not_have() -> Non
     assert (counts[0], counts[1]) == (0, 0)
 
 
+def test_the_c_hybrid_tree_reads_no_handle_array_past_the_room_it_is_told() -> None:
+    """The wrapper checks the handle's shapes first; C itself refuses a length its arrays do not hold."""
+    from radixspec.optimized._c import load_c
+    from radixspec.optimized.hybrid_cache import HybridRadixCache
+
+    ffi, lib = load_c()
+    cache = HybridRadixCache(2, (None, 4))
+    cache.insert_prefix([1, 2, 3, 4], [[0, 2], [0, 2]])
+    handle = cache.match_prefix([1, 2, 3, 4, 5])
+    arrays = [cache._ptr(a) for a in (handle.nodes, handle.versions, handle.gens)]
+    assert lib.hybrid_handle(cache._tree, lib.HYBRID_CHECK, *arrays, 2, 4, ffi.NULL) == lib.HYBRID_OK
+    for room, length in ((1, 4), (2, 6), (2, 3), (2, -2)):
+        assert lib.hybrid_handle(cache._tree, lib.HYBRID_LOCK, *arrays, room, length, ffi.NULL) == lib.HYBRID_BAD_ARGS
+    assert cache.size_info(0).protected_size == 0
+    cache.check_integrity()
+
+
 # ---------------------------------------------------------------- managers and the KV pool
 
 
