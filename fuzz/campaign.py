@@ -46,8 +46,9 @@ from .cli import (
 )
 from .messages import bounded
 from .profiles import SHALLOW_STEPS
-from .report import Progress, print_summary, write_json, write_junit
+from .report import print_summary, write_json, write_junit
 from .stats import CampaignStats
+from .summary import CampaignSummary, FailureSummary, MachineSummary, versions
 
 __all__ = [
     "EXIT_BROKEN",
@@ -306,15 +307,53 @@ class Campaign:
             backend.close()
         self.keep_announced()
         progress.done()
-        elapsed = time.time() - self.start
-        print_summary(self, elapsed)
+        summary = self.summary(time.time() - self.start)
+        print_summary(summary, self.print, quiet=self.args.quiet)
         if self.args.json is not None:
-            write_json(self, elapsed)
+            write_json(summary, self.args.json)
         if self.args.junit_xml is not None:
-            write_junit(self, elapsed)
+            write_junit(summary, self.args.junit_xml)
         if broken:
             return EXIT_BROKEN
         return EXIT_FAILURES if any(state.failure for state in self.machines.values()) else EXIT_OK
+
+    def summary(self, elapsed: float) -> CampaignSummary:
+        """What ran and what it found, for the writers (times relative to the start)."""
+        machines = tuple(
+            MachineSummary(
+                state.name,
+                state.batches,
+                state.examples,
+                tuple(
+                    FailureSummary(
+                        state.name,
+                        failure.error,
+                        failure.seed,
+                        failure.found_at - self.start,
+                        failure.reported_at - self.start,
+                        failure.shrunk,
+                        path,
+                        tuple(failure.program),
+                    )
+                    for failure, path in state.failures
+                ),
+                state.extra_failures,
+            )
+            for state in self.machines.values()
+        )
+        return CampaignSummary(
+            elapsed_s=elapsed,
+            budget_s=self.budget_s,
+            seed=self.args.seed,
+            seed_was_fresh=bool(getattr(self.args, "fresh_seed", False)),
+            machines=machines,
+            targets=self.targets,
+            lru=self.args.lru,
+            backend=self.backend_name,
+            stats=self.stats,
+            started_at=self.start,
+            versions=versions(self.targets),
+        )
 
     def print_header(self) -> None:
         foreign = list(self.args.foreign.values())
@@ -343,6 +382,51 @@ class Campaign:
             saved = len(list(database.fetch(database_key(spec))))
             if saved:
                 self.print(f"corpus {self.args.db}: {saved} saved failing examples of {name}; they are replayed first")
+
+
+class Progress:
+    """A progress line: rewritten in place on a terminal, every 10 s otherwise."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        self.campaign = campaign
+        self.tty = campaign.out.isatty()
+        self.last = 0.0
+
+    def update(self) -> None:
+        campaign = self.campaign
+        elapsed = time.time() - campaign.start
+        if campaign.args.quiet or (not self.tty and elapsed - self.last < 10):
+            return
+        self.last = elapsed
+        budget = campaign.budget_s
+        of = f"/{budget:.0f}" if budget else ""
+        s = campaign.stats
+        shrinking = [
+            name for name, state in campaign.machines.items() if name in campaign.notified and state.failure is None
+        ]
+        reach = [
+            f"{what} {value}{unit}"
+            for what, value, unit in (
+                ("largest tree", s.largest_tree_pages, " pages"),
+                ("longest key", s.longest_key_tokens, ""),
+                ("largest KV store", s.largest_store_rows, " rows"),
+            )
+            if value is not None
+        ]
+        line = "  ".join(
+            [
+                f"[{elapsed:5.0f}{of} s] examples {s.examples}",
+                f"steps {s.steps}",
+                *reach,
+                f"failures {sum(1 for m in campaign.machines.values() if m.failure)}",
+                *([f"shrinking: {', '.join(shrinking)}"] if shrinking else []),
+            ]
+        )
+        print(f"\r{line}" if self.tty else line, end="" if self.tty else "\n", file=campaign.out, flush=True)
+
+    def done(self) -> None:
+        if self.tty and not self.campaign.args.quiet:
+            print(file=self.campaign.out)
 
 
 def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:

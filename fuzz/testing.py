@@ -39,7 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from .hypothesis_compat import seed_machine, shrinking_bounded
 from .machines import machine_for
-from .pytest_plugin import Options, options
+from .options import Options, options
 from .targets import TargetError, check_methods, resolve
 from .targets.api import Profile, TargetInfo
 

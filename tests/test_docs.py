@@ -28,6 +28,14 @@ def test_every_python_block_runs_as_written(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_every_file_of_ours_the_text_names_exists(path: Path) -> None:
+    """A path in backquotes under one of our folders (``fuzz/report.py``) names a file or folder of the checkout."""
+    folders = "fuzz|spec|reference|optimized|tools|tests|csrc|docs"
+    for named in re.findall(rf"`((?:{folders})/[A-Za-z0-9_/.]+)`", path.read_text()):
+        assert (ROOT / named).exists(), f"{path.name} names {named}, which does not exist"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
 def test_every_relative_link_resolves_inside_the_repository(path: Path) -> None:
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", path.read_text()):
         if "://" in target:

@@ -1,6 +1,7 @@
 """The three layers use the same names (the seed's vocabulary), so a reader maps each one 1:1."""
 
 import inspect
+from pathlib import Path
 
 from radixspec import optimized, reference
 from radixspec.spec import cache_manager as spec_manager
@@ -49,3 +50,74 @@ def test_each_optimized_class_names_its_reference_twin() -> None:
     for name in public_names(optimized) - {"fast_compare_key", "make_page_table", "store_cache", "store_cache_fast"}:
         doc = inspect.getdoc(getattr(optimized, name)) or ""
         assert "Twin of" in doc, name
+
+
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports, anywhere in its body (a function's deferred import
+    too: a circle through one still ties the two modules together)."""
+    import ast
+
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        return ".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+    modules = {name_of(path): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        base = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                parts = base.split(".")[: len(base.split(".")) - node.level + 1]
+                target = ".".join(parts + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith(f"radixspec.{package}"):
+                target = node.module.removeprefix("radixspec.")
+            else:
+                continue
+            # ``from . import x`` imports the submodule x (the package it lies in is not a dependency of it)
+            candidates = [f"{target}.{a.name}" for a in node.names] + ([target] if node.module else [])
+            found |= {t for t in candidates if t in modules} - {module}
+        graph[module] = found
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_of_a_layer_imports_one_that_imports_it_back() -> None:
+    root = Path(__file__).resolve().parent.parent
+    for package in ("spec", "reference", "optimized", "fuzz"):
+        assert circles(import_graph(root / package, package)) == [], f"{package}/ has import circles"
+    # the check sees a circle, including one through a deferred import
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

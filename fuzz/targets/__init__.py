@@ -30,14 +30,11 @@ from .api import (
     PageKey,
     PrefixCacheTarget,
     Profile,
+    TargetError,
     TargetInfo,
 )
 
 ENTRY_POINT_GROUP = "radixspec.targets"
-
-
-class TargetError(Exception):
-    """A target cannot be used: unknown name, missing package, bad factory. The message says what to do."""
 
 
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:

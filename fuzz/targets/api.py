@@ -273,3 +273,7 @@ class TargetInfo:
     page_sizes: tuple[int, ...] | None = None
     # imports the target's modules (with their shims) to prove it works here; raises ImportError otherwise
     probe: Callable[[], Any] | None = field(default=None, compare=False)
+
+
+class TargetError(Exception):
+    """A target cannot be used: unknown name, missing package, bad factory. The message says what to do."""

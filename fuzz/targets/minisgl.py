@@ -311,7 +311,7 @@ class MiniSGLangManager:
 
 def target(argument: str | None) -> TargetInfo:
     """The ``minisgl:PATH`` target for the checkout at PATH."""
-    from . import TargetError
+    from .api import TargetError
 
     if not argument:
         raise TargetError(

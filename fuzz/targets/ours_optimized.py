@@ -22,7 +22,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.requests import Req
 
-from .ours import OurManager, TreeTarget
+from .exact import OurManager, TreeTarget
 
 # the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share),
 # with the bits of the integers each holds: values a format cannot hold (past int32, say) go as a list

@@ -395,7 +395,7 @@ def target(argument: str | None) -> TargetInfo:
     """``sglang-swa`` (the Python tree core) or ``sglang-swa:rust`` (the wheel's compiled one)."""
     core = argument or "python"
     if core not in ("python", "rust"):
-        from . import TargetError
+        from .api import TargetError
 
         raise TargetError(f"sglang-swa takes python or rust (the tree core), got {argument!r}")
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixspec import strategies
-from radixspec.fuzz import pytest_plugin
+from radixspec.fuzz.options import Options
 from radixspec.reference.hybrid_cache import HybridRadixCache
 from radixspec.reference.hybrid_manager import HybridCacheManager
 from radixspec.spec import prefix_cache as pc
@@ -24,7 +24,7 @@ FEW = settings(max_examples=15, stateful_step_count=20, database=None, deadline=
 @pytest.fixture
 def plugin_options(tmp_path: Path) -> object:
     """The plugin's options as a run sets them, put back after the test."""
-    saved = pytest_plugin.Options(**vars(options))
+    saved = Options(**vars(options))
     options.out, options.shrink_seconds, options.seed = tmp_path / "failures", 5.0, 1
     yield options
     for name, value in vars(saved).items():
@@ -45,7 +45,7 @@ def test_a_cache_built_by_a_fixture_runs_through_a_lambda(plugin_options: object
 
 
 def test_a_buggy_cache_fails_and_leaves_a_regression_file_that_replays_the_failure(
-    plugin_options: pytest_plugin.Options, tmp_path: Path
+    plugin_options: Options, tmp_path: Path
 ) -> None:
     machine = cache_machine(ForgetfulToyCache, settings=settings(FEW, max_examples=200))
     with pytest.raises(Exception) as failure:
@@ -89,7 +89,7 @@ def test_a_factory_without_a_promised_method_is_refused_when_the_machine_is_made
         cache_machine(ToyCache, profile="exact")  # type: ignore[arg-type]
 
 
-def test_the_plugin_options_reach_the_machines(plugin_options: pytest_plugin.Options) -> None:
+def test_the_plugin_options_reach_the_machines(plugin_options: Options) -> None:
     from radixspec.fuzz.testing import effective_settings
 
     plugin_options.examples, plugin_options.steps = 7, 9

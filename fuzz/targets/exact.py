@@ -1,0 +1,220 @@
+"""The exact capability shared by our targets: forwarding to a cache or manager that offers its abstract state,
+fingerprint, KV events and integrity check (``ExactTarget``, ``TreeTarget``, ``OurManager``). The spec and the
+reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) build on it; it imports neither."""
+
+from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+
+from radixspec import reference
+from radixspec.reference.radix_cache import RadixCacheHandle
+from radixspec.spec import cache_manager as sm
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
+from radixspec.spec.events import Event
+from radixspec.spec.metrics import CacheStats
+from radixspec.spec.requests import Req
+
+from .api import EXACT, PageKey, Profile
+
+if TYPE_CHECKING:
+    from radixspec import optimized
+    from radixspec.optimized.radix_cache import RadixCacheHandle as OptimizedHandle
+
+
+# the handle type of a cache: the spec's, the reference tree's or the optimized tree's
+H = TypeVar("H", pc.Handle, RadixCacheHandle, "OptimizedHandle")
+# a tree handle: the reference's or the optimized one
+Handle: TypeAlias = "RadixCacheHandle | OptimizedHandle"
+Tree = TypeVar("Tree", reference.RadixPrefixCache, "optimized.RadixPrefixCache")
+
+
+class ExactTarget(Generic[H]):
+    """What every exact cache target shares: the profile, the eviction units, the page views."""
+
+    profile: Profile = EXACT
+    name: str
+    page_size: int
+    evicted: list[list[int]]
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        raise NotImplementedError
+
+    def take_evicted(self) -> list[list[int]]:
+        evicted, self.evicted = self.evicted, []
+        return evicted
+
+    def note_evicted(self, slots: list[int]) -> None:
+        if slots:
+            self.evicted.append(slots)  # exact page eviction: one unit, ascending
+
+    def cached_pages(self) -> dict[PageKey, int]:
+        return {key: entry.slot_start for key, entry in self.abstract_state().entries.items()}
+
+    def page_stamps(self) -> dict[PageKey, int]:
+        return {key: entry.last_access for key, entry in self.abstract_state().entries.items()}
+
+
+class TreeTarget(ExactTarget[H], Generic[H, Tree]):
+    """Calls that read the same on both trees (``self.cache``)."""
+
+    cache: Tree
+
+    def lock(self, handle: H) -> None:
+        self.cache.lock(handle)  # type: ignore[arg-type]
+
+    def unlock(self, handle: H) -> None:
+        self.cache.unlock(handle)  # type: ignore[arg-type]
+
+    def cached_len(self, handle: H) -> int:
+        return int(handle.cached_len)
+
+    def size_info(self) -> tuple[int, int]:
+        info = self.cache.size_info
+        return int(info.evictable_size), int(info.protected_size)
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+
+    def abstract_state(self) -> pc.PrefixCacheState:
+        return self.cache.abstract_state()
+
+    def fingerprint(self) -> Hashable:
+        return (self.size_info(), self.cache.clock)
+
+    def take_events(self) -> list[Event]:
+        return list(self.cache.take_events())
+
+    def stats(self) -> CacheStats:
+        """The cache's metrics (spec/metrics.py)."""
+        return self.cache.stats()
+
+
+def as_list(values: Any) -> list[Any]:
+    """A sequence as a list: a tensor or an array through its ``tolist`` (no torch import for lists)."""
+    return list(values.tolist() if hasattr(values, "tolist") else values)
+
+
+class OurManager:
+    """One of our CacheManagers as a target with the exact profile and the differential capability.
+
+    Requests are ``radixspec.spec.requests.Req``; the optimized manager's keep token ids as a CPU tensor.
+    """
+
+    profile: Profile = EXACT
+    name: str
+
+    def __init__(self, manager: Any, num_pages: int, page_size: int) -> None:
+        # the two managers share their API but not their types (lists against tensors): read through Any
+        self.manager: Any = manager
+        self.manager.prefix_cache.enable_events()
+        self.page_size, self.num_pages = page_size, num_pages
+
+    # ------------------------------------------------------------ requests
+
+    def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> Req:
+        return Req(input_ids=list(prompt), table_idx=table_idx, cache_handle=None, namespace=namespace, uid=uid)
+
+    def set_lengths(self, req: Req, cached_len: int, device_len: int) -> None:
+        req.cached_len, req.device_len = cached_len, device_len
+
+    def append_token(self, req: Req, token: int) -> None:
+        req.input_ids.append(token)
+
+    def admit(self, req: Req, handle: Handle) -> None:
+        matched = handle.get_matched_indices()
+        self.manager.page_table[req.table_idx][: len(matched)] = matched
+        req.cache_handle = handle
+        req.cached_len = req.device_len = req.alloc_len = handle.cached_len
+
+    def handle_of(self, req: Req) -> Handle:
+        handle: Handle = req.cache_handle  # type: ignore[assignment]
+        return handle
+
+    def row(self, req: Req) -> list[int]:
+        return [int(slot) for slot in self.manager.page_table[req.table_idx][: req.alloc_len]]
+
+    # ------------------------------------------------------------ the manager's operations
+
+    def match_req(self, req: Req) -> Handle:
+        handle: Handle = self.manager.match_req(req)
+        return handle
+
+    def lock(self, handle: Handle) -> None:
+        self.manager.lock(handle)
+
+    def unlock(self, handle: Handle) -> None:
+        self.manager.unlock(handle)
+
+    def cached_len(self, handle: Handle) -> int:
+        return int(handle.cached_len)
+
+    def get_matched_indices(self, handle: Handle) -> list[int]:
+        matched = handle.get_matched_indices()
+        return [int(slot) for slot in as_list(matched)]
+
+    def available_size(self) -> int:
+        return int(self.manager.available_size)
+
+    def allocate_paged(self, reqs: Sequence[Req]) -> None:
+        self.manager.allocate_paged(reqs)
+
+    def cache_req(self, req: Req, finished: bool) -> None:
+        self.manager.cache_req(req, finished=finished)
+
+    def lazy_free_region(self) -> AbstractContextManager[None]:
+        region: AbstractContextManager[None] = self.manager.lazy_free_region()
+        return region
+
+    def evict(self, size: int) -> list[int]:
+        slots = self.manager.prefix_cache.evict(size)
+        return [int(slot) for slot in as_list(slots)]
+
+    # ------------------------------------------------------------ observation
+
+    def free_pages(self) -> list[int]:
+        state = self.manager.abstract_state()
+        return [*state.free_slots, *(state.lazy_frees or [])]
+
+    def cached_slots(self) -> list[int]:
+        return [entry.slot_start for entry in self.manager.prefix_cache.abstract_state().entries.values()]
+
+    def size_info(self) -> tuple[int, int]:
+        info = self.manager.prefix_cache.size_info
+        return int(info.evictable_size), int(info.protected_size)
+
+    # ------------------------------------------------------------ the differential capability
+
+    def check_integrity(self, live_reqs: Sequence[Req]) -> None:
+        self.manager.check_integrity(live_reqs)
+
+    def abstract_state(self) -> sm.ManagerState:
+        state: sm.ManagerState = self.manager.abstract_state()
+        return state
+
+    def take_events(self) -> list[Event]:
+        return list(self.manager.prefix_cache.take_events())
+
+    def cached_pages(self) -> int:
+        info = self.manager.prefix_cache.size_info
+        return int(info.evictable_size + info.protected_size) // self.page_size
+
+    def spec_handle(self, handle: Handle) -> pc.Handle:
+        spec: pc.Handle = self.manager.prefix_cache.abstract_handle(handle)
+        return spec
+
+    def view(self, state: sm.ManagerState, req: Req) -> sm.RequestView:
+        ids = as_list(req.input_ids)
+        handle = None if req.cache_handle is None else self.spec_handle(req.cache_handle)
+        row = state.page_table[req.table_idx][: req.alloc_len]
+        return sm.RequestView(
+            req.uid,
+            req.table_idx,
+            req.namespace,
+            tuple(ids),
+            handle,
+            req.cached_len,
+            req.device_len,
+            req.alloc_len,
+            tuple(row),
+        )
