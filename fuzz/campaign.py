@@ -39,13 +39,12 @@ from .cli import (
     EXIT_FAILURES,
     EXIT_OK,
     EXIT_USAGE,
-    IMPLEMENTATIONS,
     MACHINE_NAMES,
-    machines_for,
     parse_args,
 )
 from .messages import bounded
 from .profiles import SHALLOW_STEPS
+from .registry import IMPLEMENTATIONS, machines_for
 from .report import print_summary, write_json, write_junit
 from .stats import CampaignStats
 from .summary import CampaignSummary, FailureSummary, MachineSummary, versions

@@ -19,14 +19,12 @@ from pathlib import Path
 
 from .batches import database_for
 from .profiles import CAMPAIGN_EXAMPLES, CAMPAIGN_STEPS
+from .registry import IMPLEMENTATIONS, MACHINES, machines_for
 from .targets import TargetError, list_targets, resolve
 from .targets.api import TargetInfo
 
-# our implementations (fuzz/targets/ours.py: IMPLEMENTATIONS) and the machines (fuzz/machines.py: MACHINES), by name
-IMPLEMENTATIONS = ("reference", "optimized")
-MACHINE_NAMES = ("cache", "manager", "scheduler", "kv", "hybrid", "hostile")
-# those of ours with a hybrid twin (radixspec.fuzz.targets.ours.HYBRID_IMPLEMENTATIONS): the hybrid machine drives them
-HYBRID_IMPLEMENTATIONS = ("reference", "optimized")
+# the machines and our implementations, by name (fuzz/registry.py)
+MACHINE_NAMES = tuple(MACHINES)
 
 EXIT_OK, EXIT_FAILURES, EXIT_USAGE, EXIT_BROKEN = 0, 1, 2, 3
 
@@ -124,17 +122,6 @@ def select(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.machine != "all" and args.machine not in supported:
         parser.error(f"{', '.join(names)}: no {args.machine} machine drives it (there are: {', '.join(supported)})")
     args.targets, args.foreign = tuple(names), foreign
-
-
-def machines_for(names: Sequence[str], foreign: dict[str, TargetInfo]) -> list[str]:
-    """The machines that can drive every selected target: cache and manager when each has that layer; the
-    scheduler and the kv machine when all are ours; the hybrid machine when all have a hybrid twin; the
-    hostile-input machine when all are ours."""
-    layers = (("cache", "cache_factory"), ("manager", "manager_factory"))
-    found = [machine for machine, layer in layers if all(getattr(info, layer) is not None for info in foreign.values())]
-    found += ["scheduler", "kv"] if not foreign else []
-    hybrid = all(name in HYBRID_IMPLEMENTATIONS or (name in foreign and foreign[name].hybrid_factory) for name in names)
-    return found + (["hybrid"] if hybrid else []) + (["hostile"] if not foreign else [])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -10,26 +10,16 @@ from collections.abc import Callable
 from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
+from .registry import IMPLEMENTATIONS, MACHINES
 from .targets import resolve
 from .targets.api import TargetInfo
-from .targets.ours import IMPLEMENTATIONS
-
-# the machines by name: (module, class), imported when one is asked for (the kv and scheduler machines drive
-# the optimized layer and import torch; a campaign of the cache machine over a pure-Python target does not)
-MACHINES: dict[str, tuple[str, str]] = {
-    "cache": ("radixspec.fuzz.cache_machine", "CacheMachine"),
-    "manager": ("radixspec.fuzz.manager_machine", "ManagerMachine"),
-    "scheduler": ("radixspec.fuzz.scheduler_machine", "SchedulerMachine"),
-    "kv": ("radixspec.fuzz.kv_machine", "KVStoreMachine"),
-    "hybrid": ("radixspec.fuzz.hybrid_machine", "HybridMachine"),
-    "hostile": ("radixspec.fuzz.hostile_machine", "HostileMachine"),
-}
 
 
 def machine_class(name: str) -> type[RuleBasedStateMachine]:
-    """The machine class ``name`` (a key of MACHINES), its module imported now."""
-    module, attribute = MACHINES[name]
-    machine: type[RuleBasedStateMachine] = getattr(importlib.import_module(module), attribute)
+    """The machine class ``name`` (a key of the registry's MACHINES), its module imported now (the kv and
+    scheduler machines import torch; a campaign of the cache machine over a pure-Python target does not)."""
+    entry = MACHINES[name]
+    machine: type[RuleBasedStateMachine] = getattr(importlib.import_module(entry.module), entry.attribute)
     return machine
 
 
@@ -105,11 +95,12 @@ def machine_for(
         "__module__": base.__module__,
         "SHALLOW": shallow,
     }
-    if name in ("cache", "manager"):
+    drives = MACHINES[name].drives
+    if drives == "layer":
         infos = tuple(target if isinstance(target, TargetInfo) else resolve(target, check=False) for target in targets)
         attributes["TARGETS"] = infos
         attributes["LRU"] = lru or (infos[0].profile.default_lru if len(infos) == 1 else "strict")
-    elif name == "kv":
+    elif drives == "device":
         attributes["DEVICE"] = device
     else:
         attributes["IMPLS"] = targets

@@ -145,3 +145,11 @@ def test_the_ci_workflow_parses_and_every_radixspec_command_and_option_in_it_exi
     assert checked >= 2
     uses = {step["uses"].split("@")[0] for step in steps if "uses" in step}
     assert {"actions/checkout", "actions/cache", "actions/upload-artifact"} <= uses
+
+
+def test_every_machine_of_the_registry_has_a_row_in_the_machines_table() -> None:
+    from radixspec.fuzz.registry import MACHINES
+
+    text = (ROOT / "docs" / "campaigns.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z]+)` \|", text, flags=re.MULTILINE))
+    assert set(MACHINES) <= rows, f"docs/campaigns.md lacks rows for {sorted(set(MACHINES) - rows)}"

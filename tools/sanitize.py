@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from radixspec.fuzz.registry import MACHINES
 from tools.checkout import ROOT
 
 COPY_IGNORE = (".git", ".tox", ".venv", "__pycache__", ".hypothesis", ".benchmarks", "build", "fuzz-failures")
@@ -130,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--machine",
         nargs="+",
         default=["cache", "manager", "hybrid", "hostile"],
-        choices=["cache", "manager", "scheduler", "kv", "hybrid", "hostile"],
+        choices=list(MACHINES),
         help="machines to run, one process each, side by side (default: cache manager hybrid hostile)",
     )
     parser.add_argument("--seed", type=int, default=0)
