@@ -21,7 +21,7 @@ too (``R``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -30,6 +30,7 @@ from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.events import Event
+from radixspec.spec.metrics import CacheStats
 from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
 
 # a target's handle type, and its request type (a manager's)
@@ -132,6 +133,115 @@ class PrefixCacheTarget(Protocol[H]):
 
     def take_evicted(self) -> list[list[int]]:
         """Slots the cache gave back since the last call, one list per eviction unit, in eviction order."""
+
+
+# ---------------------------------------------------------------- the optional capabilities of a cache target
+
+
+@runtime_checkable
+class Evicts(Protocol):
+    """Eviction on request (``eviction_trigger == "evict"``); the slots come back through ``take_evicted``."""
+
+    def evict(self, size: int) -> None: ...
+
+
+@runtime_checkable
+class Resets(Protocol):
+    """``reset()`` (``reset != "none"``): empty the cache, the slots it held returned when the profile says so."""
+
+    def reset(self) -> Sequence[int]: ...
+
+
+@runtime_checkable
+class ChecksIntegrity(Protocol):
+    """Its own invariants: ``check_integrity()`` raises on a broken one."""
+
+    def check_integrity(self) -> None: ...
+
+
+@runtime_checkable
+class ShowsPages(Protocol):
+    """Introspection: the whole content, ``{PageKey: first slot}``, compared with the spec's after every step."""
+
+    def cached_pages(self) -> dict[PageKey, int]: ...
+
+
+@runtime_checkable
+class ShowsStamps(Protocol):
+    """Its clock: ``{PageKey: comparable}``, its last access of each page (when ``clock != "none"``)."""
+
+    def page_stamps(self) -> Mapping[PageKey, object]: ...
+
+
+@runtime_checkable
+class TakesEvents(Protocol):
+    """KV events emitted since the last call, as spec.events' (spec.events.from_block_events converts vLLM-style
+    ones): replayed after every step, the replay must give exactly the cached pages."""
+
+    def take_events(self) -> list[Event]: ...
+
+
+@runtime_checkable
+class CountsMetrics(Protocol):
+    """spec/metrics.py's counters: compared between targets that count, conserved per namespace."""
+
+    def stats(self) -> CacheStats: ...
+
+
+@runtime_checkable
+class MeasuresDepth(Protocol):
+    """The depth in radix nodes of a handle's path (for the reach)."""
+
+    def path_nodes(self, handle: Any) -> int: ...
+
+
+@runtime_checkable
+class ChecksItsChecks(Protocol):
+    """A tree whose own integrity check is checked: a field of one node changed by ``delta`` (``True``; None
+    when no such node; ``False`` when refused), its check then names one of ``own_invariants``."""
+
+    # (field, change) pairs each of which breaks an invariant whatever the node
+    breakable_fields: tuple[tuple[str, int], ...]
+    own_invariants: tuple[str, ...]
+
+    def break_invariant(self, field: str, which: int, position: int, delta: int) -> bool | None: ...
+
+    def check_integrity(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CacheCapabilities:
+    """What a cache target offers beyond the protocol, resolved once when a machine sets it up: each field is the
+    target itself, typed by that capability, or None. Rules read these; none probes a target's attributes."""
+
+    exact: ExactCache[Any] | None
+    evicts: Evicts | None
+    resets: Resets | None
+    integrity: ChecksIntegrity | None
+    pages: ShowsPages | None
+    stamps: ShowsStamps | None
+    events: TakesEvents | None
+    metrics: CountsMetrics | None
+    depth: MeasuresDepth | None
+    own_checks: ChecksItsChecks | None
+
+    @classmethod
+    def of(cls, target: object) -> CacheCapabilities:
+        def offered(capability: type[Any]) -> Any:
+            return target if isinstance(target, capability) else None
+
+        return cls(
+            exact=offered(ExactCache),
+            evicts=offered(Evicts),
+            resets=offered(Resets),
+            integrity=offered(ChecksIntegrity),
+            pages=offered(ShowsPages),
+            stamps=offered(ShowsStamps),
+            events=offered(TakesEvents),
+            metrics=offered(CountsMetrics),
+            depth=offered(MeasuresDepth),
+            own_checks=offered(ChecksItsChecks),
+        )
 
 
 # methods a PrefixCacheTarget may offer: evict(size) when eviction_trigger == "evict"; reset() when

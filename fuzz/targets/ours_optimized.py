@@ -24,6 +24,40 @@ from radixspec.spec.requests import Req
 
 from .exact import OurManager, TreeTarget
 
+# the cache machine's break_the_tree (the self-check capability): each field of the C tree it changes, with a
+# change that breaks an invariant whatever the node
+# (a length by that many pages; a slot modulo 2**32, so 2**31 makes it negative; a queue stamp past any clock)
+BROKEN_FIELDS = (
+    ("ref_count", 1),
+    ("length", 1),
+    ("length", -1),
+    ("parent", 1),
+    ("child_count", 1),
+    ("child_refs", -1),
+    ("queue_stamp", 2**40),
+    ("slot", 2**31),
+    ("evictable", 1),
+    ("protected", 1),
+    ("nodes", -1),
+    ("pages", 1),
+    ("roots", 1),
+    ("children", 1),
+    ("starts", -1),
+    ("segment_bytes", 1),
+    ("segment_refs", 1),
+)
+# the invariants csrc/tree.c's radix_tree_check names
+TREE_INVARIANTS = (
+    "tree_is_well_formed",
+    "children_find_every_node",
+    "page_slots_are_aligned",
+    "cached_starts_match_tree",
+    "evictable_leaves_are_queued",
+    "ref_counts_cover_children",
+    "size_counters_match_tree",
+    "tables_match_tree",
+    "segments_are_counted",
+)
 # the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share),
 # with the bits of the integers each holds: values a format cannot hold (past int32, say) go as a list
 INPUT_FORMATS: tuple[tuple[Callable[[list[int]], Any], int | None], ...] = (
@@ -60,6 +94,9 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
     """The optimized cache: lists in, converted to each input format it takes in turn, lists out."""
 
     name = "optimized"
+    # the self-check capability (fuzz/targets/api.py: ChecksItsChecks)
+    breakable_fields = BROKEN_FIELDS
+    own_invariants = TREE_INVARIANTS
 
     def __init__(self, page_size: int, num_pages: int = 0) -> None:
         self.page_size = page_size

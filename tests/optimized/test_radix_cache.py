@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from radixspec.fuzz.cache_machine import BROKEN_FIELDS, TREE_INVARIANTS
+from radixspec.fuzz.targets.ours_optimized import BROKEN_FIELDS, TREE_INVARIANTS
 from radixspec.optimized import NaivePrefixCache, RadixPrefixCache
 from radixspec.reference import RadixPrefixCache as ReferenceCache
 from radixspec.spec.errors import (
