@@ -121,3 +121,17 @@ def test_no_module_of_a_layer_imports_one_that_imports_it_back() -> None:
         assert circles(import_graph(root / package, package)) == [], f"{package}/ has import circles"
     # the check sees a circle, including one through a deferred import
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_class_of_the_fuzz_layer_is_over_400_lines() -> None:
+    """The fuzz layer in rooms a reader can hold: a machine too big is split into parts (fuzz/cache/, ...)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "fuzz"
+    big = [
+        f"{path.relative_to(root.parent)}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 400
+    ]
+    assert not big, big

@@ -1,0 +1,1 @@
+"""The hostile-input machine in parts (``fuzz/hostile_machine.py`` assembles it)."""

@@ -1,0 +1,238 @@
+"""The hostile-input machine's state, setup, law and checks (``fuzz/hostile_machine.py`` assembles the
+machine): what every hostile call is judged by."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import CacheError
+
+from ..stats import STATS
+
+Outcome = tuple[str, Any]
+# the managers' sizes: rows of the page table, positions of a row, pages of the pool
+MANAGER_ROWS, MANAGER_ROW_LEN, MANAGER_PAGES = 3, 16, 6
+# the KV pool's sizes (pages of the page size drawn)
+POOL_HEADS, POOL_LAYERS, POOL_HEAD_DIM, POOL_PAGES = 2, 2, 2, 4
+# values outside the domains, typed as the spec's functions take them (they must refuse them)
+FLOAT_ONE: Any = 1.0
+LIST_NAMESPACE: Any = ["lora", 1]
+
+
+class LyingInt(int):
+    """An int subclass whose dunders lie: it says it is another number, equals everything, hashes to 0."""
+
+    def __index__(self) -> int:
+        return int(self) + 1
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class ShiftingList(list[int]):
+    """A list that changes while it is read: every read of its length appends a value."""
+
+    def __len__(self) -> int:
+        n = super().__len__()
+        if n < 64:
+            self.append(0)
+        return n
+
+
+class Implementation:
+    """One cache under hostile calls: how to make it, call it, and read its state as lists."""
+
+    def __init__(self, name: str, page_size: int) -> None:
+        self.name = name
+        if name == "optimized":
+            import torch
+
+            from radixspec import optimized
+
+            self.torch: Any = torch
+            self.cache: Any = optimized.RadixPrefixCache(page_size, device="cpu")
+        else:
+            from radixspec import reference
+
+            self.torch = None
+            self.cache = reference.RadixPrefixCache(page_size)
+
+    def as_list(self, values: Any) -> list[int]:
+        return [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+
+
+class HostileBase(RuleBasedStateMachine):
+    """The spec beside our caches, managers and KV pool: the state, the law every call is judged by, the valid
+    calls that grow the trees, and the checks after every step."""
+
+    # our implementations driven beside the spec (radixspec.fuzz.machines.machine_for sets them from --impl)
+    IMPLS: ClassVar[tuple[str, ...]] = ("reference", "optimized")
+    SHALLOW: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        STATS.examples += 1
+        self.page_size = 1
+        self.model = pc.new_state(1)
+        self.impls: list[Implementation] = []
+        self.next_slot = 0
+        self.handles: list[list[Any]] = []
+        # the hybrid caches (one full-attention group, one window of 2 pages) beside the spec's hybrid state
+        self.hybrid_model: Any = None
+        self.hybrids: list[tuple[str, Any]] = []
+        self.hybrid_next = 0
+        # the cache managers (one per implementation) and their live requests (one Req per manager each), and
+        # requests cache_req released
+        self.managers: list[tuple[str, Any]] = []
+        self.live: list[list[Any]] = []
+        self.released: list[list[Any]] = []
+        self.next_uid = 0
+        # the KV pool (optimized only) and what its K and V caches must hold: [layer] -> [num_slots, width]
+        self.pool: Any = None
+        self.pool_shadow: list[list[Any]] = []
+
+    @initialize(page_size=st.sampled_from([1, 2, 4]))
+    def setup(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.model = pc.new_state(page_size)
+        self.impls = [Implementation(name, page_size) for name in ("reference", "optimized") if name in self.IMPLS]
+        from radixspec.spec import hybrid as hy
+
+        windows = (None, 2 * page_size)
+        self.hybrid_model = hy.new_state(page_size, windows)
+        self.hybrids = []
+        for name in ("reference", "optimized"):
+            if name in self.IMPLS:
+                module = (
+                    "radixspec.optimized.hybrid_cache" if name == "optimized" else "radixspec.reference.hybrid_cache"
+                )
+                self.hybrids.append((name, importlib.import_module(module).HybridRadixCache(page_size, windows)))
+        self.managers = []
+        for impl in self.impls:
+            family: Any = importlib.import_module(f"radixspec.{impl.name}.cache_manager")
+            table = family.make_page_table(MANAGER_ROWS, MANAGER_ROW_LEN)
+            self.managers.append((impl.name, family.CacheManager(MANAGER_PAGES, page_size, table)))
+        if "optimized" in self.IMPLS:
+            self.setup_pool(page_size)
+
+    def setup_pool(self, page_size: int) -> None:
+        import torch
+
+        from radixspec.optimized import MHAKVCache
+
+        self.pool = MHAKVCache(
+            POOL_HEADS, POOL_LAYERS, POOL_HEAD_DIM, POOL_PAGES, page_size, torch.float32, "cpu", store_mode="checked"
+        )
+        width = POOL_HEADS * POOL_HEAD_DIM
+        self.pool_shadow = [
+            [torch.zeros(POOL_PAGES * page_size, width) for _ in range(POOL_LAYERS)] for _ in ("k", "v")
+        ]
+
+    def outcome(self, call: Callable[[], Any], normalize: Callable[[Any], Any]) -> Outcome:
+        """("ok", normalized value) or ("error", class name); any exception not of spec/errors.py fails."""
+        try:
+            return ("ok", normalize(call()))
+        except CacheError as error:
+            return ("error", type(error).__name__)
+        except Exception as error:
+            raise AssertionError(f"raised {type(error).__module__}.{type(error).__name__}: {error}") from error
+
+    def attempt(
+        self,
+        label: str,
+        spec: Callable[[pc.PrefixCacheState], Any] | None,
+        call: Callable[[Implementation], Any],
+        normalize: Callable[[Any], Any] = lambda value: None,
+    ) -> list[Outcome]:
+        """Apply one call to the spec (when it has a twin of it) and every implementation; check the law."""
+        STATS.record_rule(f"hostile.{label}")
+        before = [impl.cache.abstract_state() for impl in self.impls]
+        model_before = pc.PrefixCacheState(self.model.page_size, dict(self.model.entries), self.model.clock)
+        outcomes = []
+        for impl, state in zip(self.impls, before, strict=True):
+            result = self.outcome(functools.partial(call, impl), normalize)
+            if result[0] == "error":
+                assert impl.cache.abstract_state() == state, f"{label}: {impl.name} refused ({result[1]}) and changed"
+            outcomes.append(result)
+        if spec is not None:
+            expected = self.outcome(lambda: spec(self.model), normalize)
+            if expected[0] == "error":
+                assert self.model.entries == model_before.entries, f"{label}: the spec refused and changed"
+            for impl, result in zip(self.impls, outcomes, strict=True):
+                assert result == expected, f"{label}: {impl.name} gave {result}, the spec {expected}"
+        else:
+            assert len({str(o) for o in outcomes}) <= 1, f"{label}: the implementations disagree: {outcomes}"
+        return outcomes
+
+    def fresh_slots(self, n: int) -> list[int]:
+        start = self.next_slot
+        self.next_slot += -(-n // self.page_size) * self.page_size + self.page_size
+        return list(range(start, start + n))
+
+    @rule(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=24))
+    def insert(self, tokens: list[int]) -> None:
+        slots = self.fresh_slots(len(tokens))
+        self.attempt(
+            "insert_prefix",
+            lambda m: pc.insert_prefix(m, tokens, slots, None),
+            lambda impl: impl.cache.insert_prefix(tokens, slots),
+            lambda r: int(r[0]),
+        )
+        self.handles.append([impl.cache.match_prefix(tokens) for impl in self.impls])
+        pc.match_prefix(self.model, tokens, None)
+
+    @rule(size=st.integers(0, 8))
+    def evict(self, size: int) -> None:
+        self.attempt(
+            "evict",
+            lambda m: pc.evict(m, size),
+            lambda impl: impl.cache.evict(size),
+            lambda slots: sorted(int(s) for s in (slots.tolist() if hasattr(slots, "tolist") else slots)),
+        )
+
+    @invariant()
+    def caches_are_intact_and_agree(self) -> None:
+        for impl in self.impls:
+            impl.cache.check_integrity()
+        self.compare_states()
+        for name, cache in self.hybrids:
+            cache.check_integrity()
+            assert cache.abstract_state().groups == self.hybrid_model.groups, f"hybrid {name} differs from the spec"
+        states = []
+        for k, (_, manager) in enumerate(self.managers):
+            manager.check_integrity([reqs[k] for reqs in self.live])
+            states.append(manager.abstract_state())
+        assert all(state == states[0] for state in states), "the managers hold different states"
+
+    def compare_states(self) -> None:
+        """Every cache holds the spec's pages with the spec's slots and locks (the clocks differ: the threads'
+        matches ticked the caches' clocks, not the spec's, and stamped no page)."""
+        expected = {key: (e.slot_start, e.ref_count) for key, e in self.model.entries.items()}
+        for impl in self.impls:
+            state = impl.cache.abstract_state()
+            actual = {key: (e.slot_start, e.ref_count) for key, e in state.entries.items()}
+            assert actual == expected, f"{impl.name} holds other pages than the spec"
+
+    def compare_pool(self, what: str) -> None:
+        """The pool holds exactly what the accepted stores wrote."""
+        for side, read in enumerate((self.pool.k_cache, self.pool.v_cache)):
+            for layer in range(POOL_LAYERS):
+                held = read(layer).reshape(self.pool.num_slots, -1)
+                assert held.equal(self.pool_shadow[side][layer]), (
+                    f"store_kv[{what}]: layer {layer}'s {'KV'[side]} cache holds other values than the stores wrote"
+                )
+
+    def teardown(self) -> None:
+        if self.impls:
+            STATS.record_reach(largest_tree_pages=len(self.model.entries))

@@ -1,0 +1,1 @@
+"""The manager machine in parts (``fuzz/manager_machine.py`` assembles it)."""

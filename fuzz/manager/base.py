@@ -1,0 +1,253 @@
+"""The manager machine's state, setup and checks (``fuzz/manager_machine.py`` adds the request lifecycles and
+bad input): the spec's relations observed around every call, the accounting after every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple
+
+from radixspec.spec import cache_manager as sm
+from radixspec.spec import events as ev
+from radixspec.spec.domains import Namespace
+from radixspec.spec.invariants import (
+    free_slots_are_aligned_and_unique,
+    pages_are_partitioned,
+    private_rows_are_page_runs,
+    raise_first,
+    rows_match_handles,
+)
+
+from ..differential import describe_difference
+from ..sequences import build_sequence, page_choices, page_sizes, tail_choices
+from ..stats import STATS
+from ..targets.api import CacheManagerTarget, ExactManager, TargetInfo
+from ..targets.ours import IMPLEMENTATIONS
+
+# a manager target, its requests and handles its own
+Target = CacheManagerTarget[Any, Any]
+
+ROWS = 6
+# how a batch's results or an abort run: outside a lazy free region, inside one, or inside one whose body then
+# raises (an engine's forward that fails after freeing: the region must still hand back every page it held)
+REGIONS = ("none", "lazy", "lazy, body raises")
+MAX_PAGES_PER_REQ = 12
+
+
+class BodyRaised(Exception):
+    """Raised by the machine inside a lazy free region, after the frees: what a failing forward does."""
+
+
+@dataclass
+class LiveReq:
+    """A request the machine has admitted: one Req object per implementation."""
+
+    uid: int
+    prompt_len: int
+    max_new_tokens: int
+    reqs: list[Any]
+    # the Req the machine keeps in step with the others, to read lengths from
+    cached_len: int = 0
+    generated: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until the whole prompt's KV is computed."""
+        return self.cached_len < self.prompt_len
+
+
+# the bundle of prompts the rules draw from and add to (module level: the rules of the machine name it)
+prompts = Bundle("prompts")
+
+
+class ManagerBase(RuleBasedStateMachine):
+    """The state, the setup, the relations observed around a call and the checks after every step."""
+
+    # what the machine drives (radixspec.fuzz.machines.machine_for sets these): --impl and --target name them alike
+    TARGETS: ClassVar[tuple[TargetInfo, ...]] = tuple(IMPLEMENTATIONS.values())
+    LRU: ClassVar[str] = "strict"
+    prompts = prompts
+    # the spec's relations are checked around every call on exact targets (the exhaustive checker turns them
+    # off while it replays a path it already checked)
+    relations = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        STATS.examples += 1
+        self.impls: list[Target] = []
+        # the targets with the differential capability (their indices in impls)
+        self.exact: list[int] = []
+        self.live: list[LiveReq] = []
+        self.page_size = 1
+        # each target's KV events, replayed as a router would (spec/events.py)
+        self.replayers: dict[int, ev.Replayer] = {}
+        self.next_uid = 0
+        # the namespace each prompt was last admitted in
+        self.namespace_of: dict[tuple[int, ...], Namespace] = {}
+
+    @property
+    def validates(self) -> bool:
+        """Whether every target rejects bad input (else bad input is not sent: a profile's errors == "none")."""
+        return bool(self.impls) and all(impl.profile.errors != "none" for impl in self.impls)
+
+    def ns(self, namespace: Namespace) -> Namespace:
+        """The namespace requests use: as drawn, or None when a target has no namespaces."""
+        return namespace if all(impl.profile.namespaces for impl in self.impls) else None
+
+    @property
+    def first(self) -> Target:
+        """The target the lifecycle reads lengths from (all agree)."""
+        return self.impls[0]
+
+    def name(self, index: int) -> str:
+        return self.TARGETS[index].name
+
+    def observe(
+        self, reqs: dict[int, list[Any]]
+    ) -> dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None:
+        """Each exact target's state and its views of ``reqs`` (uid -> one Req per target), by target index."""
+        if not self.relations or not self.exact:
+            return None
+        out = {}
+        for index in self.exact:
+            impl: Any = self.impls[index]
+            state = impl.abstract_state()
+            out[index] = (state, {uid: impl.view(state, per_impl[index]) for uid, per_impl in reqs.items()})
+        return out
+
+    def live_reqs(self, but: list[LiveReq] | None = None) -> dict[int, list[Any]]:
+        """uid -> the live request's Req per implementation (all of them, or those not in ``but``)."""
+        skip = {live.uid for live in but or ()}
+        return {live.uid: live.reqs for live in self.live if live.uid not in skip}
+
+    @initialize(
+        target=prompts,
+        page_size=page_sizes,
+        num_pages=st.integers(2, 24),
+        first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
+    )
+    def setup(self, page_size: int, num_pages: int, first: list[tuple[list[int], list[int]]]) -> Any:
+        for info in self.TARGETS:
+            if info.page_sizes is not None:
+                page_size = info.page_sizes[page_size % len(info.page_sizes)]
+        self.page_size = page_size
+        args = (num_pages, page_size, ROWS, MAX_PAGES_PER_REQ * page_size)
+        for info in self.TARGETS:
+            assert info.manager_factory is not None, f"target {info.name} has no cache manager"
+            self.impls.append(info.manager_factory(*args))
+        self.exact = [index for index, impl in enumerate(self.impls) if isinstance(impl, ExactManager)]
+        return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
+
+    def cached_page_count(self) -> int:
+        """Pages the prefix cache holds now (to count evictions)."""
+        first: Any = self.first
+        return int(first.cached_pages()) if self.exact and self.exact[0] == 0 else len(first.cached_slots())
+
+    def snapshot(self, impl: Target) -> tuple[Any, ...]:
+        """What a rejected call must leave unchanged: an exact target's abstract state and the live requests'
+        fields; another's free list, cached pages, sizes and live rows.
+
+        Nothing while checks are off (the exhaustive checker replaying a path it already checked).
+        """
+        if not self.relations:
+            return ()
+        index = self.impls.index(impl)
+        if index in self.exact:
+            exact: Any = impl
+            reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
+            return (exact.abstract_state(), reqs)
+        rows = [tuple(impl.row(live.reqs[index])) for live in self.live]
+        return (tuple(impl.free_pages()), tuple(sorted(impl.cached_slots())), tuple(impl.size_info()), rows)
+
+    @invariant()
+    def targets_agree(self) -> None:
+        """Every target's page accounting; an exact target's integrity, events, available_size law; all agree."""
+        if not self.impls:
+            return
+        for index in range(len(self.impls)):
+            self.check_accounting(index)
+        if not self.exact:
+            return
+        first = self.exact[0]
+        first_state: sm.ManagerState = self.exact_target(first).abstract_state()
+        for index in self.exact:
+            impl = self.exact_target(index)
+            impl.check_integrity([live.reqs[index] for live in self.live])
+            actual = first_state if index == first else impl.abstract_state()
+            # the replay invariant: the cache's KV events so far describe exactly its cached pages
+            replayer = self.replayers.setdefault(index, ev.Replayer(self.page_size))
+            before = replayer.applied
+            replayer.apply(impl.take_events())
+            STATS.events_replayed += replayer.applied - before
+            ev.events_match_cache(
+                replayer.cached(),
+                {key: e.slot_start for key, e in actual.cache.entries.items()},
+            )
+            assert impl.available_size() == sm.available_size(actual), (
+                f"available_size: {self.name(index)} reports {impl.available_size()}, its free pages and evictable"
+                f" cache give {sm.available_size(actual)}"
+            )
+            if index == first:
+                continue
+            # the choices the spec leaves open (which free page, the free list's order) made the same way
+            assert (actual.cache, actual.free_slots, actual.lazy_frees) == (
+                first_state.cache,
+                first_state.free_slots,
+                first_state.lazy_frees,
+            ), f"{self.name(index)} differs from {self.name(first)}:\n{describe_difference(first_state, actual)}"
+            for live in self.live:
+                assert impl.row(live.reqs[index]) == self.impls[first].row(live.reqs[first]), (
+                    f"row of request {live.uid}: {self.name(first)} {self.impls[first].row(live.reqs[first])},"
+                    f" {self.name(index)} {impl.row(live.reqs[index])}"
+                )
+
+    def exact_target(self, index: int) -> ExactManager[Any, Any]:
+        impl = self.impls[index]
+        assert isinstance(impl, ExactManager)
+        return impl
+
+    def check_accounting(self, index: int) -> None:
+        """Page accounting of any manager, by the spec's own invariants (spec/invariants.py): the free list, the
+        private rows, the partition of the pool, rows that match their handles; and no freed page reachable."""
+        target = self.impls[index]
+        p, num_pages = self.page_size, target.num_pages
+        free = list(target.free_pages())
+        cached = list(target.cached_slots())
+        STATS.record_tree(len(cached))
+        free_set = set(free)
+        private: dict[int, list[int]] = {}
+        matched_rows: dict[int, tuple[list[int], list[int]]] = {}
+        for live in self.live:
+            req = live.reqs[index]
+            handle = target.handle_of(req)
+            row = target.row(req)
+            cached_len = target.cached_len(handle)
+            # the target's row number names the request in a message (its uid when it keeps none)
+            row_id = getattr(req, "table_idx", live.uid)
+            private[row_id] = row[cached_len:]
+            matched_rows[row_id] = (row[:cached_len], target.get_matched_indices(handle))
+            reachable = sorted({slot - slot % p for slot in row} & free_set)
+            assert not reachable, (
+                f"no_freed_page_is_reachable: {self.name(index)}: live request {live.uid} still reads pages"
+                f" {reachable[:8]} that are on the free list (the next allocation hands them to another request)"
+            )
+        raise_first(
+            [
+                ("free_slots_are_aligned_and_unique", free_slots_are_aligned_and_unique(free, p, num_pages)),
+                ("private_rows_are_page_runs", private_rows_are_page_runs(private, p)),
+                ("pages_are_partitioned", pages_are_partitioned(num_pages, p, free, cached, private)),
+                ("rows_match_handles", rows_match_handles(matched_rows)),
+            ]
+        )
+        evictable, protected = target.size_info()
+        assert evictable + protected == len(cached) * p, (
+            f"size_info of {self.name(index)}: {evictable} + {protected} tokens, the cache holds {len(cached)}"
+            f" pages of {p}"
+        )
+        assert target.available_size() == evictable + len(free) * p, (
+            f"available_size of {self.name(index)}: {target.available_size()} != evictable {evictable}"
+            f" + {len(free)} free pages of {p}"
+        )
