@@ -26,9 +26,12 @@ def machine_class(name: str) -> type[RuleBasedStateMachine]:
 class Stop:
     """When the examples of this process must stop: the batch's deadline, or a stop flag the campaign raised.
 
-    Checked as each example starts: past it, the example is rejected (not
-    failed), so generation ends and a shrink in progress keeps the smallest
-    failing example it has, all within one example's time of the deadline.
+    Checked as each example starts, until the batch finds a failure: past it,
+    the example is rejected (not failed), so generation ends within one
+    example's time of the deadline. Once a failure is found it is no longer
+    checked: the shrink is bounded on its own (``bound_shrinking`` in
+    ``fuzz/batches.py``, by the same deadline), and keeps the smallest failing
+    example it has.
     """
 
     deadline: float = float("inf")

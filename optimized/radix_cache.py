@@ -3,10 +3,12 @@
 Optimized for speed rather than clarity: the nodes, their children maps,
 keys, slots, ref counts and the LRU order of evictable leaves live in C
 (``csrc/tree.c``, through cffi); Python holds handles, which name a node by
-(id, version), and the namespaces' roots. No Python object exists per node and
-no torch call is made per node: each operation is one C call on the
-caller's buffers, and a result tensor (matched slots, evicted slots) is built
-once per call on the cache's device.
+(id, version), and the namespaces' roots. The operations (match, insert,
+lock, unlock, evict) make no Python object and no torch call per node: each
+is one C call on the caller's buffers, and a result tensor (matched slots,
+evicted slots) is built once per call on the cache's device. ``reset()`` and
+``stats()`` (the pages per namespace), and the introspection (``nodes()``,
+``abstract_state()``), do walk the nodes in Python.
 
 Same operations, same rules and the same errors as the reference: a walk
 stamps every node it passes and splits the node a match ends in; eviction

@@ -16,7 +16,8 @@ class StaleHandleError(CacheError):
 
 
 class UnlockError(CacheError):
-    """Unlock of a path holding a page whose ref count is already 0."""
+    """An unlock with no lock of that very path outstanding (a page at ref count 0, or only a longer or a
+    shorter path locked), or a manager's call on a request whose handle is stale or not locked."""
 
 
 class EvictionError(CacheError):

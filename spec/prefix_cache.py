@@ -423,7 +423,9 @@ def reset(state: PrefixCacheState) -> list[int]:
 def check_evict_size(size: object, evictable: int) -> None:
     """An eviction of ``size`` tokens may run when ``evictable`` tokens are evictable; else raise, in this order:
     InvalidTypeError (not an int, or a bool), InvalidSizeError (negative), EvictionError (more than evictable).
-    Every cache's ``evict`` calls it (the optimized tree leaves the last test to C, then calls it for the message).
+    The spec's ``evict`` and those of the reference caches and both hybrid caches call it. The optimized radix
+    cache checks the type and the sign itself, in the same words, leaves the last test to C, and calls it for
+    the error when C refuses (and, before C, for sizes past what could ever be evictable).
     """
     if not isinstance(size, int) or isinstance(size, bool):
         raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")

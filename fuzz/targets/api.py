@@ -105,7 +105,10 @@ EXACT = Profile(name="exact (the spec's semantics)")
 
 @runtime_checkable
 class PrefixCacheTarget(Protocol[H]):
-    """A prefix cache seen through lists and ints. Optional methods are listed in ``OPTIONAL_CACHE_METHODS``."""
+    """A prefix cache seen through lists and ints. What it may offer beyond this is a capability, a protocol of
+    its own (``Evicts``, ``Resets``, ``ChecksIntegrity``, ``ShowsPages``, ``ShowsStamps``, ``TakesEvents``,
+    ``CountsMetrics``, ``MeasuresDepth``, ``ChecksItsChecks``, and the differential ``ExactCache``), resolved
+    once into ``CacheCapabilities`` when a machine sets the target up."""
 
     profile: Profile
     page_size: int
@@ -244,12 +247,13 @@ class CacheCapabilities:
         )
 
 
-# methods a PrefixCacheTarget may offer: evict(size) when eviction_trigger == "evict"; reset() when
-# reset != "none"; check_integrity() (raise on a broken invariant); cached_pages() -> {PageKey: first
-# slot} (introspection: the whole content, compared with the spec's after every step); page_stamps()
-# -> {PageKey: comparable} (the target's clock, when clock != "none"); take_events() -> the KV events
-# emitted since the last call, as spec.events' (spec.events.from_block_events converts vLLM-style ones),
-# replayed by the machine after every step: the replay must give exactly the cached pages
+# the capabilities' methods by name: evict(size) and reset() a profile promises (eviction_trigger == "evict",
+# reset != "none"; checked when a target is resolved: promised_methods in fuzz/targets/__init__.py); the others
+# a target offers at will: check_integrity() (raise on a broken invariant); cached_pages() -> {PageKey: first
+# slot} (the whole content, compared with the spec's after every step); page_stamps() -> {PageKey: comparable}
+# (the target's clock, when clock != "none"); take_events() -> the KV events emitted since the last call, as
+# spec.events' (spec.events.from_block_events converts vLLM-style ones), replayed after every step: the replay
+# must give exactly the cached pages
 OPTIONAL_CACHE_METHODS = ("evict", "reset", "check_integrity", "cached_pages", "page_stamps", "take_events")
 
 
