@@ -21,6 +21,7 @@ them or not.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -29,8 +30,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from radixspec.reference.hybrid_manager import HybridCacheManager, HybridReq
 from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
-from radixspec.spec.errors import CacheError
 
+from .judge import Outcome, expect_same
 from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
 from .stats import STATS
@@ -52,14 +53,6 @@ def windows_for(page_size: int) -> st.SearchStrategy[list[hy.Window]]:
         st.integers(1, 8).map(lambda k: k * p + 1),
     )
     return st.lists(window, min_size=1, max_size=3)
-
-
-def outcome(call: Any) -> tuple[str, Any]:
-    """("ok", result) or ("error", the CacheError's class name)."""
-    try:
-        return ("ok", call())
-    except CacheError as error:
-        return ("error", type(error).__name__)
 
 
 class HybridMachine(RuleBasedStateMachine):
@@ -146,11 +139,14 @@ class HybridMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the cache half
 
-    def same(self, what: str, outcomes: list[tuple[str, Any]]) -> Any:
-        """The one outcome every implementation had, or an AssertionError naming the first that differs."""
-        for name, got in zip(self.names, outcomes[1:], strict=True):
-            assert got == outcomes[0], f"{what}: spec {brief(outcomes[0])}, {name} {brief(got)}"
-        return outcomes[0]
+    def same(self, what: str, outcomes: list[Any]) -> Outcome:
+        """The one outcome every implementation had (the judge's exact comparison: values, error classes and
+        words), or an AssertionError naming the first that differs; plain values are outcomes of calls that
+        returned them."""
+        judged = [o if isinstance(o, Outcome) else Outcome(True, o) for o in outcomes]
+        for name, got in zip(self.names, judged[1:], strict=True):
+            expect_same(what, judged[0], got, name)
+        return judged[0]
 
     def draw_pages(self, tokens: tuple[int, ...], held: list[list[bool]]) -> list[list[int | None]]:
         """One row per group for ``tokens``' whole pages: fresh starts from the ledger, None where not held."""
@@ -182,16 +178,16 @@ class HybridMachine(RuleBasedStateMachine):
         STATS.record_rule("hybrid.insert_prefix")
         rows = self.draw_pages(tokens, held)
         full_short = any(None in row for row, w in zip(rows, self.windows, strict=True) if w is None)
-        got = [outcome(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
-        got += [outcome(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
-        results = [(kind, (r.unused, r.handle.cached_len) if kind == "ok" else r) for kind, r in got]
+        got = [Outcome.of(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
+        got += [Outcome.of(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
+        results = [replace(o, value=(o.value.unused, o.value.handle.cached_len)) if o.ok else o for o in got]
         self.same(f"insert_prefix of {len(tokens)} tokens (pool short: {full_short})", results)
         self.settle_ledger()
         self.record_reach(len(tokens))
-        if got[0][0] == "error":
-            STATS.rejected[got[0][1]] += 1
+        if not got[0].ok:
+            STATS.record_rejection(got[0].error_class)
             return multiple()
-        return (namespace, tuple(result.handle for _, result in got))
+        return (namespace, tuple(outcome.value.handle for outcome in got))
 
     @precondition(lambda self: not self.foreign)
     @rule(tokens=seqs, kind=st.sampled_from(BAD_INSERTS), namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
@@ -214,13 +210,13 @@ class HybridMachine(RuleBasedStateMachine):
         elif kind == "groups":
             rows = rows[:-1] if len(rows) > 1 else rows + rows
         before = self.snapshot()
-        got = [outcome(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
-        got += [outcome(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
-        results = [(k, (r.unused, r.handle.cached_len) if k == "ok" else r) for k, r in got]
+        got = [Outcome.of(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
+        got += [Outcome.of(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
+        results = [replace(o, value=(o.value.unused, o.value.handle.cached_len)) if o.ok else o for o in got]
         self.same(f"insert_prefix with a {kind} row", results)
-        if got[0][0] == "error":
-            assert self.snapshot() == before, f"a rejected insert ({got[0][1]}) changed the cache"
-            STATS.rejected[got[0][1]] += 1
+        if not got[0].ok:
+            assert self.snapshot() == before, f"a rejected insert ({got[0]}) changed the cache"
+            STATS.record_rejection(got[0].error_class)
         self.settle_ledger()
 
     @precondition(lambda self: not self.foreign)
@@ -247,9 +243,10 @@ class HybridMachine(RuleBasedStateMachine):
         operation = "unlock" if unlock else "lock"
         STATS.record_rule(f"hybrid.{operation}")
         _, per_impl = handle
-        got = [outcome(lambda: getattr(hy, operation)(self.model, per_impl[0]))]
+        got = [Outcome.of(lambda: getattr(hy, operation)(self.model, per_impl[0]))]
         got += [
-            outcome(lambda c=c, h=h: getattr(c, operation)(h)) for c, h in zip(self.caches, per_impl[1:], strict=True)
+            Outcome.of(lambda c=c, h=h: getattr(c, operation)(h))
+            for c, h in zip(self.caches, per_impl[1:], strict=True)
         ]
         self.same(f"{operation} of a handle of cached_len {per_impl[0].cached_len}", got)
 
@@ -265,12 +262,12 @@ class HybridMachine(RuleBasedStateMachine):
         if bad is not None:
             group, size = (bad, size) if share % 2 else (group, [-1, 1 << 40, 1.0][share % 3])
         before = self.snapshot()
-        got = [outcome(lambda: hy.evict(self.model, group, size))]
-        got += [outcome(lambda c=c: c.evict(group, size)) for c in self.caches]
+        got = [Outcome.of(lambda: hy.evict(self.model, group, size))]
+        got += [Outcome.of(lambda c=c: c.evict(group, size)) for c in self.caches]
         self.same(f"evict({group!r}, {size!r})", got)
         if bad is not None:
-            assert got[0][0] == "error" and self.snapshot() == before, f"evict({group!r}, {size!r}) was accepted"
-            STATS.rejected[got[0][1]] += 1
+            assert not got[0].ok and self.snapshot() == before, f"evict({group!r}, {size!r}) was accepted"
+            STATS.record_rejection(got[0].error_class)
         else:
             STATS.record_reach(largest_evict_pages=-(-size // self.page_size))
             STATS.evicted_pages += -(-size // self.page_size)
@@ -281,8 +278,8 @@ class HybridMachine(RuleBasedStateMachine):
     def reset(self) -> None:
         """Empty every group (refused while a lock is outstanding); now and then, else it undoes every state."""
         STATS.record_rule("hybrid.reset")
-        got = [outcome(lambda: hy.reset(self.model))]
-        got += [outcome(lambda c=c: c.reset()) for c in self.caches]
+        got = [Outcome.of(lambda: hy.reset(self.model))]
+        got += [Outcome.of(lambda c=c: c.reset()) for c in self.caches]
         self.same("reset", got)
         self.settle_ledger()
 
@@ -343,9 +340,12 @@ class HybridMachine(RuleBasedStateMachine):
                 f" {name} rows {brief(req.rows)} matched {req.cached_len}"
             )
 
-    def manager_call(self, what: str, uid: int, call: Any) -> list[tuple[str, Any]]:
+    def manager_call(self, what: str, uid: int, call: Any) -> list[Outcome]:
         """``call(manager, req)`` on every manager; the outcomes must agree, and so must the requests after."""
-        got = [outcome(lambda m=m, r=r: call(m, r)) for m, r in zip(self.managers, self.reqs[uid], strict=True)]
+        got = [
+            Outcome.of(lambda m=m, r=r: call(m, r), foreign=self.foreign)
+            for m, r in zip(self.managers, self.reqs[uid], strict=True)
+        ]
         self.same(f"{what} of request {uid}", got)
         self.same_requests(what, self.reqs[uid])
         return got
@@ -359,7 +359,7 @@ class HybridMachine(RuleBasedStateMachine):
         req = self.reqs[uid][0]
         length = min(len(req.input_ids), req.computed + tokens)
         got = self.manager_call("allocate_paged", uid, lambda m, r: m.allocate_paged(r, length))
-        if got[0][0] == "ok":
+        if got[0].ok:
             self.manager_call("store", uid, lambda m, r: m.store(r, length - r.computed))
 
     @precondition(lambda self: self.reqs)
@@ -401,7 +401,7 @@ class HybridMachine(RuleBasedStateMachine):
             evicted = manager.cache.evict(group, size)
             manager.free_slots[group].extend(evicted[:: self.page_size])
             got.append(evicted)
-        self.same(f"evicting group {group} of the managers' caches", [("ok", g) for g in got])
+        self.same(f"evicting group {group} of the managers' caches", got)
 
     @invariant()
     def managers_keep_the_laws(self) -> None:

@@ -99,19 +99,36 @@ class HybridRadixCache(NotCopyable):
     def _ptr(self, tensor: torch.Tensor) -> Any:
         return self._ffi.cast("int64_t *", tensor.data_ptr())
 
-    def _check(self, status: int, what: str) -> None:
-        """Raise the spec's error for a C status (HYBRID_OK returns)."""
+    def _check(
+        self,
+        status: int,
+        what: str,
+        rows: Sequence[Sequence[int | None]] = (),
+        handle: HybridHandle | None = None,
+    ) -> None:
+        """Raise the spec's error, in the spec's words, for a C status (HYBRID_OK returns); ``rows``: the pages an
+        insert was given, ``handle``: the handle a call was given (their numbers are in the words)."""
         lib = self._lib
         if status == lib.HYBRID_OK:
             return
-        walk = self._walk
-        where = f"group {walk.bad_group} page {walk.bad}"
+        group, page = self._walk.bad_group, self._walk.bad
+        start = rows[group][page] if rows else None
+        cached_len = handle.cached_len if handle is not None else None
         errors: dict[int, tuple[type[Exception], str]] = {
-            lib.HYBRID_MISSING: (MissingPageError, f"{where}: a full-attention group needs a page it does not cache"),
-            lib.HYBRID_MISALIGNED: (MisalignedPageError, f"{where}: start not a multiple of {self.page_size}"),
-            lib.HYBRID_DUPLICATE: (DuplicateSlotError, f"{where}: its start is already cached"),
-            lib.HYBRID_STALE: (StaleHandleError, "the handle lost a page to eviction or reset"),
-            lib.HYBRID_NOT_LOCKED: (UnlockError, "a page of the match holds no lock"),
+            lib.HYBRID_MISSING: (
+                MissingPageError,
+                f"group {group} (full attention) needs page {page}, which it does not cache",
+            ),
+            lib.HYBRID_MISALIGNED: (
+                MisalignedPageError,
+                f"group {group} page {page} starts at slot {start}, not a multiple of {self.page_size}",
+            ),
+            lib.HYBRID_DUPLICATE: (
+                DuplicateSlotError,
+                f"group {group} page {page} takes slot {start}, which is already cached",
+            ),
+            lib.HYBRID_STALE: (StaleHandleError, f"handle of cached_len {cached_len} lost a page to eviction or reset"),
+            lib.HYBRID_NOT_LOCKED: (UnlockError, f"no lock of this match (cached_len {cached_len}) is outstanding"),
             lib.HYBRID_NO_MEMORY: (MemoryError, f"{what}: out of memory (nothing changed)"),
         }
         error, message = errors.get(status, (IntegrityError, f"{what}: C status {status}"))
@@ -186,7 +203,7 @@ class HybridRadixCache(NotCopyable):
             *map(self._ptr, arrays),
             self._walk,
         )
-        self._check(status, "insert_prefix")
+        self._check(status, "insert_prefix", rows=rows)
         self.clock += 1
         # UPDATE done in C; report what the caller frees
         rows_unused = unused[: len(starts)].view(len(self.windows), n).tolist() if n else [[] for _ in self.windows]
@@ -226,7 +243,7 @@ class HybridRadixCache(NotCopyable):
             handle.cached_len,
             out,
         )
-        self._check(status, "handle")
+        self._check(status, "handle", handle=handle)
         return handle
 
     def _uses_pages(self, handle: HybridHandle) -> bool:

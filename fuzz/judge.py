@@ -1,0 +1,80 @@
+"""One outcome judge for the machines: what a call gave (``Outcome``), and what must be equal between the spec's
+outcome and a target's (``expect_same``), as the target's profile decides. A rule in any machine reads the same:
+run the call on the spec and on each target, then judge.
+
+What must be equal, by the profile's ``errors`` (``fuzz/targets/api.py``) and the differential capability:
+
+* exact (the differential capability: ours): the value, the error class and the error's words;
+* ``errors == "ours"``: the value, or an error of the spec's class (a subclass will do);
+* ``errors == "any"``: the value, or some error (its class is the target's own);
+* ``errors == "none"``: the target validates nothing, so an invalid call is not sent (the machines skip it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from radixspec.spec.errors import CacheError
+
+from .messages import brief
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A call's outcome: its value (normalized by the caller) or its error's class and words."""
+
+    ok: bool
+    value: Any = None
+    error: type[BaseException] | None = None
+    message: str = ""
+
+    @classmethod
+    def of(
+        cls, call: Callable[..., Any], normalize: Callable[[Any], Any] = lambda value: value, foreign: bool = False
+    ) -> Outcome:
+        """Run ``call``. A CacheError is an outcome; any other exception fails the caller's law (an error not of
+        spec/errors.py: a crash the process survived), unless ``foreign`` (a target whose errors are its own)."""
+        try:
+            return cls(True, normalize(call()))
+        except CacheError as error:
+            return cls(False, error=type(error), message=str(error))
+        except Exception as error:
+            if foreign:
+                return cls(False, error=type(error), message=str(error))
+            raise AssertionError(f"raised {type(error).__module__}.{type(error).__name__}: {error}") from error
+
+    @property
+    def error_class(self) -> type[BaseException]:
+        """The class of the error of a refused call."""
+        assert self.error is not None, f"the call was accepted ({self})"
+        return self.error
+
+    @classmethod
+    def raised(cls, error: BaseException) -> Outcome:
+        """The outcome of a call that raised ``error``."""
+        return cls(False, error=type(error), message=str(error))
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"returned {brief(self.value)}" if self.value is not None else "accepted it"
+        name = self.error.__name__ if self.error is not None else "an error"
+        return f"raised {name}({self.message!r})"
+
+
+def expect_same(
+    label: str, expected: Outcome, actual: Outcome, name: str, exact: bool = True, errors: str = "ours"
+) -> None:
+    """``actual`` (target ``name``'s outcome) as the spec's ``expected`` one, to the degree the profile promises;
+    an AssertionError saying both otherwise."""
+    said = f"{label}: the spec {expected}, {name} {actual}"
+    assert actual.ok == expected.ok, said
+    if actual.ok:
+        assert actual.value == expected.value, said
+    elif exact:
+        assert (actual.error, actual.message) == (expected.error, expected.message), said
+    elif errors == "ours":
+        assert expected.error is not None and actual.error is not None and issubclass(actual.error, expected.error), (
+            said
+        )
