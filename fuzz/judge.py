@@ -58,17 +58,26 @@ class Outcome:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"returned {brief(self.value)}" if self.value is not None else "accepted it"
+            if self.value is None:
+                return "accepted it"
+            shown = brief(self.value) if isinstance(self.value, (list, tuple)) else repr(self.value)[:200]
+            return f"returned {shown}"
         name = self.error.__name__ if self.error is not None else "an error"
         return f"raised {name}({self.message!r})"
 
 
 def expect_same(
-    label: str, expected: Outcome, actual: Outcome, name: str, exact: bool = True, errors: str = "ours"
+    label: str,
+    expected: Outcome,
+    actual: Outcome,
+    name: str,
+    exact: bool = True,
+    errors: str = "ours",
+    expected_from: str = "the spec",
 ) -> None:
-    """``actual`` (target ``name``'s outcome) as the spec's ``expected`` one, to the degree the profile promises;
-    an AssertionError saying both otherwise."""
-    said = f"{label}: the spec {expected}, {name} {actual}"
+    """``actual`` (target ``name``'s outcome) as ``expected`` (the spec's, or ``expected_from``'s: a twin
+    implementation's), to the degree the profile promises; an AssertionError saying both otherwise."""
+    said = f"{label}: {expected_from} {expected}, {name} {actual}"
     assert actual.ok == expected.ok, said
     if actual.ok:
         assert actual.value == expected.value, said

@@ -15,6 +15,7 @@ from radixspec.spec.errors import (
 from radixspec.spec.helpers import compute_page_starts, div_ceil
 
 from ..differential import describe_difference
+from ..judge import Outcome, expect_same
 from ..messages import brief, list_diff
 from ..stats import STATS
 from ..targets.api import PageKey
@@ -186,15 +187,7 @@ class Oracle(SlotLedger):
             try:
                 call(run)
             except Exception as exc:
-                if run.exact:
-                    assert (type(exc), str(exc)) == (type(error), str(error)), (
-                        f"{label}: the spec raises {type(error).__name__}({str(error)!r}) but {run.name}"
-                        f" raises {type(exc).__name__}({str(exc)!r})"
-                    )
-                elif errors == "ours":
-                    assert isinstance(exc, type(error)), (
-                        f"{label}: expected {type(error).__name__}, got {type(exc).__name__}: {exc}"
-                    )
+                expect_same(label, Outcome.raised(error), Outcome.raised(exc), run.name, run.exact, errors)
                 after = self.observe(run)
                 assert after == before, (
                     f"{label}: {run.name} raised {type(exc).__name__} ({exc}) but changed its state:\n"

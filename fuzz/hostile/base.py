@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.errors import CacheError
 
+from ..judge import Outcome, expect_same
 from ..stats import STATS
 
-Outcome = tuple[str, Any]
 # the managers' sizes: rows of the page table, positions of a row, pages of the pool
 MANAGER_ROWS, MANAGER_ROW_LEN, MANAGER_PAGES = 3, 16, 6
 # the KV pool's sizes (pages of the page size drawn)
@@ -140,13 +139,8 @@ class HostileBase(RuleBasedStateMachine):
         ]
 
     def outcome(self, call: Callable[[], Any], normalize: Callable[[Any], Any]) -> Outcome:
-        """("ok", normalized value) or ("error", class name); any exception not of spec/errors.py fails."""
-        try:
-            return ("ok", normalize(call()))
-        except CacheError as error:
-            return ("error", type(error).__name__)
-        except Exception as error:
-            raise AssertionError(f"raised {type(error).__module__}.{type(error).__name__}: {error}") from error
+        """The judge's outcome (``fuzz/judge.py``): a value or a named error; any other exception fails."""
+        return Outcome.of(call, normalize)
 
     def attempt(
         self,
@@ -162,17 +156,18 @@ class HostileBase(RuleBasedStateMachine):
         outcomes = []
         for impl, state in zip(self.impls, before, strict=True):
             result = self.outcome(functools.partial(call, impl), normalize)
-            if result[0] == "error":
-                assert impl.cache.abstract_state() == state, f"{label}: {impl.name} refused ({result[1]}) and changed"
+            if not result.ok:
+                assert impl.cache.abstract_state() == state, f"{label}: {impl.name} refused ({result}) and changed"
             outcomes.append(result)
         if spec is not None:
             expected = self.outcome(lambda: spec(self.model), normalize)
-            if expected[0] == "error":
+            if not expected.ok:
                 assert self.model.entries == model_before.entries, f"{label}: the spec refused and changed"
             for impl, result in zip(self.impls, outcomes, strict=True):
-                assert result == expected, f"{label}: {impl.name} gave {result}, the spec {expected}"
+                expect_same(label, expected, result, impl.name)
         else:
-            assert len({str(o) for o in outcomes}) <= 1, f"{label}: the implementations disagree: {outcomes}"
+            for impl, result in zip(self.impls[1:], outcomes[1:], strict=True):
+                expect_same(label, outcomes[0], result, impl.name, expected_from=self.impls[0].name)
         return outcomes
 
     def fresh_slots(self, n: int) -> list[int]:

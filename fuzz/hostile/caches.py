@@ -16,8 +16,9 @@ from hypothesis.stateful import precondition, rule
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import NAMESPACE_DEPTH_LIMIT, SLOT_LIMIT, TOKEN_LIMIT
-from radixspec.spec.errors import CacheError
+from radixspec.spec.errors import CacheError, InvalidTypeError
 
+from ..judge import expect_same
 from ..sequences import nested
 from ..stats import STATS
 from .base import FLOAT_ONE, LIST_NAMESPACE, HostileBase, Implementation, LyingInt, ShiftingList
@@ -56,12 +57,12 @@ class CacheCalls(HostileBase):
             plan = pc.PrefixCacheState(self.model.page_size, dict(self.model.entries), self.model.clock)
             expected = self.outcome(lambda: pc.evict(plan, size), lambda v: None)
             assert result == expected, f"evict(out= {mutation}): {result}, the spec {expected}"
-            if result[0] == "ok":
+            if result.ok:
                 self.model_evicted(size, impl)
             else:
                 assert impl.cache.abstract_state() == before
             return
-        assert result == ("error", "InvalidTypeError"), f"evict(out= {mutation}): {result}"
+        assert result.error is InvalidTypeError, f"evict(out= {mutation}): {result}"
         assert impl.cache.abstract_state() == before
 
     def model_evicted(self, size: int, done: Implementation) -> None:
@@ -90,7 +91,7 @@ class CacheCalls(HostileBase):
             "stale indices": lambda impl: handles[self.impls.index(impl)].get_matched_indices(),
         }
         outcomes = self.attempt(f"{how}[a handle of this cache]", None, ops[how], lambda v: None)
-        if how == "lock" and outcomes and outcomes[0][0] == "ok":
+        if how == "lock" and outcomes and outcomes[0].ok:
             # undo it, so that the trees stay evictable (and mirror it in the spec through a fresh match)
             for impl in self.impls:
                 impl.cache.unlock(handles[self.impls.index(impl)])
@@ -207,8 +208,8 @@ class CacheCalls(HostileBase):
         for name, cache in self.hybrids:
             before = cache.abstract_state()
             result = self.outcome(functools.partial(call, cache), lambda value: None)
-            assert result == expected, f"hybrid {label}: {name} gave {result}, the spec {expected}"
-            if result[0] == "error":
+            expect_same(f"hybrid {label}", expected, result, name)
+            if not result.ok:
                 assert cache.abstract_state() == before, f"hybrid {label}: {name} refused and changed"
 
     @rule(pages=st.integers(1, 4))
@@ -241,7 +242,7 @@ class CacheCalls(HostileBase):
                 before = cache.abstract_state()
                 result = self.outcome(functools.partial(cache.lock, handle), lambda value: None)
                 STATS.record_rule("hostile.hybrid.lock[a handle of another cache]")
-                assert result == ("error", "InvalidTypeError"), f"hybrid lock of a foreign handle: {name}: {result}"
+                assert result.error is InvalidTypeError, f"hybrid lock of a foreign handle: {name}: {result}"
                 assert cache.abstract_state() == before
             return
         calls: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {

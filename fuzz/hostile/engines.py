@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from radixspec.spec.domains import NAMESPACE_DEPTH_LIMIT
+from radixspec.spec.errors import SlotOutOfRangeError
 
+from ..judge import Outcome, expect_same
 from ..sequences import nested
 from ..stats import STATS
-from .base import MANAGER_ROWS, POOL_HEAD_DIM, POOL_HEADS, POOL_LAYERS, LyingInt, Outcome
+from .base import MANAGER_ROWS, POOL_HEAD_DIM, POOL_HEADS, POOL_LAYERS, LyingInt
 from .caches import CacheCalls
 
 
@@ -21,18 +23,20 @@ class EngineCalls(CacheCalls):
     """Hostile calls on the cache managers (requests of another manager, released or malformed ones) and the KV
     pool (tensors of every wrong dtype, shape, stride, device and range)."""
 
-    def manager_attempt(self, label: str, call: Callable[[int], Any]) -> list[Outcome]:
-        """``call(k)`` on the k-th manager: the outcome of each a value or a named error, the same for both, and a
-        refusal changes nothing."""
+    def manager_attempt(self, label: str, call: Callable[[int], Any], same_words: bool = True) -> list[Outcome]:
+        """``call(k)`` on the k-th manager: the outcome of each a value or a named error, the same for both (the
+        same words too, unless each was given something else: ``same_words``), and a refusal changes nothing."""
         STATS.record_rule(f"hostile.manager.{label}")
         outcomes = []
         for k, (name, manager) in enumerate(self.managers):
             before = manager.abstract_state()
             result = self.outcome(functools.partial(call, k), lambda value: None)
-            if result[0] == "error":
-                assert manager.abstract_state() == before, f"manager {label}: {name} refused ({result[1]}) and changed"
+            if not result.ok:
+                assert manager.abstract_state() == before, f"manager {label}: {name} refused ({result}) and changed"
             outcomes.append(result)
-        assert len(set(outcomes)) <= 1, f"manager {label}: the managers disagree: {outcomes}"
+        first = self.managers[0][0] if self.managers else ""
+        for (name, _), result in zip(self.managers[1:], outcomes[1:], strict=True):
+            expect_same(f"manager {label}", outcomes[0], result, name, exact=same_words, expected_from=first)
         return outcomes
 
     @precondition(lambda self: bool(self.managers))
@@ -56,11 +60,11 @@ class EngineCalls(CacheCalls):
             req.device_len = len(tokens)
         outcomes = self.manager_attempt("allocate_paged", lambda k: self.managers[k][1].allocate_paged([reqs[k]]))
         for (_, manager), req in zip(self.managers, reqs, strict=True):
-            if outcomes[0][0] == "ok":
+            if outcomes[0].ok:
                 req.cached_len = req.device_len
             else:
                 manager.unlock(req.cache_handle)
-        if outcomes[0][0] == "ok":
+        if outcomes[0].ok:
             self.live.append(reqs)
 
     @precondition(lambda self: bool(self.live))
@@ -70,7 +74,7 @@ class EngineCalls(CacheCalls):
         outcomes = self.manager_attempt(
             "cache_req", lambda k: self.managers[k][1].cache_req(reqs[k], finished=finished)
         )
-        if finished and outcomes[0][0] == "ok":
+        if finished and outcomes[0].ok:
             self.live.remove(reqs)
             self.released.append(reqs)
 
@@ -127,7 +131,10 @@ class EngineCalls(CacheCalls):
             return
         if what == "a request of the other manager":
             if len(managers) > 1:
-                self.manager_attempt(what, lambda k: managers[k].cache_req(reqs[1 - k], finished=False))
+                # each manager gets the other's request: refused alike, each in its own words
+                self.manager_attempt(
+                    what, lambda k: managers[k].cache_req(reqs[1 - k], finished=False), same_words=False
+                )
             return
         if what == "a batch that is a request":
             self.manager_attempt(what, lambda k: managers[k].allocate_paged(reqs[k]))
@@ -146,7 +153,7 @@ class EngineCalls(CacheCalls):
         }
         copies = [dataclasses.replace(req, **edits[what]) for req in reqs]
         outcomes = self.manager_attempt(what, lambda k: managers[k].cache_req(copies[k], finished=False))
-        if outcomes[0][0] == "ok":
+        if outcomes[0].ok:
             for copied in copies:
                 copied.table_idx = row
             self.live[self.live.index(reqs)] = copies
@@ -217,7 +224,7 @@ class EngineCalls(CacheCalls):
         STATS.record_rule(f"hostile.pool.store_kv[{what}]")
         result = self.outcome(lambda: pool.store_kv(*args), lambda value: None)
         # a refused store writes nothing (the shadow stays): compare_pool checks it
-        if result[0] == "ok":
+        if result.ok:
             # what the pool must hold now: each in-range row of the given slots, with the given K/V rows
             keys = args[0].reshape(args[0].shape[0], -1) if isinstance(args[0], torch.Tensor) else None
             assert keys is not None and isinstance(args[2], torch.Tensor)
@@ -230,7 +237,7 @@ class EngineCalls(CacheCalls):
                 self.pool_shadow[0][written_layer][slot] = keys[i]
                 self.pool_shadow[1][written_layer][slot] = v.reshape(n, -1)[i]
             flagged = self.outcome(pool.check_store_errors, lambda value: None)
-            assert flagged == (("error", "SlotOutOfRangeError") if skipped else ("ok", None)), (
+            assert (flagged.error is SlotOutOfRangeError) if skipped else flagged.ok, (
                 f"store_kv[{what}]: rows outside the pool skipped: {skipped}, the pool's flags: {flagged}"
             )
         self.compare_pool(what)
