@@ -327,9 +327,10 @@ class HybridMachine(RuleBasedStateMachine):
         if reqs[0].cached_len:
             STATS.record_rule("hybrid.match_req[hit]")
         STATS.record_reach(longest_key_tokens=len(prompt))
-        # a foreign manager's reach where it can tell (cached_pages() is optional: a user's may not have it)
-        if self.foreign and hasattr(self.managers[0], "cached_pages"):
-            STATS.record_reach(largest_tree_pages=self.managers[0].cached_pages())
+        # a foreign manager's reach where it can tell (cached_page_count() is optional: a user's may not have it)
+        count = getattr(self.managers[0], "cached_page_count", None) if self.foreign else None
+        if count is not None:
+            STATS.record_reach(largest_tree_pages=count())
 
     def same_requests(self, what: str, reqs: list[HybridReq]) -> None:
         """Every manager's copy of a request holds the same rows, match and stored length."""

@@ -223,7 +223,7 @@ class Driver:
         """The matched path's slots."""
         raise NotImplementedError
 
-    def cached_pages(self) -> int:
+    def cached_page_count(self) -> int:
         """Pages the cache holds now."""
         raise NotImplementedError
 
@@ -275,7 +275,7 @@ class OurDriver(Driver):
         out = self.cache.evict(tokens)
         return out.tolist() if self.name == "optimized" else list(out)
 
-    def cached_pages(self) -> int:
+    def cached_page_count(self) -> int:
         info = tuple(pc.size_info(self.state)) if self.state is not None else tuple(self.cache.size_info)
         return int(info[0] + info[1]) // self.page_size
 
@@ -310,7 +310,7 @@ class TargetDriver(Driver):
         self.target.unlock(handle)
 
     def slots(self, handle: Any) -> list[int]:
-        return list(self.target.matched_slots(handle))
+        return list(self.target.get_matched_indices(handle))
 
     def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
         _, handle = self.target.insert_prefix(tokens, slots, self.ns(namespace))
@@ -322,7 +322,7 @@ class TargetDriver(Driver):
         self.target.evict(tokens)
         return [slot for group in self.target.take_evicted() for slot in group]
 
-    def cached_pages(self) -> int:
+    def cached_page_count(self) -> int:
         evictable, protected = self.target.size_info()
         return int(evictable + protected) // self.page_size
 
@@ -400,7 +400,7 @@ def replay_trace(
             if len(tokens) % p:
                 free.append(pages[-1])  # the partial last page is not cached
         driver.unlock(handle)
-        peak = max(peak, driver.cached_pages())
+        peak = max(peak, driver.cached_page_count())
     if isinstance(driver, TargetDriver):
         evicted += driver.evicted_by_allocation
     return Row(
@@ -414,7 +414,7 @@ def replay_trace(
         hit_rate=hits / asked if asked else 0.0,
         request_hit_rate=hit_requests / max(count - too_long, 1),
         evicted_pages=evicted,
-        pages_in_use=driver.cached_pages(),
+        pages_in_use=driver.cached_page_count(),
         peak_pages_in_use=peak,
         seconds=round(time.perf_counter() - start, 3),
     )

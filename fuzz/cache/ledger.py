@@ -36,7 +36,7 @@ class SlotLedger(CacheMachineBase):
             return iter(list(self.free))
         return itertools.chain(list(self.free), itertools.count(self.next_low, self.page_size))
 
-    def cached_pages_of(self, keys: list[PageKey]) -> int:
+    def leading_cached_pages(self, keys: list[PageKey]) -> int:
         """How many leading pages of ``keys`` the model holds."""
         cached = 0
         while cached < len(keys) and keys[cached] in self.model.entries:

@@ -72,7 +72,7 @@ class Operations(Checks):
         """
         p, tokens = self.page_size, list(seq)
         keys = pc.get_page_keys(self.model, ns, tokens)
-        cached = self.cached_pages_of(keys)
+        cached = self.leading_cached_pages(keys)
         self.reach["longest_key_tokens"] = max(self.reach["longest_key_tokens"], len(tokens))
         if self.follow is not None and self.follow.profile.slots == "target":
             return self.insert_target_slots(tokens, keys, cached, ns)
@@ -81,7 +81,7 @@ class Operations(Checks):
         fresh = len(keys) if self.bounded else len(keys) - cached
         if self.bounded and fresh > len(self.free):
             self.make_room(fresh - len(self.free))
-            cached = self.cached_pages_of(keys)
+            cached = self.leading_cached_pages(keys)
             if fresh > len(self.free):
                 STATS.skipped["insert: pool full of locked pages"] += 1
                 return None
@@ -126,7 +126,7 @@ class Operations(Checks):
         groups = target.take_evicted()
         # the hits are in use while the pages are allocated: not candidates
         self.apply_evictions("insert_prefix (allocation)", groups, None, stamps_before, pinned=set(keys[:cached]))
-        slots = target.matched_slots(handle)
+        slots = target.get_matched_indices(handle)
         new_starts = compute_page_starts(slots[cached * self.page_size :], self.page_size)
         held = {entry.slot_start for entry in self.model.entries.values()}
         for start in new_starts:
@@ -181,7 +181,7 @@ class Operations(Checks):
         error = self.spec_try(spec)
 
         def call(run: Driven, h: Any) -> None:
-            slots = run.target.matched_slots(h)
+            slots = run.target.get_matched_indices(h)
             assert slots == want, f"get_matched_indices of {run.name} (got, held): {list_diff(slots, want)}"
 
         self.each(handle, "get_matched_indices", error, StaleHandleError, call)
@@ -276,7 +276,7 @@ class Operations(Checks):
         STATS.record_rule(f"cache.insert_bad_slots[{slots}]")
         p, ns, tokens = self.page_size, self.ns(namespace), list(seq)
         keys = pc.get_page_keys(self.model, ns, tokens)
-        cached = self.cached_pages_of(keys)
+        cached = self.leading_cached_pages(keys)
         new = len(keys) - cached
         lengths = slots in ("short", "long")
         if (new == 0 and not lengths) or (self.follow is not None and self.follow.profile.slots == "target"):

@@ -220,7 +220,7 @@ class Oracle(SlotLedger):
         """The target's handle matches the spec's: same length, exactly the cached slots of that prefix."""
         got = run.target.cached_len(handle)
         assert got == expected.cached_len, f"{label}: {run.name} cached_len {got}, the spec {expected.cached_len}"
-        returned = run.target.matched_slots(handle)
+        returned = run.target.get_matched_indices(handle)
         want = pc.get_matched_indices(self.model, expected)
         assert returned == want, (
             f"{label}: {run.name} returns other slots than the cache holds for that prefix (got, held):"

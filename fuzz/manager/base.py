@@ -144,7 +144,7 @@ class ManagerBase(RuleBasedStateMachine):
     def cached_page_count(self) -> int:
         """Pages the prefix cache holds now (to count evictions)."""
         first: Any = self.first
-        return int(first.cached_pages()) if self.exact and self.exact[0] == 0 else len(first.cached_slots())
+        return int(first.cached_page_count()) if self.exact and self.exact[0] == 0 else len(first.cached_slots())
 
     def snapshot(self, impl: Target) -> tuple[Any, ...]:
         """What a rejected call must leave unchanged: an exact target's abstract state and the live requests'

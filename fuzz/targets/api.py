@@ -122,7 +122,7 @@ class PrefixCacheTarget(Protocol[H]):
     def cached_len(self, handle: H) -> int:
         """Matched tokens of a handle."""
 
-    def matched_slots(self, handle: H) -> list[int]:
+    def get_matched_indices(self, handle: H) -> list[int]:
         """Slots of a handle's path in sequence order."""
 
     def lock(self, handle: H) -> None:
@@ -353,7 +353,7 @@ class ExactManager(CacheManagerTarget[R, H], Protocol[R, H]):
     def spec_handle(self, handle: H) -> pc.Handle:
         """The spec handle of the same path."""
 
-    def cached_pages(self) -> int:
+    def cached_page_count(self) -> int:
         """Pages the prefix cache holds (from its size counters)."""
 
     def take_events(self) -> list[Event]:

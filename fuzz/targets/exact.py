@@ -195,7 +195,7 @@ class OurManager:
     def take_events(self) -> list[Event]:
         return list(self.manager.prefix_cache.take_events())
 
-    def cached_pages(self) -> int:
+    def cached_page_count(self) -> int:
         info = self.manager.prefix_cache.size_info
         return int(info.evictable_size + info.protected_size) // self.page_size
 

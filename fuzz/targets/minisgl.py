@@ -172,7 +172,7 @@ class MiniSGLangRadixCache:
     def cached_len(self, handle: Any) -> int:
         return int(handle.cached_len)
 
-    def matched_slots(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: Any) -> list[int]:
         # mini-sglang's get_matched_indices raises on an empty match (torch.cat of no tensors)
         return [int(s) for s in handle.get_matched_indices().tolist()] if handle.cached_len else []
 

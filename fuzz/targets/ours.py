@@ -55,7 +55,7 @@ class SpecCache(ExactTarget[pc.Handle]):
     def cached_len(self, handle: pc.Handle) -> int:
         return handle.cached_len
 
-    def matched_slots(self, handle: pc.Handle) -> list[int]:
+    def get_matched_indices(self, handle: pc.Handle) -> list[int]:
         return pc.get_matched_indices(self.state, handle)
 
     def lock(self, handle: pc.Handle) -> None:
@@ -108,7 +108,7 @@ class ReferenceCache(TreeTarget[RadixCacheHandle, reference.RadixPrefixCache]):
         cached_len, handle = self.cache.insert_prefix(tokens, indices or [], namespace)
         return cached_len, handle
 
-    def matched_slots(self, handle: RadixCacheHandle) -> list[int]:
+    def get_matched_indices(self, handle: RadixCacheHandle) -> list[int]:
         return list(handle.get_matched_indices())
 
     def path_nodes(self, handle: RadixCacheHandle) -> int:

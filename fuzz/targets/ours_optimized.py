@@ -130,7 +130,7 @@ class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
         cached_len, handle = self.cache.insert_prefix(ids, slots, namespace)
         return int(cached_len), handle
 
-    def matched_slots(self, handle: OptimizedHandle) -> list[int]:
+    def get_matched_indices(self, handle: OptimizedHandle) -> list[int]:
         return [int(slot) for slot in handle.get_matched_indices().tolist()]
 
     def path_nodes(self, handle: OptimizedHandle) -> int:

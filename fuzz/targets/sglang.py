@@ -200,7 +200,7 @@ class SGLangRadixCache:
     def cached_len(self, handle: Any) -> int:
         return int(handle[1])
 
-    def matched_slots(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: Any) -> list[int]:
         return [int(s) for s in self.cache.path_device_indices(handle[0]).tolist()]
 
     def lock(self, handle: Any) -> None:

@@ -277,7 +277,7 @@ class VLLMPrefixCache:
     def cached_len(self, handle: Any) -> int:
         return len(handle) * self.page_size
 
-    def matched_slots(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: Any) -> list[int]:
         return self.slots_of(handle)
 
     def lock(self, handle: Any) -> None:

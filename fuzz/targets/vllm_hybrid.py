@@ -179,7 +179,7 @@ class VllmHybridManager:
         salt = None if namespace is None else repr(namespace)
         return list(HybridRequest(tokens, salt, -1, self.hasher).block_hashes)
 
-    def cached_pages(self) -> int:
+    def cached_page_count(self) -> int:
         """Blocks the pool caches, over every group (the reach of a campaign)."""
         return sum(1 for block in self.pool.blocks[1:] if block.block_hash is not None)
 

@@ -34,7 +34,7 @@ class ToyCache:
     def cached_len(self, handle: Any) -> int:
         return int(handle.cached_len)
 
-    def matched_slots(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: Any) -> list[int]:
         return pc.get_matched_indices(self.state, handle)
 
     def lock(self, handle: Any) -> None:
