@@ -112,7 +112,8 @@ class HybridRadixCache(NotCopyable):
         if status == lib.HYBRID_OK:
             return
         group, page = self._walk.bad_group, self._walk.bad
-        start = rows[group][page] if rows else None
+        # the slot C refused (read only for the statuses that name one: the walk's page is theirs)
+        start = rows[group][page] if rows and status in (lib.HYBRID_MISALIGNED, lib.HYBRID_DUPLICATE) else None
         cached_len = handle.cached_len if handle is not None else None
         errors: dict[int, tuple[type[Exception], str]] = {
             lib.HYBRID_MISSING: (
