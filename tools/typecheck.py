@@ -7,6 +7,7 @@ and mypy reads the package from there, with the maintainer tools beside it. Argu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,18 +18,24 @@ LAYERS = ("spec", "reference", "optimized", "fuzz")
 
 
 def build_view() -> str:
-    """``build/typecheck/radixspec``: the package face's files and the layers, linked; returns its parent."""
+    """``build/typecheck/radixspec``: the package face's files and the layers, linked; returns its parent.
+
+    A link already pointing where it should is left alone, so runs side by side (one cache folder each) do not
+    race on the view.
+    """
     view = ROOT / "build" / "typecheck"
     package = view / "radixspec"
     package.mkdir(parents=True, exist_ok=True)
+    wanted = {source.name: source for source in (ROOT / "radixspec").iterdir() if source.suffix in (".py", ".typed")}
+    wanted.update({layer: ROOT / layer for layer in LAYERS})
     for link in package.iterdir():
-        if link.is_symlink():
-            link.unlink()
-    for source in (ROOT / "radixspec").iterdir():
-        if source.suffix in (".py", ".typed"):
-            (package / source.name).symlink_to(source)
-    for layer in LAYERS:
-        (package / layer).symlink_to(ROOT / layer, target_is_directory=True)
+        if link.is_symlink() and wanted.get(link.name) != link.readlink():
+            link.unlink(missing_ok=True)
+    for name, source in wanted.items():
+        link = package / name
+        if not link.is_symlink():
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(source, target_is_directory=source.is_dir())
     return str(view)
 
 
