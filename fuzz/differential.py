@@ -1,4 +1,4 @@
-"""Run one call on every implementation and demand the same outcome.
+"""Run one call on every implementation and demand the same outcome, as the judge says (``fuzz/judge.py``).
 
 An outcome is a result (compared after normalising to lists and ints) or a
 rejection (compared by error class and message: the twins say why in the same
@@ -8,6 +8,7 @@ as it was.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,11 +16,12 @@ from typing import Any
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import CacheError
 
+from .judge import Outcome, expect_same
 from .stats import STATS
 
 
 @dataclass
-class Outcome:
+class Outcomes:
     """What one differential call produced on every implementation."""
 
     # per implementation: the raw result (None when rejected)
@@ -39,53 +41,44 @@ def apply_all(
     call: Callable[[Any, int], Any],
     observe: Callable[[Any, Any], Any] = lambda impl, result: result,
     snapshot: Callable[[Any], Any] = lambda impl: impl.abstract_state(),
-) -> Outcome:
-    """Run ``call(impl, i)`` on each implementation; assert identical observations or identical rejections
-    (the same error class with the same message).
+    names: Sequence[str] | None = None,
+) -> Outcomes:
+    """Run ``call(impl, i)`` on each implementation; the judge demands identical observations or identical
+    rejections (the same error class with the same words), and a rejection must change nothing.
 
     ``observe(impl, result)`` turns a raw result into comparable lists and
     ints. ``snapshot(impl)`` is compared before and after a rejected call. The
     first implementation (the oracle) is snapshotted every time; the others
     only when the oracle rejected the call (a call the oracle accepts must
     not be rejected anyway, and snapshots of big trees are not free).
+    ``names``: the implementations' names in messages (else each one's ``name``).
     """
+    named = list(names) if names is not None else [name_of(impl) for impl in impls]
     results: list[Any] = []
-    seen: list[tuple[str, Any]] = []
+    outcomes: list[Outcome] = []
     for i, impl in enumerate(impls):
-        before = snapshot(impl) if i == 0 or seen[0][0] == "raises" else None
-        try:
-            result = call(impl, i)
-        except CacheError as exc:
-            if before is None:  # the oracle accepted this call: the outcomes differ, reported below
-                results.append(None)
-                seen.append(("raises", (type(exc), str(exc))))
-                continue
+        before = snapshot(impl) if i == 0 or not outcomes[0].ok else None
+        raw = Outcome.of(functools.partial(call, impl, i))
+        results.append(raw.value)
+        outcome = raw.seen_as(functools.partial(observe, impl))
+        if not outcome.ok and before is not None:
             after = snapshot(impl)
             assert after == before, (
-                f"{label}: {name_of(impl)} raised {type(exc).__name__} ({exc}) but changed its state:\n"
-                f"{describe_difference(before, after)}"
+                f"{label}: {named[i]} {outcome} but changed its state:\n{describe_difference(before, after)}"
             )
-            results.append(None)
-            seen.append(("raises", (type(exc), str(exc))))
-            continue
-        results.append(result)
-        seen.append(("returns", observe(impl, result)))
-    for impl, outcome in zip(impls[1:], seen[1:], strict=True):
-        assert outcome == seen[0], f"{label}: {name_of(impls[0])} {_show(seen[0])} but {name_of(impl)} {_show(outcome)}"
-    error = seen[0][1][0] if seen[0][0] == "raises" else None
+        outcomes.append(outcome)
+    for name, outcome in zip(named[1:], outcomes[1:], strict=True):
+        expect_same(label, outcomes[0], outcome, name, expected_from=named[0])
+    error = outcomes[0].error
+    assert error is None or issubclass(error, CacheError), error  # Outcome.of lets no other error through
     if error is not None:
         STATS.record_rejection(error)
-    return Outcome(results, error)
+    return Outcomes(results, error)
 
 
 def name_of(impl: Any) -> str:
     """An implementation's name for a message (a target without one: its class)."""
     return str(getattr(impl, "name", type(impl).__name__))
-
-
-def _show(outcome: tuple[str, Any]) -> str:
-    kind, value = outcome
-    return f"raises {value[0].__name__}({value[1]!r})" if kind == "raises" else f"returns {value!r}"
 
 
 def describe_difference(a: Any, b: Any) -> str:

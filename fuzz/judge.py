@@ -13,7 +13,7 @@ What must be equal, by the profile's ``errors`` (``fuzz/targets/api.py``) and th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from radixspec.spec.errors import CacheError
@@ -44,6 +44,10 @@ class Outcome:
             if foreign:
                 return cls(False, error=type(error), message=str(error))
             raise AssertionError(f"raised {type(error).__module__}.{type(error).__name__}: {error}") from error
+
+    def seen_as(self, normalize: Callable[[Any], Any]) -> Outcome:
+        """The same outcome with its value normalized (a refusal as it is)."""
+        return replace(self, value=normalize(self.value)) if self.ok else self
 
     @property
     def error_class(self) -> type[BaseException]:
@@ -87,3 +91,13 @@ def expect_same(
         assert expected.error is not None and actual.error is not None and issubclass(actual.error, expected.error), (
             said
         )
+
+
+def expect_error(label: str, actual: Outcome, error: type[BaseException] | None, words: str = "") -> None:
+    """``actual`` as a machine's own model predicts it: accepted when ``error`` is None, else refused with
+    ``error`` (a subclass will do) in words that contain ``words``; an AssertionError saying both otherwise."""
+    wanted = "acceptance" if error is None else f"{error.__name__}" + (f" naming {words.strip()!r}" if words else "")
+    said = f"{label}: expected {wanted}, {actual}"
+    assert actual.ok == (error is None), said
+    if error is not None:
+        assert issubclass(actual.error_class, error) and words in actual.message, said

@@ -18,8 +18,9 @@ rows wins on the CPU).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from hypothesis import strategies as st
@@ -36,6 +37,7 @@ from radixspec.spec.errors import (
     SlotOutOfRangeError,
 )
 
+from .judge import Outcome, expect_error
 from .stats import STATS
 
 FLOAT_DTYPES = tuple(
@@ -289,23 +291,19 @@ class KVStoreMachine(RuleBasedStateMachine):
             shadow_v[slot] = v.expected[row]
         return skipped
 
-    def expect(self, label: str, call: Any, error: type[CacheError] | None, bad_row: int = -1) -> bool:
-        """Run ``call``; it must raise ``error`` (buffer unchanged) or, when None, succeed. True if it succeeded."""
+    def expect(self, label: str, call: Callable[[], object], error: type[CacheError] | None, bad_row: int = -1) -> bool:
+        """Run ``call``; the judge demands ``error`` (the buffer unchanged; naming ``bad_row`` when one is given)
+        or, when None, acceptance. True if it was accepted."""
         assert self.pool is not None
         before = self.bytes_view(self.pool._kv_buffer).clone()
-        try:
-            call()
-        except CacheError as exc:
+        outcome = Outcome.of(call)
+        if not outcome.ok:
             after = self.bytes_view(self.pool._kv_buffer)
-            assert torch.equal(before, after), f"{label}: raised {type(exc).__name__} ({exc}) but wrote to the pool"
-            assert error is not None, f"{label}: expected success, got {type(exc).__name__}: {exc}"
-            assert isinstance(exc, error), f"{label}: expected {error.__name__}, got {type(exc).__name__}: {exc}"
-            if bad_row >= 0:
-                assert f"row {bad_row} " in str(exc), f"{label}: the error should name row {bad_row}: {exc}"
-            STATS.record_rejection(type(exc))
-            return False
-        assert error is None, f"{label}: expected {error.__name__}, the store was accepted"
-        return True
+            assert torch.equal(before, after), f"{label}: {outcome} but wrote to the pool"
+        expect_error(label, outcome, error, f"row {bad_row} " if bad_row >= 0 else "")
+        if not outcome.ok:
+            STATS.record_rejection(outcome.error_class)
+        return outcome.ok
 
     # ------------------------------------------------------------ rules
 

@@ -114,10 +114,6 @@ def private_pages(state: ManagerState, req: RequestView) -> set[int]:
     return set(compute_page_starts(list(req.row[locked:]), state.page_size))
 
 
-def _copy_cache(state: ManagerState) -> pc.PrefixCacheState:
-    return pc.PrefixCacheState(state.page_size, dict(state.cache.entries), state.cache.clock)
-
-
 def _law(operation: str, holds: bool, message: str) -> None:
     if not holds:
         raise ManagerLawError(f"{operation}: {message}")
@@ -167,7 +163,7 @@ def match_req(
     if not _outcome(op, None if req.input_ids else InvalidRequestError, error):
         _unchanged(op, before, after)
         return
-    cache = _copy_cache(before)
+    cache = before.cache.copy()
     handle = pc.match_prefix(cache, req.input_ids[:-1], req.namespace)
     _law(op, cached_len == handle.cached_len, f"matched {cached_len} tokens, the cache holds {handle.cached_len}")
     _law(op, after.cache == cache, "the cache after it is not the cache after that match")
@@ -176,7 +172,7 @@ def match_req(
 
 def lock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None:
     """The handle's path protected from eviction: the cache after is the cache's lock; no page moves."""
-    cache = _copy_cache(before)
+    cache = before.cache.copy()
     pc.lock(cache, handle)
     _law("lock", after.cache == cache, "the cache after it is not the cache after that lock")
     _law("lock", sorted(after.free_slots) == sorted(before.free_slots), "changed the free pages")
@@ -184,7 +180,7 @@ def lock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None:
 
 def unlock(before: ManagerState, after: ManagerState, handle: pc.Handle) -> None:
     """One lock of the handle's path released: the cache after is the cache's unlock; no page moves."""
-    cache = _copy_cache(before)
+    cache = before.cache.copy()
     pc.unlock(cache, handle)
     _law("unlock", after.cache == cache, "the cache after it is not the cache after that unlock")
     _law("unlock", sorted(after.free_slots) == sorted(before.free_slots), "changed the free pages")
@@ -394,7 +390,7 @@ def allocate_paged(
         len(evicted) == max(0, needed - len(before.free_slots)),
         f"evicted {len(evicted)} pages, the free list lacked {max(0, needed - len(before.free_slots))}",
     )
-    cache = _copy_cache(before)
+    cache = before.cache.copy()
     pc.evict(cache, len(evicted) * p)
     _law(op, after.cache == cache, "the cache after it is not the cache after evicting the LRU pages")
     _law(op, len(set(new)) == needed, "gave a page to two positions")
@@ -447,7 +443,7 @@ def cache_req(
         return
     assert req_before.handle is not None
     p = before.page_size
-    cache = _copy_cache(before)
+    cache = before.cache.copy()
     prefix_len, new_handle = pc.insert_prefix(
         cache,
         list(req_before.input_ids[: req_before.cached_len]),

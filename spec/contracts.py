@@ -65,7 +65,7 @@ def fresh_slots(state: PrefixCacheState, tokens: list[int]) -> list[int]:
     """Slots for an insert of ``tokens``: the cached pages' own, then the lowest page starts no page holds."""
     p = state.page_size
     used = {entry.slot_start for entry in state.entries.values()}
-    handle = match_prefix(copy_state(state), tokens)
+    handle = match_prefix(state.copy(), tokens)
     out = list(get_matched_indices(state, handle)) if handle.cached_len else []
     start = 0
     while len(out) < len(tokens):
@@ -73,11 +73,6 @@ def fresh_slots(state: PrefixCacheState, tokens: list[int]) -> list[int]:
             out.extend(range(start, start + p))
         start += p
     return out[: len(tokens)]
-
-
-def copy_state(state: PrefixCacheState) -> PrefixCacheState:
-    """A copy the operations can change (entries are immutable tuples)."""
-    return PrefixCacheState(state.page_size, dict(state.entries), state.clock)
 
 
 def build(page_size: int, program: list[int]) -> tuple[PrefixCacheState, list[Handle]]:
@@ -128,7 +123,7 @@ def match_prefix_contract(page_size: int, program: list[int], index: int) -> boo
     post: __return__
     """
     state, _ = build(page_size, program)
-    before = copy_state(state)
+    before = state.copy()
     tokens = sequence(page_size, index)
     handle = match_prefix(state, tokens)
     pages = {key: (e.slot_start, e.ref_count, e.generation) for key, e in state.entries.items()}
@@ -155,10 +150,10 @@ def insert_prefix_contract(page_size: int, program: list[int], index: int, bad: 
     post: __return__
     """
     state, _ = build(page_size, program)
-    before = copy_state(state)
+    before = state.copy()
     tokens = sequence(page_size, index)
     slots = fresh_slots(state, tokens)
-    cached = match_prefix(copy_state(state), tokens).cached_len
+    cached = match_prefix(state.copy(), tokens).cached_len
     whole = len(tokens) - len(tokens) % page_size
     planted = False  # a bad slot the insert must refuse
     if bad == 1 and state.entries and cached < whole:
@@ -196,7 +191,7 @@ def lock_unlock_contract(page_size: int, program: list[int], index: int) -> bool
     """
     state, _ = build(page_size, program)
     handle = match_prefix(state, sequence(page_size, index))
-    before = copy_state(state)
+    before = state.copy()
     lock(state, handle)
     locked_ok = invariants_hold(state) and size_info(state).protected_size >= handle.cached_len
     unlock(state, handle)
@@ -220,7 +215,7 @@ def evict_contract(page_size: int, program: list[int], size: int) -> bool:
     post: __return__
     """
     state, _ = build(page_size, program)
-    before = copy_state(state)
+    before = state.copy()
     try:
         slots = evict(state, size)
     except CacheError:
@@ -247,7 +242,7 @@ def reset_contract(page_size: int, program: list[int]) -> bool:
     post: __return__
     """
     state, _ = build(page_size, program)
-    before = copy_state(state)
+    before = state.copy()
     try:
         slots = reset(state)
     except CacheBusyError:

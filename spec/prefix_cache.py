@@ -149,6 +149,10 @@ class PrefixCacheState:
     # logical clock: the stamp the next match/insert takes
     clock: int = 0
 
+    def copy(self) -> PrefixCacheState:
+        """A copy the operations can change without touching this one (entries are immutable tuples)."""
+        return PrefixCacheState(self.page_size, dict(self.entries), self.clock)
+
 
 @dataclass(frozen=True)
 class Handle:

@@ -201,7 +201,7 @@ class Operations(Checks):
             "negative": -1 - fraction,
         }[size]
         if amount < 0 or amount > evictable:
-            plan = pc.PrefixCacheState(self.page_size, dict(self.model.entries), self.model.clock)
+            plan = self.model.copy()
             error = self.spec_try(lambda: pc.evict(plan, amount))
             assert error is not None, f"the spec accepted evict({amount}) of {evictable} evictable tokens"
             self.rejected(f"evict({amount})", lambda run: run.evicts.evict(amount), error)
@@ -218,7 +218,7 @@ class Operations(Checks):
         """Empty the cache: refused while anything is locked."""
         STATS.record_rule("cache.reset")
         if pc.size_info(self.model).protected_size:
-            plan = pc.PrefixCacheState(self.page_size, dict(self.model.entries), self.model.clock)
+            plan = self.model.copy()
             error = self.spec_try(lambda: pc.reset(plan))
             assert error is not None, "the spec reset a cache with locked pages"
             self.rejected("reset", lambda run: run.resets.reset(), error)
@@ -309,7 +309,7 @@ class Operations(Checks):
             indices.pop()
         elif slots == "long":
             indices += [FILLER] * (1 + which % 3)
-        plan = pc.PrefixCacheState(p, dict(self.model.entries), self.model.clock)
+        plan = self.model.copy()
         error = self.spec_try(lambda: pc.insert_prefix(plan, tokens, indices, ns))
         if error is not None:
             self.rejected(
@@ -326,7 +326,7 @@ class Operations(Checks):
         indices = list(itertools.islice((s + k for s in self.peek_pages() for k in range(self.page_size)), len(tokens)))
         if len(indices) < len(tokens):
             return
-        plan = pc.PrefixCacheState(self.page_size, dict(self.model.entries), self.model.clock)
+        plan = self.model.copy()
 
         def call(run: Driven) -> object:
             if insert:

@@ -62,7 +62,7 @@ class Oracle(SlotLedger):
         """A copy of the model the spec's LRU will pop from (strict mode, spec LRU), or None."""
         if self.LRU != "strict" or self.lru_model is not None:
             return None
-        return pc.PrefixCacheState(self.page_size, dict(self.model.entries), self.model.clock)
+        return self.model.copy()
 
     def apply_evictions(
         self,
