@@ -67,7 +67,7 @@ class CacheManager:
         input_ids: Any = getattr(req, "input_ids", None)
         n = spec_manager.prompt_length(input_ids)
         if n == 0:
-            raise InvalidRequestError("a request needs at least one input token")
+            raise InvalidRequestError.empty_request()
         # WALK
         return self.prefix_cache.match_prefix(input_ids[: n - 1], getattr(req, "namespace", None))
 
@@ -150,7 +150,7 @@ class CacheManager:
         """Inside, frees are held back; on exit (even by an exception) they join the free list at once."""
         # CHECK
         if self.lazy_frees is not None:
-            raise CacheBusyError("lazy_free_region is already open")
+            raise CacheBusyError.lazy_region_open()
         # UPDATE
         self.lazy_frees = []
         try:

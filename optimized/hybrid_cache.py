@@ -114,26 +114,19 @@ class HybridRadixCache(NotCopyable):
         group, page = self._walk.bad_group, self._walk.bad
         # the slot C refused (read only for the statuses that name one: the walk's page is theirs)
         start = rows[group][page] if rows and status in (lib.HYBRID_MISALIGNED, lib.HYBRID_DUPLICATE) else None
-        cached_len = handle.cached_len if handle is not None else None
-        errors: dict[int, tuple[type[Exception], str]] = {
-            lib.HYBRID_MISSING: (
-                MissingPageError,
-                f"group {group} (full attention) needs page {page}, which it does not cache",
-            ),
-            lib.HYBRID_MISALIGNED: (
-                MisalignedPageError,
-                f"group {group} page {page} starts at slot {start}, not a multiple of {self.page_size}",
-            ),
-            lib.HYBRID_DUPLICATE: (
-                DuplicateSlotError,
-                f"group {group} page {page} takes slot {start}, which is already cached",
-            ),
-            lib.HYBRID_STALE: (StaleHandleError, f"handle of cached_len {cached_len} lost a page to eviction or reset"),
-            lib.HYBRID_NOT_LOCKED: (UnlockError, f"no lock of this match (cached_len {cached_len}) is outstanding"),
-            lib.HYBRID_NO_MEMORY: (MemoryError, f"{what}: out of memory (nothing changed)"),
-        }
-        error, message = errors.get(status, (IntegrityError, f"{what}: C status {status}"))
-        raise error(message)
+        if status == lib.HYBRID_MISSING:
+            raise MissingPageError.needs_page(group, page)
+        if status == lib.HYBRID_MISALIGNED and start is not None:
+            raise MisalignedPageError.start_not_aligned(group, page, start, self.page_size)
+        if status == lib.HYBRID_DUPLICATE and start is not None:
+            raise DuplicateSlotError.cached_slot(page, start, group)
+        if status == lib.HYBRID_STALE and handle is not None:
+            raise StaleHandleError.lost_page(handle.cached_len)
+        if status == lib.HYBRID_NOT_LOCKED and handle is not None:
+            raise UnlockError.no_lock_of_match(handle.cached_len)
+        if status == lib.HYBRID_NO_MEMORY:
+            raise MemoryError(f"{what}: out of memory (nothing changed)")
+        raise IntegrityError(f"{what}: C status {status}")
 
     def _root(self, namespace: Namespace) -> int:
         root = self.roots.get(namespace)
@@ -217,7 +210,7 @@ class HybridRadixCache(NotCopyable):
         if not isinstance(handle, HybridHandle):
             raise InvalidTypeError(f"expected an optimized HybridHandle, got {type(handle).__name__}")
         if handle.cache is not self:
-            raise InvalidTypeError("the handle belongs to another cache")
+            raise InvalidTypeError.foreign_handle()
         n, groups = handle.cached_len // self.page_size, len(self.windows)
         shapes = ((handle.nodes, (n,)), (handle.versions, (n,)), (handle.gens, (groups, n)))
         if handle.cached_len % self.page_size or not all(
@@ -272,7 +265,7 @@ class HybridRadixCache(NotCopyable):
             return
         key = (handle.namespace, handle.tokens)
         if not self.locks[key]:
-            raise UnlockError(f"no lock of this match (cached_len {handle.cached_len}) is outstanding")
+            raise UnlockError.no_lock_of_match(handle.cached_len)
         self._on_handle(self._lib.HYBRID_UNLOCK, handle)
         self.locks[key] -= 1
         if not self.locks[key]:
@@ -301,7 +294,7 @@ class HybridRadixCache(NotCopyable):
         """Empty every group; returns per group every slot it held, ascending. Refused while a lock is outstanding."""
         # CHECK
         if self.locks:
-            raise CacheBusyError(f"cannot reset: {sum(self.locks.values())} locks are outstanding")
+            raise CacheBusyError.locks_outstanding(sum(self.locks.values()))
         # UPDATE
         state = self.abstract_state()
         self._lib.hybrid_reset(self._tree)

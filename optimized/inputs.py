@@ -122,5 +122,5 @@ def as_insert_args(
     slots = as_slots(indices, device)
     checked_namespace = check_namespace(namespace)
     if ids.numel() != slots.numel():
-        raise LengthMismatchError(f"input_ids has {ids.numel()} tokens but indices has {slots.numel()} slots")
+        raise LengthMismatchError.tokens_and_slots(ids.numel(), slots.numel())
     return ids, slots, checked_namespace

@@ -47,7 +47,7 @@ class MHAKVCache:
         sizes = []
         for name, value in (("num_kv_heads", num_kv_heads), ("num_layers", num_layers), ("head_dim", head_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidSizeError(f"{name} must be an int >= 1, got {value!r}")
+                raise InvalidSizeError.not_positive(name, value)
             sizes.append(int.__int__(value))
         num_kv_heads, num_layers, head_dim = sizes
         page_size = check_page_size(page_size)

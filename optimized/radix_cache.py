@@ -273,7 +273,7 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
                 raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
             size = int(size)
         if size < 0:
-            raise InvalidSizeError(f"cannot evict a negative size ({size})")
+            raise InvalidSizeError.negative_evict(size)
         if size > _LARGE_EVICT:
             # past what is ever evictable at once: the spec's EvictionError before a buffer that large is made
             # (evict(10**10) was a torch error); smaller sizes C checks against the evictable pages
@@ -342,7 +342,7 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
         # CHECK
         info = self.size_info
         if info.protected_size:
-            raise CacheBusyError(f"cannot reset: {info.protected_size} tokens are locked")
+            raise CacheBusyError.tokens_locked(info.protected_size)
         # UPDATE
         dropped = [(node.namespace, len(node.starts)) for node in self.nodes()]
         slots = torch.empty(info.evictable_size, dtype=torch.int32)
@@ -610,7 +610,7 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
         if not isinstance(handle, RadixCacheHandle):
             raise InvalidTypeError(f"expected an optimized RadixCacheHandle, got {type(handle).__name__}")
         if handle.cache is not self:
-            raise InvalidTypeError("the handle belongs to another cache")
+            raise InvalidTypeError.foreign_handle()
         return handle
 
     def _raise_for(
@@ -633,16 +633,13 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
             bad_page = bad
             page_slots = _values(slots, bad_page * p, (bad_page + 1) * p)
             if status == _MISALIGNED:
-                raise MisalignedPageError(
-                    f"page {bad_page} (tokens [{bad_page * p}, {(bad_page + 1) * p})) has slots {page_slots}:"
-                    f" not a run start..start+{p - 1} with start % {p} == 0"
-                )
-            raise DuplicateSlotError(f"page {bad_page} takes slot {page_slots[0]}, which is already cached")
+                raise MisalignedPageError.not_a_run(bad_page, page_slots, p)
+            raise DuplicateSlotError.cached_slot(bad_page, page_slots[0])
         cached_len = handle.cached_len if handle is not None else 0
         if status == _STALE:
-            raise StaleHandleError(f"handle of cached_len {cached_len} lost a page to eviction or reset")
+            raise StaleHandleError.lost_page(cached_len)
         if status == _NOT_LOCKED:
-            raise UnlockError(f"no lock ends at the last page of this handle (cached_len {cached_len})")
+            raise UnlockError.no_lock_ends_here(cached_len)
         if status == _NO_MEMORY:
             raise MemoryError("the C radix tree is out of memory")
         if status == _CORRUPT:
@@ -651,7 +648,7 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
 
 
 def _length_mismatch(n_tokens: int, n_slots: int) -> None:
-    raise LengthMismatchError(f"input_ids has {n_tokens} tokens but indices has {n_slots} slots")
+    raise LengthMismatchError.tokens_and_slots(n_tokens, n_slots)
 
 
 def describe_tensor(value: object) -> str:

@@ -23,12 +23,12 @@ class TableManager:
 
     def allocate(self) -> int:
         if not self.free_slots:
-            raise InvalidRequestError("no free request slot (max_running_reqs reached)")
+            raise InvalidRequestError.no_free_row()
         return self.free_slots.pop(0)
 
     def free(self, table_idx: int) -> None:
         if not 0 <= table_idx < self.page_table.shape[0] or table_idx in self.free_slots:
-            raise InvalidRequestError(f"row {table_idx} is not held by a request")
+            raise InvalidRequestError.row_not_held(table_idx)
         self.free_slots.append(table_idx)
 
     def write_tokens(self, table_idx: int, start: int, tokens: Any) -> None:

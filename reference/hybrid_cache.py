@@ -198,9 +198,9 @@ class HybridRadixCache(NotCopyable):
         if not isinstance(handle, HybridHandle):
             raise InvalidTypeError(f"expected a reference HybridHandle, got {type(handle).__name__}")
         if handle.cache is not self:
-            raise InvalidTypeError("the handle belongs to another cache")
+            raise InvalidTypeError.foreign_handle()
         if self.is_stale(handle):
-            raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction or reset")
+            raise StaleHandleError.lost_page(handle.cached_len)
         return handle
 
     def get_matched_pages(self, handle: HybridHandle) -> list[list[int | None]]:
@@ -274,16 +274,12 @@ class HybridRadixCache(NotCopyable):
                     continue
                 if start is None:
                     if window is None:
-                        raise MissingPageError(
-                            f"group {group} (full attention) needs page {page}, which it does not cache"
-                        )
+                        raise MissingPageError.needs_page(group, page)
                     continue
                 if start % p:
-                    raise MisalignedPageError(
-                        f"group {group} page {page} starts at slot {start}, not a multiple of {p}"
-                    )
+                    raise MisalignedPageError.start_not_aligned(group, page, start, p)
                 if start in self.starts[group] or start in new_starts:
-                    raise DuplicateSlotError(f"group {group} page {page} takes slot {start}, which is already cached")
+                    raise DuplicateSlotError.cached_slot(page, start, group)
                 new_starts.add(start)
         # UPDATE
         path = self.walk(namespace, tokens, create=True)
@@ -325,7 +321,7 @@ class HybridRadixCache(NotCopyable):
         if not any(handle.used):
             return
         if not self.locks[(handle.namespace, handle.tokens)]:
-            raise UnlockError(f"no lock of this match (cached_len {handle.cached_len}) is outstanding")
+            raise UnlockError.no_lock_of_match(handle.cached_len)
         # UPDATE
         self.add_refs(handle, -1)
         self.locks[(handle.namespace, handle.tokens)] -= 1
@@ -386,7 +382,7 @@ class HybridRadixCache(NotCopyable):
         """Empty every group; returns per group every slot it held, ascending. Refused while a lock is outstanding."""
         # CHECK
         if self.locks:
-            raise CacheBusyError(f"cannot reset: {sum(self.locks.values())} locks are outstanding")
+            raise CacheBusyError.locks_outstanding(sum(self.locks.values()))
         # UPDATE
         slots = [sorted(compute_page_to_token(sorted(starts), self.page_size)) for starts in self.starts]
         for node in list(self.nodes()):

@@ -114,7 +114,7 @@ class HybridCacheManager:
         """
         # CHECK
         if req.handle is None:
-            raise InvalidRequestError(f"request {req.uid} was never matched")
+            raise InvalidRequestError.never_matched(req.uid)
         if not req.computed <= length <= len(req.input_ids):
             raise InvalidRequestError(f"request {req.uid}: cannot allocate {length} tokens of {len(req.input_ids)}")
         needed = [max(0, div_ceil(length, self.page_size) - len(row)) for row in req.rows]
@@ -179,7 +179,7 @@ class HybridCacheManager:
         """
         # CHECK
         if req.handle is None:
-            raise InvalidRequestError(f"request {req.uid} was never matched")
+            raise InvalidRequestError.never_matched(req.uid)
         p = self.page_size
         length = self.cacheable_len(req)
         # UPDATE

@@ -64,7 +64,7 @@ class NaivePrefixCache(BasePrefixCache):
         slots = check_slot_indices(indices)
         namespace = check_namespace(namespace)
         if len(tokens) != len(slots):
-            raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
+            raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
         p = self.page_size
         seen: set[int] = set()
         for start in range(0, align_down(len(slots), p), p):

@@ -123,7 +123,7 @@ class RadixCacheHandle(BaseCacheHandle):
 
     def _matched_indices(self) -> list[int]:
         if self.node.detached:
-            raise StaleHandleError(f"handle of cached_len {self.cached_len} lost a page to eviction or reset")
+            raise StaleHandleError.lost_page(self.cached_len)
         values: list[list[int]] = []
         node = self.node
         while node.parent is not None:
@@ -186,7 +186,7 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         slots = check_slot_indices(indices)
         namespace = check_namespace(namespace)
         if len(tokens) != len(slots):
-            raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
+            raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
         insert_len = align_down(len(tokens), self.page_size)
         tokens, slots = tokens[:insert_len], slots[:insert_len]
         root = self._find_root(namespace)
@@ -234,7 +234,7 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         # CHECK
         checked = self._check_handle(handle)
         if not self.is_handle_locked(checked):
-            raise UnlockError(f"no lock ends at the last page of this handle (cached_len {checked.cached_len})")
+            raise UnlockError.no_lock_ends_here(checked.cached_len)
         # UPDATE
         for node in _path_to_root(checked.node):
             node.ref_count -= 1
@@ -288,7 +288,7 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         """Empty every namespace; returns every slot the cache held, ascending."""
         # CHECK
         if self.protected_size:
-            raise CacheBusyError(f"cannot reset: {self.protected_size} tokens are locked")
+            raise CacheBusyError.tokens_locked(self.protected_size)
         # UPDATE
         slots: list[int] = []
         for namespace, root in self.roots.items():
@@ -451,12 +451,9 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         for start in range(cached_len, len(slots), p):
             page = slots[start : start + p]
             if not is_page_run(page, p):
-                raise MisalignedPageError(
-                    f"page {start // p} (tokens [{start}, {start + p})) has slots {list(page)}:"
-                    f" not a run start..start+{p - 1} with start % {p} == 0"
-                )
+                raise MisalignedPageError.not_a_run(start // p, list(page), p)
             if page[0] in self.cached_starts or page[0] in seen:
-                raise DuplicateSlotError(f"page {start // p} takes slot {page[0]}, which is already cached")
+                raise DuplicateSlotError.cached_slot(start // p, page[0])
             seen.add(page[0])
 
     def _check_type(self, handle: object) -> RadixCacheHandle:
@@ -464,14 +461,14 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         if not isinstance(handle, RadixCacheHandle):
             raise InvalidTypeError(f"expected a RadixCacheHandle, got {type(handle).__name__}")
         if handle.cache is not self:
-            raise InvalidTypeError("the handle belongs to another cache")
+            raise InvalidTypeError.foreign_handle()
         return handle
 
     def _check_handle(self, handle: object) -> RadixCacheHandle:
         """``handle`` if it is a live handle of this cache, else raise."""
         checked = self._check_type(handle)
         if checked.node.detached:
-            raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction or reset")
+            raise StaleHandleError.lost_page(checked.cached_len)
         return checked
 
     def _is_evictable_leaf(self, node: RadixTreeNode) -> bool:

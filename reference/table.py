@@ -24,7 +24,7 @@ class TableManager:
         """Take the lowest free row."""
         # CHECK
         if not self.free_slots:
-            raise InvalidRequestError("no free request slot (max_running_reqs reached)")
+            raise InvalidRequestError.no_free_row()
         # UPDATE
         return self.free_slots.pop(0)
 
@@ -32,7 +32,7 @@ class TableManager:
         """Return a row; freeing a free row is refused."""
         # CHECK
         if not 0 <= table_idx < len(self.page_table) or table_idx in self.free_slots:
-            raise InvalidRequestError(f"row {table_idx} is not held by a request")
+            raise InvalidRequestError.row_not_held(table_idx)
         # UPDATE
         self.free_slots.append(table_idx)
 

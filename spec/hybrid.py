@@ -324,12 +324,12 @@ def insert_prefix(
                 continue
             if start is None:
                 if window is None:
-                    raise MissingPageError(f"group {group} (full attention) needs page {page}, which it does not cache")
+                    raise MissingPageError.needs_page(group, page)
                 continue
             if start % p:
-                raise MisalignedPageError(f"group {group} page {page} starts at slot {start}, not a multiple of {p}")
+                raise MisalignedPageError.start_not_aligned(group, page, start, p)
             if start in cached_starts or start in new_starts:
-                raise DuplicateSlotError(f"group {group} page {page} takes slot {start}, which is already cached")
+                raise DuplicateSlotError.cached_slot(page, start, group)
             new_starts.add(start)
     # UPDATE
     t = take_tick(state)
@@ -375,7 +375,7 @@ def unlock(state: HybridState, handle: HybridHandle) -> None:
     if not uses_pages(state, handle):
         return
     if not state.locks[(handle.namespace, handle.tokens)]:
-        raise UnlockError(f"no lock of this match (cached_len {handle.cached_len}) is outstanding")
+        raise UnlockError.no_lock_of_match(handle.cached_len)
     # UPDATE
     for entries, keys in zip(state.groups, get_used_keys(state, handle), strict=True):
         for key in keys:
@@ -419,7 +419,7 @@ def reset(state: HybridState) -> list[list[int]]:
     """Empty every group; returns per group every slot it held, ascending. Refused while any lock is outstanding."""
     # CHECK
     if state.locks:
-        raise CacheBusyError(f"cannot reset: {sum(state.locks.values())} locks are outstanding")
+        raise CacheBusyError.locks_outstanding(sum(state.locks.values()))
     # UPDATE
     slots = [
         sorted(compute_page_to_token([e.slot_start for e in entries.values()], state.page_size))
@@ -435,7 +435,7 @@ def check_handle(state: HybridState, handle: object) -> HybridHandle:
     if not isinstance(handle, HybridHandle):
         raise InvalidTypeError(f"expected a HybridHandle, got {type(handle).__name__}")
     if is_handle_stale(state, handle):
-        raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction or reset")
+        raise StaleHandleError.lost_page(handle.cached_len)
     return handle
 
 

@@ -260,7 +260,7 @@ def get_matched_indices(state: PrefixCacheState, handle: Handle) -> list[int]:
     """
     # CHECK
     if is_handle_stale(state, handle):
-        raise StaleHandleError(f"handle of cached_len {handle.cached_len} lost a page to eviction or reset")
+        raise StaleHandleError.lost_page(handle.cached_len)
     # WALK
     starts = [state.entries[key].slot_start for key in get_handle_keys(state, handle)]
     return compute_page_to_token(starts, state.page_size)
@@ -328,7 +328,7 @@ def insert_prefix(
     slots = check_slot_indices(indices)
     namespace = check_namespace(namespace)
     if len(tokens) != len(slots):
-        raise LengthMismatchError(f"input_ids has {len(tokens)} tokens but indices has {len(slots)} slots")
+        raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
     p = state.page_size
     keys = get_page_keys(state, namespace, tokens)
     num_cached = 0
@@ -339,12 +339,9 @@ def insert_prefix(
     for page in range(num_cached, len(keys)):
         page_slots = slots[page * p : (page + 1) * p]
         if not is_page_run(page_slots, p):
-            raise MisalignedPageError(
-                f"page {page} (tokens [{page * p}, {(page + 1) * p})) has slots {list(page_slots)}:"
-                f" not a run start..start+{p - 1} with start % {p} == 0"
-            )
+            raise MisalignedPageError.not_a_run(page, list(page_slots), p)
         if page_slots[0] in cached_starts or page_slots[0] in new_starts:
-            raise DuplicateSlotError(f"page {page} takes slot {page_slots[0]}, which is already cached")
+            raise DuplicateSlotError.cached_slot(page, page_slots[0])
         new_starts.append(page_slots[0])
     # UPDATE
     t = take_tick(state)
@@ -375,7 +372,7 @@ def unlock(state: PrefixCacheState, handle: Handle) -> None:
     # CHECK
     check_handle(state, handle)
     if not is_handle_locked(state, handle):
-        raise UnlockError(f"no lock ends at the last page of this handle (cached_len {handle.cached_len})")
+        raise UnlockError.no_lock_ends_here(handle.cached_len)
     # UPDATE
     for key in get_handle_keys(state, handle):
         entry = state.entries[key]
@@ -417,7 +414,7 @@ def reset(state: PrefixCacheState) -> list[int]:
     # CHECK
     locked = size_info(state).protected_size
     if locked:
-        raise CacheBusyError(f"cannot reset: {locked} tokens are locked")
+        raise CacheBusyError.tokens_locked(locked)
     # UPDATE
     starts = [entry.slot_start for entry in state.entries.values()]
     state.entries.clear()
@@ -434,9 +431,9 @@ def check_evict_size(size: object, evictable: int) -> None:
     if not isinstance(size, int) or isinstance(size, bool):
         raise InvalidTypeError(f"size must be an int, got {type(size).__name__}")
     if size < 0:
-        raise InvalidSizeError(f"cannot evict a negative size ({size})")
+        raise InvalidSizeError.negative_evict(size)
     if size > evictable:
-        raise EvictionError(f"cannot evict {size} tokens, only {evictable} are evictable")
+        raise EvictionError.past_evictable(size, evictable)
 
 
 def check_type(handle: object) -> Handle:
@@ -450,5 +447,5 @@ def check_handle(state: PrefixCacheState, handle: object) -> Handle:
     """``handle`` if it is a spec handle whose path is still cached, else raise."""
     checked = check_type(handle)
     if is_handle_stale(state, checked):
-        raise StaleHandleError(f"handle of cached_len {checked.cached_len} lost a page to eviction or reset")
+        raise StaleHandleError.lost_page(checked.cached_len)
     return checked

@@ -171,7 +171,7 @@ class SchedulerConfig:
         for name in ("page_size", "num_pages", "max_running_reqs", "max_seq_len", "max_extend_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidSizeError(f"{name} must be an int >= 1, got {value!r}")
+                raise InvalidSizeError.not_positive(name, value)
 
 
 @dataclass
