@@ -10,9 +10,16 @@ import queue
 import sys
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from multiprocessing import get_context
-from typing import Any
+from multiprocessing.queues import Queue
+from typing import TYPE_CHECKING, Protocol
 
-from .batches import BatchResult, BatchSpec, run_batch
+from .batches import BatchResult, BatchSpec, Notify, run_batch
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+# a failure announced by a worker: run_batch's notify arguments (machine, seed, message, time)
+Announcement = tuple[str, int, str, float]
 
 
 class BackendError(RuntimeError):
@@ -36,7 +43,7 @@ class InProcessBackend:
     def busy(self) -> bool:
         return bool(self.pending)
 
-    def collect(self, timeout: float, notify: Any) -> list[BatchResult]:
+    def collect(self, timeout: float, notify: Notify) -> list[BatchResult]:
         spec = self.pending.pop()
         return [run_batch(spec, notify)]
 
@@ -47,10 +54,10 @@ class InProcessBackend:
         pass
 
 
-_NOTIFY_QUEUE: Any = None
+_NOTIFY_QUEUE: Queue[Announcement] | None = None
 
 
-def _init_worker(notify_queue: Any) -> None:
+def _init_worker(notify_queue: Queue[Announcement]) -> None:
     """A worker process: keep the queue failures are announced on; one torch thread (the cores are the workers),
     without importing torch where no target needs it (it reads OMP_NUM_THREADS when a target imports it)."""
     global _NOTIFY_QUEUE
@@ -61,8 +68,14 @@ def _init_worker(notify_queue: Any) -> None:
         torch.set_num_threads(1)
 
 
+def _announce(machine: str, seed: int, message: str, at: float) -> None:
+    """A worker's failure, put on the queue the campaign's process drains."""
+    assert _NOTIFY_QUEUE is not None, "_init_worker sets the queue in every worker"
+    _NOTIFY_QUEUE.put((machine, seed, message, at))
+
+
 def _run_batch_in_worker(spec: BatchSpec) -> BatchResult:
-    return run_batch(spec, lambda *event: _NOTIFY_QUEUE.put(event))
+    return run_batch(spec, _announce)
 
 
 class ProcessBackend:
@@ -74,7 +87,7 @@ class ProcessBackend:
         context.set_forkserver_preload(["radixspec.fuzz.batches", "radixspec.fuzz.machines"])
         self.workers: int = args.workers
         self.name = f"{self.workers} worker processes"
-        self.notify_queue = context.Queue()
+        self.notify_queue: Queue[Announcement] = context.Queue()
         self.pool = ProcessPoolExecutor(
             max_workers=self.workers, mp_context=context, initializer=_init_worker, initargs=(self.notify_queue,)
         )
@@ -89,7 +102,7 @@ class ProcessBackend:
     def busy(self) -> bool:
         return bool(self.futures)
 
-    def collect(self, timeout: float, notify: Any) -> list[BatchResult]:
+    def collect(self, timeout: float, notify: Notify) -> list[BatchResult]:
         done, self.futures = wait(self.futures, timeout=timeout, return_when=FIRST_COMPLETED)
         self.drain(notify)
         results = []
@@ -100,7 +113,7 @@ class ProcessBackend:
                 raise BackendError(f"a worker process failed: {exc!r}") from exc
         return results
 
-    def drain(self, notify: Any) -> None:
+    def drain(self, notify: Notify) -> None:
         while True:
             try:
                 event = self.notify_queue.get_nowait()
@@ -119,6 +132,12 @@ class ProcessBackend:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+class ReportsResources(Protocol):
+    """The ``ray`` module's resource listing (untyped in Ray): what the backend reads to size itself."""
+
+    def cluster_resources(self) -> dict[str, float]: ...
+
+
 class RayBackend:
     """Batches as Ray tasks on a cluster (``--ray ADDRESS|auto``) or a local one (``--ray local``)."""
 
@@ -134,10 +153,11 @@ class RayBackend:
                 ray.init(address=address, log_to_driver=False)
         except Exception as exc:
             raise RuntimeError(f"cannot reach Ray at {address!r}: {exc}") from exc
-        self.capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))  # type: ignore[no-untyped-call]
+        resources: ReportsResources = ray
+        self.capacity = max(1, int(resources.cluster_resources().get("CPU", 1)))
         self.name = f"Ray ({address}, {self.capacity} CPUs)"
         self.remote = ray.remote(num_cpus=1)(run_batch)
-        self.refs: dict[Any, BatchSpec] = {}
+        self.refs: dict[ObjectRef, BatchSpec] = {}
 
     def has_room(self) -> bool:
         return len(self.refs) < self.capacity
@@ -148,7 +168,7 @@ class RayBackend:
     def busy(self) -> bool:
         return bool(self.refs)
 
-    def collect(self, timeout: float, notify: Any) -> list[BatchResult]:
+    def collect(self, timeout: float, notify: Notify) -> list[BatchResult]:
         done, _ = self.ray.wait(list(self.refs), num_returns=1, timeout=timeout)
         results = []
         for ref in done:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import types
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import hypothesis.core
 import hypothesis.stateful
@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine
 SEED_ATTRIBUTE = "_hypothesis_internal_use_seed"
 DATABASE_KEY_ATTRIBUTE = "_hypothesis_internal_database_key"
 SHRINK_BUDGET = "MAX_SHRINKING_SECONDS"
-READERS: tuple[tuple[str, Any], ...] = (
+READERS: tuple[tuple[str, types.ModuleType], ...] = (
     (SEED_ATTRIBUTE, hypothesis.stateful),
     (DATABASE_KEY_ATTRIBUTE, hypothesis.core),
     (SHRINK_BUDGET, _engine),
@@ -80,7 +80,7 @@ def seed_machine(machine: type[RuleBasedStateMachine], seed: int) -> None:
         warn_degraded(SEED_ATTRIBUTE)
 
 
-def set_database_key(test: Callable[..., Any], key: bytes) -> None:
+def set_database_key(test: Callable[..., object], key: bytes) -> None:
     """Failing examples of ``test`` are saved and replayed under ``key`` in the example database."""
     if is_read(DATABASE_KEY_ATTRIBUTE):
         setattr(test, DATABASE_KEY_ATTRIBUTE, key)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
-from typing import Any
 
 # items of a list shown in a message before "... (N more)"
 SHOWN = 8
@@ -17,14 +16,14 @@ SHOWN = 8
 MESSAGE_LINES, LINE_CHARS = 12, 300
 
 
-def brief(items: Sequence[Any], limit: int = SHOWN) -> str:
+def brief(items: Sequence[object], limit: int = SHOWN) -> str:
     """``items`` as a list, cut after ``limit`` items with a count of the rest."""
     shown = ", ".join(str(item) for item in items[:limit])
     more = len(items) - limit
     return f"[{shown}, ... ({more} more)]" if more > 0 else f"[{shown}]"
 
 
-def list_diff(got: Sequence[Any], want: Sequence[Any], limit: int = 4) -> str:
+def list_diff(got: Sequence[object], want: Sequence[object], limit: int = 4) -> str:
     """Where two lists first differ, in a few items: 'lengths 3 and 5; from index 1: [..] against [..]'."""
     first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
     lengths = f"lengths {len(got)} and {len(want)}; " if len(got) != len(want) else ""

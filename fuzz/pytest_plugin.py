@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .options import options
+
+if TYPE_CHECKING:
+    from .targets.api import TargetInfo
 
 LAYERS = ("cache", "manager", "hybrid")
 
@@ -94,15 +97,14 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 class MachineItem(pytest.Item):
     """One radixspec machine driving the spec beside a named target."""
 
-    def __init__(self, *, layer: str, target: str, info: Any, **kwargs: Any) -> None:
+    def __init__(self, *, layer: str, target: str, info: TargetInfo, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.layer, self.target, self.info = layer, target, info
 
     def runtest(self) -> None:
         from .testing import user_machine
 
-        machine: Any = user_machine(self.layer, self.info, None, None)
-        machine.TestCase().runTest()
+        user_machine(self.layer, self.info, None, None).TestCase().runTest()
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, f"radixspec {self.layer} machine against {self.target}"

@@ -50,16 +50,18 @@ from radixspec.spec.errors import CacheError
 from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
 
 Request = tuple[list[int], Namespace]
+# a namespace as a trace line writes it (namespace_of reads it back)
+JsonNamespace = list[str | int] | None
 IMPLS = ("spec", "reference", "optimized")
 
 
 # ---------------------------------------------------------------- traces
 
 
-def namespace_of(value: Any) -> Namespace:
+def namespace_of(value: object) -> Namespace:
     """A trace's namespace as the spec's domain: null, a JSON list (a tuple, nested), or a string s -> (s,)."""
 
-    def as_tuple(item: Any) -> Any:
+    def as_tuple(item: object) -> object:
         return tuple(as_tuple(x) for x in item) if isinstance(item, list) else item
 
     if value is None:
@@ -71,7 +73,7 @@ def namespace_of(value: Any) -> Namespace:
 MAX_REQUEST_TOKENS = 1 << 22
 
 
-def load_line(line: str, number: int, path: Path) -> dict[str, Any]:
+def load_line(line: str, number: int, path: Path) -> dict[str, object]:
     """One line of a trace as a JSON object; ValueError naming the line otherwise."""
     try:
         record = json.loads(line)
@@ -100,7 +102,10 @@ def read_trace(path: Path, fmt: str = "auto", block_size: int = 512) -> Iterator
         for number, line in enumerate(lines):
             if line.strip():
                 stamp = load_line(line, number + 1, path).get("timestamp") if '"timestamp"' in line else None
-                if stamp is not None and (type(stamp) not in (int, float) or stamp != stamp):
+                # a number: an int or a float, not a bool (JSON's true), not NaN
+                if stamp is not None and (
+                    isinstance(stamp, bool) or not isinstance(stamp, int | float) or stamp != stamp
+                ):
                     raise ValueError(f"{path}:{number + 1}: 'timestamp' must be a number, got {stamp!r}")
                 stamped.append((0.0 if stamp is None else float(stamp), number, 0))
     order = {number for _, number, _ in stamped}
@@ -119,7 +124,7 @@ def read_trace(path: Path, fmt: str = "auto", block_size: int = 512) -> Iterator
                 next_rank += 1
 
 
-def parse_request(record: dict[str, Any], fmt: str, block_size: int, line: int, path: Path) -> Request:
+def parse_request(record: dict[str, object], fmt: str, block_size: int, line: int, path: Path) -> Request:
     """One line of the trace as (tokens, namespace); ValueError naming the line when it is malformed.
 
     A Mooncake line's tokens are made one by one up to its ``input_length`` (never a whole block past it), and
@@ -142,7 +147,7 @@ def parse_request(record: dict[str, Any], fmt: str, block_size: int, line: int, 
     return ids, namespace_of_line(record.get("namespace"), where)
 
 
-def namespace_of_line(value: Any, where: str) -> Namespace:
+def namespace_of_line(value: object, where: str) -> Namespace:
     """``namespace_of`` with the line named in its error."""
     try:
         return namespace_of(value)
@@ -160,8 +165,8 @@ def generate(out: Path, requests: int, seed: int = 0) -> None:
 
     system_prompts = [text(rng.randint(64, 512)) for _ in range(8)]
     examples = [text(rng.randint(32, 128)) for _ in range(24)]
-    tenants: list[Any] = [None, ["tenant", "a"], ["tenant", "b"], ["lora", 1]]
-    chats: list[tuple[list[int], Any]] = []
+    tenants: list[JsonNamespace] = [None, ["tenant", "a"], ["tenant", "b"], ["lora", 1]]
+    chats: list[tuple[list[int], JsonNamespace]] = []
     with out.open("w") as sink:
         for number in range(requests):
             kind = rng.random()
@@ -184,7 +189,7 @@ def generate(out: Path, requests: int, seed: int = 0) -> None:
                 shots = rng.sample(range(4), rng.randint(2, 4))
                 block = rng.randrange(6) * 4
                 prompt = [t for shot in shots for t in examples[block + shot]] + text(rng.randint(8, 64))
-            line = {"tokens": prompt, "timestamp": number}
+            line: dict[str, object] = {"tokens": prompt, "timestamp": number}
             if tenant is not None:
                 line["namespace"] = tenant
             sink.write(json.dumps(line, separators=(",", ":")) + "\n")

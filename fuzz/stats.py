@@ -89,7 +89,9 @@ class CampaignStats:
 
     def reset(self) -> None:
         """Zero every counter."""
-        self.__init__()  # type: ignore[misc]
+        zero = CampaignStats()
+        for item in fields(self):
+            setattr(self, item.name, getattr(zero, item.name))
 
 
 def larger(mine: int | None, theirs: int | None) -> int | None:

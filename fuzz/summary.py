@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 from .stats import REACH, CampaignStats
 
 # the JSON summary's layout; docs/campaigns.md describes each field. A new field keeps the version; a renamed,
 # removed or retyped one bumps it
 SCHEMA_VERSION = 1
+# a package's version, None when it is not installed
+Version: TypeAlias = str | None
+# each target's engine packages and their versions
+EngineVersions: TypeAlias = dict[str, dict[str, Version]]
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class CampaignSummary:
     # time.time() at the start
     started_at: float
     # radixspec, Python, Hypothesis, torch, and each target's engine packages (``versions``)
-    versions: dict[str, Any]
+    versions: dict[str, Version | EngineVersions]
 
     @property
     def batches(self) -> int:
@@ -75,7 +79,7 @@ class CampaignSummary:
     def steps_per_s(self) -> float:
         return self.stats.steps / max(self.elapsed_s, 1e-9)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         """The summary as a JSON-ready dict (--json), the counts listed in full."""
         s = self.stats
         return {
@@ -114,7 +118,7 @@ class CampaignSummary:
         }
 
 
-def versions(targets: tuple[str, ...]) -> dict[str, Any]:
+def versions(targets: tuple[str, ...]) -> dict[str, Version | EngineVersions]:
     """radixspec, Python, Hypothesis and torch (None: not installed; torch's version read without importing it),
     and the engine package of every target (its installed version; ours: radixspec's)."""
     from importlib import metadata
@@ -122,19 +126,18 @@ def versions(targets: tuple[str, ...]) -> dict[str, Any]:
     from .commands import versions as our_versions
     from .targets import resolve
 
-    found: dict[str, Any] = dict(our_versions())
-    engines: dict[str, dict[str, str | None]] = {}
+    ours = our_versions()
+    engines: EngineVersions = {}
     for name in targets:
         try:
             requires = resolve(name, check=False).requires
         except Exception:  # the campaign ran it, so it resolves; a listing never fails the summary
             requires = ()
-        packages: dict[str, str | None] = {}
+        packages: dict[str, Version] = {}
         for package, _ in requires:
             try:
                 packages[package] = metadata.version(package)
             except metadata.PackageNotFoundError:
                 packages[package] = None
-        engines[name] = packages or {"radixspec": found["radixspec"]}
-    found["targets"] = engines
-    return found
+        engines[name] = packages or {"radixspec": ours["radixspec"]}
+    return {**ours, "targets": engines}

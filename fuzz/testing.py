@@ -31,7 +31,7 @@ import unittest
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from hypothesis import HealthCheck
 from hypothesis import settings as Settings
@@ -41,13 +41,17 @@ from .hypothesis_compat import seed_machine, shrinking_bounded
 from .machines import machine_for
 from .options import Options, options
 from .targets import TargetError, check_methods, resolve
-from .targets.api import Profile, TargetInfo
+from .targets.api import CacheManagerTarget, PrefixCacheTarget, Profile, TargetInfo
+
+# a factory's target's handle type, and its request type (a manager's)
+H = TypeVar("H")
+R = TypeVar("R")
 
 __all__ = ["Options", "cache_machine", "hybrid_machine", "manager_machine", "options"]
 
 
 def cache_machine(
-    factory: Callable[[int, int], Any],
+    factory: Callable[[int, int], PrefixCacheTarget[H]],
     *,
     profile: Profile | None = None,
     name: str | None = None,
@@ -57,12 +61,12 @@ def cache_machine(
     """The cache machine driving the spec beside ``factory(page_size, num_pages)``'s cache. ``profile``:
     where the cache differs from the spec (default: the factory's ``profile`` attribute, else the exact
     one); ``lru``: "strict" or "sync" (default: the profile's)."""
-    info = target_info("cache", factory, profile, name)
+    info = target_info("cache", factory, profile, name, lambda info: replace(info, cache_factory=factory))
     return user_machine("cache", info, lru, settings)
 
 
 def manager_machine(
-    factory: Callable[[int, int, int, int], Any],
+    factory: Callable[[int, int, int, int], CacheManagerTarget[R, H]],
     *,
     profile: Profile | None = None,
     name: str | None = None,
@@ -71,23 +75,23 @@ def manager_machine(
 ) -> type[RuleBasedStateMachine]:
     """The manager machine driving the spec's page accounting beside ``factory(num_pages, page_size, rows,
     max_seq_len)``'s cache manager (request lifecycles: match, allocate, cache, free)."""
-    info = target_info("manager", factory, profile, name)
+    info = target_info("manager", factory, profile, name, lambda info: replace(info, manager_factory=factory))
     return user_machine("manager", info, lru, settings)
 
 
 def hybrid_machine(
-    factory: Callable[[int, tuple[int | None, ...], int], Any],
+    factory: Callable[[int, tuple[int | None, ...], int], object],
     *,
     name: str | None = None,
     settings: Settings | None = None,
 ) -> type[RuleBasedStateMachine]:
     """The hybrid machine driving ``factory(page_size, windows, num_pages)``'s manager of several attention
     groups (full attention and sliding windows) under the universal checks (docs/hybrid.md)."""
-    info = target_info("hybrid", factory, None, name)
+    info = target_info("hybrid", factory, None, name, lambda info: replace(info, hybrid_factory=factory))
     return user_machine("hybrid", info, None, settings)
 
 
-def importable_name(factory: Any) -> str | None:
+def importable_name(factory: object) -> str | None:
     """``module:qualname`` when ``factory`` can be imported back by that name (a module-level object)."""
     module, qualname = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
     if not module or not qualname or "<" in qualname or module == "__main__":
@@ -99,8 +103,15 @@ def importable_name(factory: Any) -> str | None:
     return f"{module}:{qualname}" if found.name else None
 
 
-def target_info(layer: str, factory: Any, profile: Profile | None, name: str | None) -> TargetInfo:
-    """A TargetInfo for ``factory`` at ``layer``; TypeError naming what is wrong, before any test runs."""
+def target_info(
+    layer: str,
+    factory: object,
+    profile: Profile | None,
+    name: str | None,
+    with_factory: Callable[[TargetInfo], TargetInfo],
+) -> TargetInfo:
+    """A TargetInfo for ``factory`` at ``layer`` (``with_factory`` sets it as that layer's factory); TypeError
+    naming what is wrong, before any test runs."""
     if isinstance(factory, TargetInfo):
         return factory
     if not callable(factory):
@@ -112,8 +123,7 @@ def target_info(layer: str, factory: Any, profile: Profile | None, name: str | N
     chosen = profile or (declared if isinstance(declared, Profile) else None)
     doc = (getattr(factory, "__doc__", None) or "").strip()
     description = doc.splitlines()[0] if doc else label
-    fields: dict[str, Any] = {f"{layer}_factory": factory}
-    info = TargetInfo(name=label, description=description, **fields)
+    info = with_factory(TargetInfo(name=label, description=description))
     if chosen is not None:
         info = replace(info, profile=chosen)
     if layer in ("cache", "manager"):
@@ -151,8 +161,9 @@ def user_machine(
 
     label = re.sub(r"\W", "_", info.name)
     TestCase.__name__ = TestCase.__qualname__ = f"Test_{label}_{layer}"
-    machine.TestCase = TestCase  # type: ignore[assignment]
-    return machine
+    # Hypothesis's TestCase is a read-only property of the machine class: a subclass defines its own, as
+    # machine_for defines its attributes
+    return type(machine.__name__, (machine,), {"TestCase": TestCase, "__module__": machine.__module__})
 
 
 def effective_settings(given: Settings) -> Settings:

@@ -4,26 +4,60 @@ machine): what every hostile call is judged by."""
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ClassVar, TypeAlias, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 
 from ..judge import Outcome, expect_same
 from ..stats import STATS
+from ..targets.exact import as_list
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixspec import optimized, reference
+    from radixspec.optimized import hybrid_cache as optimized_hybrid
+    from radixspec.optimized.kv_pool import MHAKVCache
+    from radixspec.reference import hybrid_cache as reference_hybrid
+    from radixspec.spec.requests import Req
+
+    from ..targets.exact import Handle
+
+# our prefix caches, cache managers and hybrid caches: the reference's and the optimized one's
+Cache: TypeAlias = "reference.RadixPrefixCache | optimized.RadixPrefixCache"
+Manager: TypeAlias = "reference.CacheManager | optimized.CacheManager"
+HybridCache: TypeAlias = "reference_hybrid.HybridRadixCache | optimized_hybrid.HybridRadixCache"
+T = TypeVar("T")
 
 # the managers' sizes: rows of the page table, positions of a row, pages of the pool
 MANAGER_ROWS, MANAGER_ROW_LEN, MANAGER_PAGES = 3, 16, 6
 # the KV pool's sizes (pages of the page size drawn)
 POOL_HEADS, POOL_LAYERS, POOL_HEAD_DIM, POOL_PAGES = 2, 2, 2, 4
-# values outside the domains, typed as the spec's functions take them (they must refuse them)
-FLOAT_ONE: Any = 1.0
-LIST_NAMESPACE: Any = ["lora", 1]
+# values outside the domains (the spec's functions must refuse them): passed through ``call_with``
+FLOAT_ONE: object = 1.0
+LIST_NAMESPACE: object = ["lora", 1]
+
+
+def call_with(function: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """``function(*args, **kwargs)`` whatever the arguments' types: a hostile call passes on purpose what the
+    signature refuses (the callee must refuse it when it runs), and a handle of either family goes back to a
+    cache of either family."""
+    return function(*args, **kwargs)
+
+
+def first_int(result: tuple[int, object]) -> int:
+    """An insert's cached length: the first field of the spec's InsertResult and of a cache's tuple alike."""
+    return int(result[0])
+
+
+def sorted_slots(slots: Sequence[int] | torch.Tensor) -> list[int]:
+    """Evicted slots in order, from a list or a tensor alike."""
+    return sorted(int(s) for s in as_list(slots))
 
 
 class LyingInt(int):
@@ -50,25 +84,42 @@ class ShiftingList(list[int]):
 
 
 class Implementation:
-    """One cache under hostile calls: how to make it, call it, and read its state as lists."""
+    """One cache under hostile calls: its name and the cache."""
 
     def __init__(self, name: str, page_size: int) -> None:
         self.name = name
+        self.cache: Cache
         if name == "optimized":
-            import torch
-
             from radixspec import optimized
 
-            self.torch: Any = torch
-            self.cache: Any = optimized.RadixPrefixCache(page_size, device="cpu")
+            self.cache = optimized.RadixPrefixCache(page_size, device="cpu")
         else:
             from radixspec import reference
 
-            self.torch = None
             self.cache = reference.RadixPrefixCache(page_size)
 
-    def as_list(self, values: Any) -> list[int]:
-        return [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+
+def make_manager(name: str, page_size: int) -> Manager:
+    """Our cache manager ``name`` over a small page table and pool (MANAGER_ROWS, MANAGER_ROW_LEN, MANAGER_PAGES)."""
+    if name == "optimized":
+        from radixspec import optimized
+
+        table = optimized.make_page_table(MANAGER_ROWS, MANAGER_ROW_LEN)
+        return optimized.CacheManager(MANAGER_PAGES, page_size, table)
+    from radixspec import reference
+
+    return reference.CacheManager(MANAGER_PAGES, page_size, reference.make_page_table(MANAGER_ROWS, MANAGER_ROW_LEN))
+
+
+def make_hybrid(name: str, page_size: int, windows: tuple[hy.Window, ...]) -> HybridCache:
+    """Our hybrid cache ``name`` with the groups ``windows``."""
+    if name == "optimized":
+        from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybrid
+
+        return OptimizedHybrid(page_size, windows)
+    from radixspec.reference.hybrid_cache import HybridRadixCache as ReferenceHybrid
+
+    return ReferenceHybrid(page_size, windows)
 
 
 class HostileBase(RuleBasedStateMachine):
@@ -86,42 +137,32 @@ class HostileBase(RuleBasedStateMachine):
         self.model = pc.new_state(1)
         self.impls: list[Implementation] = []
         self.next_slot = 0
-        self.handles: list[list[Any]] = []
+        self.handles: list[list[Handle]] = []
         # the hybrid caches (one full-attention group, one window of 2 pages) beside the spec's hybrid state
-        self.hybrid_model: Any = None
-        self.hybrids: list[tuple[str, Any]] = []
+        self.hybrid_model = hy.new_state(1, (None, 2))
+        self.hybrids: list[tuple[str, HybridCache]] = []
         self.hybrid_next = 0
         # the cache managers (one per implementation) and their live requests (one Req per manager each), and
         # requests cache_req released
-        self.managers: list[tuple[str, Any]] = []
-        self.live: list[list[Any]] = []
-        self.released: list[list[Any]] = []
+        self.managers: list[tuple[str, Manager]] = []
+        self.live: list[list[Req]] = []
+        self.released: list[list[Req]] = []
         self.next_uid = 0
         # the KV pool (optimized only) and what its K and V caches must hold: [layer] -> [num_slots, width]
-        self.pool: Any = None
-        self.pool_shadow: list[list[Any]] = []
+        self.pool: MHAKVCache | None = None
+        self.pool_shadow: list[list[torch.Tensor]] = []
 
     @initialize(page_size=st.sampled_from([1, 2, 4]))
     def setup(self, page_size: int) -> None:
         self.page_size = page_size
         self.model = pc.new_state(page_size)
         self.impls = [Implementation(name, page_size) for name in ("reference", "optimized") if name in self.IMPLS]
-        from radixspec.spec import hybrid as hy
-
         windows = (None, 2 * page_size)
         self.hybrid_model = hy.new_state(page_size, windows)
-        self.hybrids = []
-        for name in ("reference", "optimized"):
-            if name in self.IMPLS:
-                module = (
-                    "radixspec.optimized.hybrid_cache" if name == "optimized" else "radixspec.reference.hybrid_cache"
-                )
-                self.hybrids.append((name, importlib.import_module(module).HybridRadixCache(page_size, windows)))
-        self.managers = []
-        for impl in self.impls:
-            family: Any = importlib.import_module(f"radixspec.{impl.name}.cache_manager")
-            table = family.make_page_table(MANAGER_ROWS, MANAGER_ROW_LEN)
-            self.managers.append((impl.name, family.CacheManager(MANAGER_PAGES, page_size, table)))
+        self.hybrids = [
+            (name, make_hybrid(name, page_size, windows)) for name in ("reference", "optimized") if name in self.IMPLS
+        ]
+        self.managers = [(impl.name, make_manager(impl.name, page_size)) for impl in self.impls]
         if "optimized" in self.IMPLS:
             self.setup_pool(page_size)
 
@@ -138,16 +179,16 @@ class HostileBase(RuleBasedStateMachine):
             [torch.zeros(POOL_PAGES * page_size, width) for _ in range(POOL_LAYERS)] for _ in ("k", "v")
         ]
 
-    def outcome(self, call: Callable[[], Any], normalize: Callable[[Any], Any]) -> Outcome:
+    def outcome(self, call: Callable[[], T], normalize: Callable[[T], object]) -> Outcome:
         """The judge's outcome (``fuzz/judge.py``): a value or a named error; any other exception fails."""
         return Outcome.of(call, normalize)
 
     def attempt(
         self,
         label: str,
-        spec: Callable[[pc.PrefixCacheState], Any] | None,
-        call: Callable[[Implementation], Any],
-        normalize: Callable[[Any], Any] = lambda value: None,
+        spec: Callable[[pc.PrefixCacheState], T] | None,
+        call: Callable[[Implementation], T],
+        normalize: Callable[[T], object] = lambda value: None,
     ) -> list[Outcome]:
         """Apply one call to the spec (when it has a twin of it) and every implementation; check the law."""
         STATS.record_rule(f"hostile.{label}")
@@ -182,7 +223,7 @@ class HostileBase(RuleBasedStateMachine):
             "insert_prefix",
             lambda m: pc.insert_prefix(m, tokens, slots, None),
             lambda impl: impl.cache.insert_prefix(tokens, slots),
-            lambda r: int(r[0]),
+            first_int,
         )
         self.handles.append([impl.cache.match_prefix(tokens) for impl in self.impls])
         pc.match_prefix(self.model, tokens, None)
@@ -193,7 +234,7 @@ class HostileBase(RuleBasedStateMachine):
             "evict",
             lambda m: pc.evict(m, size),
             lambda impl: impl.cache.evict(size),
-            lambda slots: sorted(int(s) for s in (slots.tolist() if hasattr(slots, "tolist") else slots)),
+            sorted_slots,
         )
 
     @invariant()
@@ -221,9 +262,11 @@ class HostileBase(RuleBasedStateMachine):
 
     def compare_pool(self, what: str) -> None:
         """The pool holds exactly what the accepted stores wrote."""
-        for side, read in enumerate((self.pool.k_cache, self.pool.v_cache)):
+        pool = self.pool
+        assert pool is not None, "compare_pool runs after a store into the pool"
+        for side, read in enumerate((pool.k_cache, pool.v_cache)):
             for layer in range(POOL_LAYERS):
-                held = read(layer).reshape(self.pool.num_slots, -1)
+                held = read(layer).reshape(pool.num_slots, -1)
                 assert held.equal(self.pool_shadow[side][layer]), (
                     f"store_kv[{what}]: layer {layer}'s {'KV'[side]} cache holds other values than the stores wrote"
                 )

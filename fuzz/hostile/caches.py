@@ -9,11 +9,11 @@ import importlib
 import importlib.util
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
+from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import NAMESPACE_DEPTH_LIMIT, SLOT_LIMIT, TOKEN_LIMIT
 from radixspec.spec.errors import CacheError, InvalidTypeError
@@ -21,7 +21,16 @@ from radixspec.spec.errors import CacheError, InvalidTypeError
 from ..judge import expect_same
 from ..sequences import nested
 from ..stats import STATS
-from .base import FLOAT_ONE, LIST_NAMESPACE, HostileBase, Implementation, LyingInt, ShiftingList
+from .base import (
+    FLOAT_ONE,
+    LIST_NAMESPACE,
+    HostileBase,
+    HybridCache,
+    Implementation,
+    LyingInt,
+    ShiftingList,
+    call_with,
+)
 
 
 class CacheCalls(HostileBase):
@@ -34,11 +43,16 @@ class CacheCalls(HostileBase):
         size=st.integers(0, 6),
     )
     def evict_into_a_changed_buffer(self, mutation: str, size: int) -> None:
+        import torch
+
+        from radixspec import optimized
+
         impl = next(i for i in self.impls if i.name == "optimized")
-        torch = impl.torch
+        cache = impl.cache
+        assert isinstance(cache, optimized.RadixPrefixCache), f"the optimized implementation holds {cache!r}"
         out = torch.empty(64, dtype=torch.int32)
-        self.outcome(lambda: impl.cache.evict(0, out=out), lambda v: None)  # the buffer, kept by the cache
-        changes: dict[str, Callable[[], Any]] = {
+        self.outcome(lambda: cache.evict(0, out=out), lambda v: None)  # the buffer, kept by the cache
+        changes: dict[str, Callable[[], object]] = {
             "zero stride": lambda: out.as_strided_((10**6,), (0,)),
             "every other": lambda: out.as_strided_((16,), (2,)),
             "int8 underneath": lambda: setattr(out, "data", out.view(torch.int8)),
@@ -47,8 +61,8 @@ class CacheCalls(HostileBase):
             "int64": lambda: setattr(out, "data", torch.empty(64, dtype=torch.int64)),
         }
         changes[mutation]()
-        before = impl.cache.abstract_state()
-        result = self.outcome(lambda: impl.cache.evict(size, out=out), lambda v: None)
+        before = cache.abstract_state()
+        result = self.outcome(lambda: cache.evict(size, out=out), lambda v: None)
         STATS.record_rule(f"hostile.evict_into_a_changed_buffer[{mutation}]")
         # only a buffer resized to 1 slot may still take the eviction (of at most one slot): then the call is an
         # evict like any other, and the spec says what it gives
@@ -60,10 +74,10 @@ class CacheCalls(HostileBase):
             if result.ok:
                 self.model_evicted(size, impl)
             else:
-                assert impl.cache.abstract_state() == before
+                assert cache.abstract_state() == before
             return
         assert result.error is InvalidTypeError, f"evict(out= {mutation}): {result}"
-        assert impl.cache.abstract_state() == before
+        assert cache.abstract_state() == before
 
     def model_evicted(self, size: int, done: Implementation) -> None:
         """The optimized cache evicted ``size`` through a buffer: the spec and the other caches do too."""
@@ -81,20 +95,22 @@ class CacheCalls(HostileBase):
             strangers = [Implementation(impl.name, self.page_size) for impl in self.impls]
             foreign = [s.cache.match_prefix([0]) for s in strangers]
             self.attempt(
-                "lock[a handle of another cache]", None, lambda impl: impl.cache.lock(foreign[self.impls.index(impl)])
+                "lock[a handle of another cache]",
+                None,
+                lambda impl: call_with(impl.cache.lock, foreign[self.impls.index(impl)]),
             )
             return
         # a handle of this cache that may be stale: lock, unlock without a lock, read its slots
-        ops: dict[str, Callable[[Implementation], Any]] = {
-            "lock": lambda impl: impl.cache.lock(handles[self.impls.index(impl)]),
-            "unlock": lambda impl: impl.cache.unlock(handles[self.impls.index(impl)]),
+        ops: dict[str, Callable[[Implementation], object]] = {
+            "lock": lambda impl: call_with(impl.cache.lock, handles[self.impls.index(impl)]),
+            "unlock": lambda impl: call_with(impl.cache.unlock, handles[self.impls.index(impl)]),
             "stale indices": lambda impl: handles[self.impls.index(impl)].get_matched_indices(),
         }
         outcomes = self.attempt(f"{how}[a handle of this cache]", None, ops[how], lambda v: None)
         if how == "lock" and outcomes and outcomes[0].ok:
             # undo it, so that the trees stay evictable (and mirror it in the spec through a fresh match)
             for impl in self.impls:
-                impl.cache.unlock(handles[self.impls.index(impl)])
+                call_with(impl.cache.unlock, handles[self.impls.index(impl)])
 
     @rule(
         what=st.sampled_from(
@@ -120,11 +136,11 @@ class CacheCalls(HostileBase):
         p = self.page_size
         slots = self.fresh_slots(p)
         tokens = [7] * p
-        calls: dict[str, tuple[Callable[[pc.PrefixCacheState], Any], Callable[[Implementation], Any]]] = {
+        calls: dict[str, tuple[Callable[[pc.PrefixCacheState], object], Callable[[Implementation], object]]] = {
             "size -1": (lambda m: pc.evict(m, -1), lambda i: i.cache.evict(-1)),
             "size 2**63": (lambda m: pc.evict(m, 2**63), lambda i: i.cache.evict(2**63)),
             "size a lying int": (lambda m: pc.evict(m, LyingInt(0)), lambda i: i.cache.evict(LyingInt(0))),
-            "size a float": (lambda m: pc.evict(m, FLOAT_ONE), lambda i: i.cache.evict(1.0)),
+            "size a float": (lambda m: call_with(pc.evict, m, FLOAT_ONE), lambda i: call_with(i.cache.evict, 1.0)),
             "size a bool": (lambda m: pc.evict(m, True), lambda i: i.cache.evict(True)),
             "token 2**63": (
                 lambda m: pc.insert_prefix(m, [TOKEN_LIMIT] * p, slots, None),
@@ -159,8 +175,8 @@ class CacheCalls(HostileBase):
                 lambda i: i.cache.match_prefix(tokens, tuple(range(10_000))),
             ),
             "namespace a list": (
-                lambda m: pc.match_prefix(m, tokens, LIST_NAMESPACE),
-                lambda i: i.cache.match_prefix(tokens, ["lora", 1]),
+                lambda m: call_with(pc.match_prefix, m, tokens, LIST_NAMESPACE),
+                lambda i: call_with(i.cache.match_prefix, tokens, ["lora", 1]),
             ),
         }
         spec, call = calls[what]
@@ -184,8 +200,8 @@ class CacheCalls(HostileBase):
             try:
                 for _ in range(rounds):
                     handle = impl.cache.match_prefix(tokens[which])
-                    impl.cache.lock(handle)
-                    impl.cache.unlock(handle)
+                    call_with(impl.cache.lock, handle)
+                    call_with(impl.cache.unlock, handle)
                     impl.cache.size_info  # noqa: B018  (a read between the other thread's calls)
             except CacheError as error:
                 failures.append(f"{impl.name}: {error!r}")
@@ -200,7 +216,9 @@ class CacheCalls(HostileBase):
                 thread.join()
         assert not failures, failures
 
-    def hybrid_attempt(self, label: str, spec: Callable[[Any], Any], call: Callable[[Any], Any]) -> None:
+    def hybrid_attempt(
+        self, label: str, spec: Callable[[hy.HybridState], object], call: Callable[[HybridCache], object]
+    ) -> None:
         """One call on the spec's hybrid state and each hybrid cache: the same outcome class, nothing changed by
         a refusal (values are compared by the hybrid machine; here, what a hostile call does)."""
         STATS.record_rule(f"hostile.hybrid.{label}")
@@ -214,8 +232,6 @@ class CacheCalls(HostileBase):
 
     @rule(pages=st.integers(1, 4))
     def hybrid_insert(self, pages: int) -> None:
-        from radixspec.spec import hybrid as hy
-
         p = self.page_size
         tokens = [self.hybrid_next % 3] * (pages * p)
         starts = [self.hybrid_next * p + k * p for k in range(pages)]
@@ -231,8 +247,6 @@ class CacheCalls(HostileBase):
         )
     )
     def hybrid_call_at_an_edge(self, what: str) -> None:
-        from radixspec.spec import hybrid as hy
-
         tokens = [0] * self.page_size
         if what == "a handle of another cache":
             # each cache gets a handle of another cache of its family: refused, nothing changed in either
@@ -240,12 +254,12 @@ class CacheCalls(HostileBase):
                 stranger = type(cache)(self.page_size, self.hybrid_model.windows)
                 handle = stranger.match_prefix(tokens)
                 before = cache.abstract_state()
-                result = self.outcome(functools.partial(cache.lock, handle), lambda value: None)
+                result = self.outcome(functools.partial(call_with, cache.lock, handle), lambda value: None)
                 STATS.record_rule("hostile.hybrid.lock[a handle of another cache]")
                 assert result.error is InvalidTypeError, f"hybrid lock of a foreign handle: {name}: {result}"
                 assert cache.abstract_state() == before
             return
-        calls: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+        calls: dict[str, tuple[Callable[[hy.HybridState], object], Callable[[HybridCache], object]]] = {
             "group -1": (lambda m: hy.size_info(m, -1), lambda c: c.size_info(-1)),
             "group past the last": (lambda m: hy.size_info(m, 2), lambda c: c.size_info(2)),
             "group a bool": (lambda m: hy.evict(m, True, 0), lambda c: c.evict(True, 0)),
@@ -279,7 +293,7 @@ class CacheCalls(HostileBase):
         ),
         fmt=st.sampled_from(["jsonl", "mooncake"]),
     )
-    def read_a_hostile_trace_line(self, record: dict[str, Any], fmt: str) -> None:
+    def read_a_hostile_trace_line(self, record: dict[str, object], fmt: str) -> None:
         """A trace line of any shape: a request, or a ValueError naming the line (the CLI's exit 2)."""
         from pathlib import Path
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -15,7 +15,7 @@ from radixspec.spec.errors import SlotOutOfRangeError
 from ..judge import Outcome, expect_same
 from ..sequences import nested
 from ..stats import STATS
-from .base import MANAGER_ROWS, POOL_HEAD_DIM, POOL_HEADS, POOL_LAYERS, LyingInt
+from .base import MANAGER_ROWS, POOL_HEAD_DIM, POOL_HEADS, POOL_LAYERS, LyingInt, call_with
 from .caches import CacheCalls
 
 
@@ -23,7 +23,7 @@ class EngineCalls(CacheCalls):
     """Hostile calls on the cache managers (requests of another manager, released or malformed ones) and the KV
     pool (tensors of every wrong dtype, shape, stride, device and range)."""
 
-    def manager_attempt(self, label: str, call: Callable[[int], Any], same_words: bool = True) -> list[Outcome]:
+    def manager_attempt(self, label: str, call: Callable[[int], object], same_words: bool = True) -> list[Outcome]:
         """``call(k)`` on the k-th manager: the outcome of each a value or a named error, the same for both (the
         same words too, unless each was given something else: ``same_words``), and a refusal changes nothing."""
         STATS.record_rule(f"hostile.manager.{label}")
@@ -114,13 +114,19 @@ class EngineCalls(CacheCalls):
 
             self.manager_attempt(what, twice)
             return
-        prompts: dict[str, Any] = {"no prompt": None, "an empty prompt": [], "a namespace too deep": [1, 2]}
+        prompts: dict[str, list[int] | None] = {
+            "no prompt": None,
+            "an empty prompt": [],
+            "a namespace too deep": [1, 2],
+        }
         if what in prompts:
             namespace = nested(NAMESPACE_DEPTH_LIMIT + 1) if what == "a namespace too deep" else None
-            self.manager_attempt(what, lambda k: managers[k].match_req(Req(prompts[what], 0, None, namespace)))
+            self.manager_attempt(
+                what, lambda k: managers[k].match_req(call_with(Req, prompts[what], 0, None, namespace))
+            )
             return
         if what == "a batch of None":
-            self.manager_attempt(what, lambda k: managers[k].allocate_paged([None]))
+            self.manager_attempt(what, lambda k: call_with(managers[k].allocate_paged, [None]))
             return
         if what == "a released request":
             if self.released:
@@ -137,7 +143,7 @@ class EngineCalls(CacheCalls):
                 )
             return
         if what == "a batch that is a request":
-            self.manager_attempt(what, lambda k: managers[k].allocate_paged(reqs[k]))
+            self.manager_attempt(what, lambda k: call_with(managers[k].allocate_paged, reqs[k]))
             return
         if what == "a batch sharing a row":
             self.manager_attempt(what, lambda k: managers[k].allocate_paged([reqs[k], dataclasses.replace(reqs[k])]))
@@ -145,13 +151,15 @@ class EngineCalls(CacheCalls):
         # a copy of a live request with one field edited, cached with finished=False (the copy replaces the
         # request when a manager takes it: the cache handle moved to it)
         row = reqs[0].table_idx
-        edits: dict[str, dict[str, Any]] = {
-            "a float length": {"cached_len": float(reqs[0].cached_len)},
-            "a bool row": {"table_idx": bool(row)},
-            "a row past the table": {"table_idx": MANAGER_ROWS},
-            "a lying row": {"table_idx": LyingInt(row)},
+        # a float where a length goes: the wrong type is the point
+        float_length = cast(int, float(reqs[0].cached_len))
+        edits: dict[str, Callable[[Req], Req]] = {
+            "a float length": lambda req: dataclasses.replace(req, cached_len=float_length),
+            "a bool row": lambda req: dataclasses.replace(req, table_idx=bool(row)),
+            "a row past the table": lambda req: dataclasses.replace(req, table_idx=MANAGER_ROWS),
+            "a lying row": lambda req: dataclasses.replace(req, table_idx=LyingInt(row)),
         }
-        copies = [dataclasses.replace(req, **edits[what]) for req in reqs]
+        copies = [edits[what](req) for req in reqs]
         outcomes = self.manager_attempt(what, lambda k: managers[k].cache_req(copies[k], finished=False))
         if outcomes[0].ok:
             for copied in copies:
@@ -190,6 +198,7 @@ class EngineCalls(CacheCalls):
         import torch
 
         pool = self.pool
+        assert pool is not None, "the precondition: a pool"
         num_slots = pool.num_slots
         rows = sorted({s % num_slots for s in slots})
         n = len(rows)
@@ -198,7 +207,7 @@ class EngineCalls(CacheCalls):
         k = values.view(n, POOL_HEADS, POOL_HEAD_DIM)
         v = -k
         loc = torch.tensor(rows, dtype=torch.int64)
-        args: list[Any] = [k, v, loc, layer]
+        args: list[object] = [k, v, loc, layer]
         edits: dict[str, Callable[[], None]] = {
             "valid": lambda: None,
             "k float64": lambda: args.__setitem__(0, k.double()),
@@ -222,15 +231,16 @@ class EngineCalls(CacheCalls):
             return  # a fast store does not detect duplicates: which row lands is the device's choice
         pool.store_mode = "fast" if fast else "checked"
         STATS.record_rule(f"hostile.pool.store_kv[{what}]")
-        result = self.outcome(lambda: pool.store_kv(*args), lambda value: None)
+        result = self.outcome(lambda: call_with(pool.store_kv, *args), lambda value: None)
         # a refused store writes nothing (the shadow stays): compare_pool checks it
         if result.ok:
             # what the pool must hold now: each in-range row of the given slots, with the given K/V rows
-            keys = args[0].reshape(args[0].shape[0], -1) if isinstance(args[0], torch.Tensor) else None
-            assert keys is not None and isinstance(args[2], torch.Tensor)
-            written_layer = int.__int__(args[3])
+            given_keys, given_slots, given_layer = args[0], args[2], args[3]
+            keys = given_keys.reshape(given_keys.shape[0], -1) if isinstance(given_keys, torch.Tensor) else None
+            assert keys is not None and isinstance(given_slots, torch.Tensor) and isinstance(given_layer, int)
+            written_layer = int.__int__(given_layer)
             skipped = False
-            for i, slot in enumerate(args[2].tolist()):
+            for i, slot in enumerate(given_slots.tolist()):
                 if not 0 <= slot < num_slots:
                     skipped = True
                     continue
