@@ -78,6 +78,21 @@ def sequences(page_size: int) -> list[tuple[tuple[int, ...], Namespace]]:
     ]
 
 
+# each operation of the alphabet -> the spec's operation it drives (prefix_cache.OPERATIONS: the alphabet
+# drives every one; size_info is compared after every operation)
+DRIVES = {
+    "match": "match_prefix",
+    "bad_namespace": "match_prefix",
+    "insert": "insert_prefix",
+    "insert_cached_slot": "insert_prefix",
+    "insert_misaligned": "insert_prefix",
+    "lock": "lock",
+    "unlock": "unlock",
+    "evict": "evict",
+    "reset": "reset",
+}
+
+
 def alphabet(page_size: int) -> list[Op]:
     """Every operation of the alphabet for page size P."""
     ops: list[Op] = []

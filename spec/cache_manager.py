@@ -145,6 +145,10 @@ def _others_unchanged(operation: str, before: Mapping[int, RequestView], after: 
 
 # ---------------------------------------------------------------- the operations
 
+# The manager's operations, in the seed's names (the list the managers and the manager machine are checked
+# against, as spec/prefix_cache.py's OPERATIONS for the cache): each has its relation here.
+OPERATIONS = ("match_req", "lock", "unlock", "available_size", "allocate_paged", "cache_req", "lazy_free_region")
+
 
 def available_size(state: ManagerState) -> int:
     """Tokens an allocation may use now: the free pages and the evictable cache (held pages not yet)."""

@@ -250,3 +250,35 @@ def reset_contract(page_size: int, program: list[int]) -> bool:
     cached = sorted(s for e in before.entries.values() for s in range(e.slot_start, e.slot_start + page_size))
     unlocked = size_info(before).protected_size == 0
     return unlocked and slots == cached and not state.entries and invariants_hold(state)
+
+
+def size_info_contract(page_size: int, program: list[int]) -> bool:
+    """size_info reports the cached pages: protected = the locked pages times P, evictable = the others times P;
+    it changes nothing.
+
+    pre: 1 <= page_size <= 2
+    pre: len(program) <= 5
+    pre: all(0 <= code <= 10 for code in program)
+    post: __return__
+    """
+    state, _ = build(page_size, program)
+    before = state.copy()
+    info = size_info(state)
+    locked = sum(1 for entry in state.entries.values() if entry.ref_count > 0)
+    return (
+        state == before
+        and info.protected_size == locked * page_size
+        and info.evictable_size == (len(state.entries) - locked) * page_size
+    )
+
+
+# each operation of the spec (prefix_cache.OPERATIONS) -> the contract that checks it
+CONTRACTS = {
+    "match_prefix": match_prefix_contract,
+    "insert_prefix": insert_prefix_contract,
+    "lock": lock_unlock_contract,
+    "unlock": lock_unlock_contract,
+    "evict": evict_contract,
+    "reset": reset_contract,
+    "size_info": size_info_contract,
+}

@@ -295,6 +295,12 @@ def stamp(state: PrefixCacheState, keys: Sequence[PageKey], t: int) -> None:
         state.entries[key] = state.entries[key]._replace(last_access=t)
 
 
+# The cache's operations, in the seed's names: the list every other place is checked against (the caches of
+# reference/ and optimized/ have a method of each name; the cache machine has a rule recording each, the
+# exhaustive checker's alphabet drives each, spec/contracts.py has a contract for each: tests/test_layout.py).
+OPERATIONS = ("match_prefix", "insert_prefix", "lock", "unlock", "evict", "reset", "size_info")
+
+
 def match_prefix(state: PrefixCacheState, input_ids: Sequence[int], namespace: Namespace = None) -> Handle:
     """Longest cached page-aligned prefix of ``input_ids``; stamps its pages."""
     # CHECK

@@ -10,6 +10,7 @@ import pytest
 
 from radixspec import reference
 from radixspec.fuzz import exhaustive
+from radixspec.spec.prefix_cache import OPERATIONS
 
 
 def test_every_state_up_to_depth_three_holds_every_invariant() -> None:
@@ -104,3 +105,10 @@ def test_a_failure_after_key_preserving_operations_keeps_them_in_its_sequence(
         ("insert", "0"),
         ("fails", "after"),
     )
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_the_alphabet_drives_every_operation_of_the_spec(page_size: int) -> None:
+    driven = {exhaustive.DRIVES[op[0]] for op in exhaustive.alphabet(page_size)}
+    # size_info is compared after every operation (World.check)
+    assert driven | {"size_info"} == set(OPERATIONS)

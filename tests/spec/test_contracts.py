@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from radixspec.spec import contracts
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import CacheBusyError, EvictionError, LengthMismatchError, UnlockError
+from radixspec.spec.prefix_cache import OPERATIONS
+from radixspec.spec.types import SizeInfo
 
 page_sizes = st.integers(1, 2)
 programs = st.lists(st.integers(0, 10), max_size=5)
@@ -44,6 +46,23 @@ def test_evict_contract(page_size: int, program: list[int], size: int) -> None:
 @given(page_sizes, programs)
 def test_reset_contract(page_size: int, program: list[int]) -> None:
     assert contracts.reset_contract(page_size, program)
+
+
+@settings(max_examples=300, deadline=None)
+@given(page_sizes, programs)
+def test_size_info_contract(page_size: int, program: list[int]) -> None:
+    assert contracts.size_info_contract(page_size, program)
+
+
+def test_the_size_info_contract_fails_when_a_locked_page_counts_as_evictable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # insert (1 1 2 2 3) at P = 2, lock its match: two pages protected; a size_info that forgets the locks fails
+    assert contracts.size_info_contract(2, [0, 6])
+    monkeypatch.setattr(contracts, "size_info", lambda state: SizeInfo(len(state.entries) * state.page_size, 0))
+    assert not contracts.size_info_contract(2, [0, 6])
+
+
+def test_every_operation_of_the_spec_has_a_contract() -> None:
+    assert set(contracts.CONTRACTS) == set(OPERATIONS)
 
 
 def test_a_locked_leaf_is_never_evicted_even_when_oldest() -> None:
