@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, multiple
+from hypothesis.stateful import Bundle, MultipleResults, RuleBasedStateMachine, initialize, multiple
 
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
@@ -23,7 +23,16 @@ from ..sequences import (
     tail_choices,
 )
 from ..stats import STATS
-from ..targets.api import CacheCapabilities, Evicts, PageKey, PrefixCacheTarget, Profile, Resets, TargetInfo
+from ..targets.api import (
+    CacheCapabilities,
+    Evicts,
+    LruModel,
+    PageKey,
+    PrefixCacheTarget,
+    Profile,
+    Resets,
+    TargetInfo,
+)
 from ..targets.ours import IMPLEMENTATIONS
 
 EVICT_SIZES = ("some", "some", "all", "one", "zero", "over", "negative")
@@ -68,7 +77,7 @@ class Driven:
     """One target the machine drives beside the spec, with what it offers beyond the protocol (resolved once)."""
 
     name: str
-    target: PrefixCacheTarget[Any]
+    target: PrefixCacheTarget[object]
     caps: CacheCapabilities
     # its KV events replayed as a router would (targets that emit them)
     replayer: ev.Replayer | None = None
@@ -98,7 +107,7 @@ class Driven:
 class HandleSet:
     """The spec's handle and each target's, from the same call, and how many resets came before."""
 
-    def __init__(self, spec: pc.Handle, handles: list[Any], epoch: int) -> None:
+    def __init__(self, spec: pc.Handle, handles: list[object], epoch: int) -> None:
         self.spec = spec
         self.handles = handles
         self.epoch = epoch
@@ -138,7 +147,7 @@ class CacheMachineBase(RuleBasedStateMachine):
         self.locks: Counter[pc.PageKey] = Counter()
         # the target the model follows (a profile with choices of its own), or None: the spec decides
         self.follow: Driven | None = None
-        self.lru_model: Any = None
+        self.lru_model: LruModel | None = None
         # resets so far
         self.epoch = 0
         # steps since the last whole comparison
@@ -158,7 +167,7 @@ class CacheMachineBase(RuleBasedStateMachine):
     )
     def setup(
         self, page_size: int, first: list[tuple[list[int], list[int]]], num_pages: int = 48, big: bool = False
-    ) -> Any:
+    ) -> MultipleResults[tuple[int, ...]]:
         for info in self.TARGETS:
             if info.page_sizes is not None:
                 page_size = info.page_sizes[page_size % len(info.page_sizes)]

@@ -7,7 +7,7 @@ import itertools
 from typing import Any
 
 from hypothesis import strategies as st
-from hypothesis.stateful import multiple, precondition, rule
+from hypothesis.stateful import MultipleResults, multiple, precondition, rule
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import SLOT_LIMIT, Namespace
@@ -35,7 +35,7 @@ class Operations(Checks):
     reset, bad slots, bad namespaces, and the C tree's own check, checked."""
 
     @rule(target=handles, seq=seqs, namespace=namespaces)
-    def match_prefix(self, seq: tuple[int, ...], namespace: Namespace) -> Any:
+    def match_prefix(self, seq: tuple[int, ...], namespace: Namespace) -> HandleSet:
         """A match returns the longest cached prefix and exactly the slots inserted for it."""
         STATS.record_rule("cache.match_prefix")
         ns, tokens = self.ns(namespace), list(seq)
@@ -53,7 +53,9 @@ class Operations(Checks):
         return matched
 
     @rule(target=handles, seq=seqs, namespace=namespaces, where=st.sampled_from(SLOT_RANGES))
-    def insert_prefix(self, seq: tuple[int, ...], namespace: Namespace, where: str = "low") -> Any:
+    def insert_prefix(
+        self, seq: tuple[int, ...], namespace: Namespace, where: str = "low"
+    ) -> HandleSet | MultipleResults[HandleSet]:
         """An insert keeps cached pages, takes new slots for the rest, and reports what was cached."""
         STATS.record_rule("cache.insert_prefix")
         handles = self.insert_valid(seq, self.ns(namespace), high=where == "high")
@@ -180,7 +182,7 @@ class Operations(Checks):
 
         error = self.spec_try(spec)
 
-        def call(run: Driven, h: Any) -> None:
+        def call(run: Driven, h: object) -> None:
             slots = run.target.get_matched_indices(h)
             assert slots == want, f"get_matched_indices of {run.name} (got, held): {list_diff(slots, want)}"
 

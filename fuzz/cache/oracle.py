@@ -216,7 +216,7 @@ class Oracle(SlotLedger):
             f"{label}: {run.name} gave back slots {brief([brief(g) for g in groups], 2)} (only an eviction may)"
         )
 
-    def check_handle(self, run: Driven, label: str, handle: Any, expected: pc.Handle) -> None:
+    def check_handle(self, run: Driven, label: str, handle: object, expected: pc.Handle) -> None:
         """The target's handle matches the spec's: same length, exactly the cached slots of that prefix."""
         got = run.target.cached_len(handle)
         assert got == expected.cached_len, f"{label}: {run.name} cached_len {got}, the spec {expected.cached_len}"
@@ -233,14 +233,14 @@ class Oracle(SlotLedger):
         label: str,
         error: CacheError | None,
         after_reset: type[CacheError] | None,
-        call: Callable[[Driven, Any], None],
+        call: Callable[[Driven, object], None],
     ) -> bool:
         """``call`` with each target's handle: rejected where the spec rejected (``error``), and for a handle
         from before a reset on targets whose handles do not survive one (``after_reset``, or UnlockError)."""
         for index, run in enumerate(self.runs):
             h = handle.handles[index]
 
-            def bound(r: Driven, h: Any = h) -> None:
+            def bound(r: Driven, h: object = h) -> None:
                 call(r, h)
 
             if handle.epoch != self.epoch and not run.profile.handles_survive_reset and error is None:

@@ -3,10 +3,8 @@ cached pages, parents and leaves touched out of order."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
+from hypothesis.stateful import MultipleResults, precondition, rule
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
@@ -32,6 +30,7 @@ from .base import (
     SHALLOW_KEY_PAGES,
     SMALL_BULK_PAGES,
     TOUCHED_LEAVES,
+    HandleSet,
     handles,
     seqs,
 )
@@ -131,7 +130,7 @@ class TreeShaping(Operations):
 
     @precondition(lambda self: bool(self.model.entries))
     @rule(target=handles, which=st.integers(0, 1 << 16), extra=tail_choices)
-    def match_cached(self, which: int, extra: list[int]) -> Any:
+    def match_cached(self, which: int, extra: list[int]) -> HandleSet | MultipleResults[HandleSet]:
         """A hit: the path of a page the cache holds (the ``which``-th, in caching order), maybe with tokens
         after it: what an engine mostly matches.
 
