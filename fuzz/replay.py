@@ -42,14 +42,19 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
 
-from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import TOKEN_LIMIT, Namespace, check_namespace
 from radixspec.spec.errors import CacheError
 from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
 
+if TYPE_CHECKING:
+    from .targets.api import PrefixCacheTarget
+    from .targets.ours_optimized import OptimizedCache
+
 Request = tuple[list[int], Namespace]
+# a target's handle: the driver hands it back to the target that made it
+H = TypeVar("H")
 # a namespace as a trace line writes it (namespace_of reads it back)
 JsonNamespace = list[str | int] | None
 IMPLS = ("spec", "reference", "optimized")
@@ -198,138 +203,78 @@ def generate(out: Path, requests: int, seed: int = 0) -> None:
 # ---------------------------------------------------------------- the caches
 
 
-class Driver:
-    """One cache behind the replay's four calls; slots are page starts the replay hands out."""
+class Driver(Generic[H]):
+    """A prefix-cache target behind the replay's calls (``fuzz/targets/api.py``: the target turns what its cache
+    returns into ints and lists); slots are page starts the replay hands out, unless the target takes its own pages
+    (``allocates``)."""
 
-    name: str
-    allocates = False  # True: the cache takes its own pages (and evicts for them)
+    def __init__(self, name: str, target: PrefixCacheTarget[H], page_size: int) -> None:
+        from .targets.api import Evicts
 
-    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, Any]:
-        """(cached tokens, a handle on the matched path)."""
-        raise NotImplementedError
-
-    def lock(self, handle: Any) -> None:
-        """Protect the matched path while the request is placed."""
-        raise NotImplementedError
-
-    def unlock(self, handle: Any) -> None:
-        """Release it."""
-        raise NotImplementedError
-
-    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
-        """Cache the whole pages (slots: the matched ones then the new pages'; None when the cache allocates)."""
-        raise NotImplementedError
-
-    def evict(self, tokens: int) -> list[int]:
-        """Free at least ``tokens`` tokens of LRU pages; their slots."""
-        raise NotImplementedError
-
-    def slots(self, handle: Any) -> list[int]:
-        """The matched path's slots."""
-        raise NotImplementedError
-
-    def cached_page_count(self) -> int:
-        """Pages the cache holds now."""
-        raise NotImplementedError
-
-
-class OurDriver(Driver):
-    """The spec, the reference or the optimized cache."""
-
-    def __init__(self, impl: str, page_size: int) -> None:
-        from radixspec import optimized, reference
-
-        self.name = impl
-        self.page_size = page_size
-        self.state: pc.PrefixCacheState | None = None
-        if impl == "spec":
-            self.state = pc.new_state(page_size)
-        else:
-            self.cache: Any = (reference if impl == "reference" else optimized).RadixPrefixCache(page_size)
-
-    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, Any]:
-        if self.state is not None:
-            handle = pc.match_prefix(self.state, tokens, namespace)
-            return handle.cached_len, handle
-        handle = self.cache.match_prefix(tokens, namespace)
-        return handle.cached_len, handle
-
-    def lock(self, handle: Any) -> None:
-        pc.lock(self.state, handle) if self.state is not None else self.cache.lock(handle)
-
-    def unlock(self, handle: Any) -> None:
-        pc.unlock(self.state, handle) if self.state is not None else self.cache.unlock(handle)
-
-    def slots(self, handle: Any) -> list[int]:
-        if self.state is not None:
-            return list(pc.get_matched_indices(self.state, handle))
-        return (
-            [int(s) for s in handle.get_matched_indices().tolist()]
-            if self.name == "optimized"
-            else list(handle.get_matched_indices())
-        )
-
-    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
-        if self.state is not None:
-            return pc.insert_prefix(self.state, tokens, slots or [], namespace)
-        return self.cache.insert_prefix(tokens, slots, namespace)
-
-    def evict(self, tokens: int) -> list[int]:
-        if self.state is not None:
-            return list(pc.evict(self.state, tokens))
-        out = self.cache.evict(tokens)
-        return out.tolist() if self.name == "optimized" else list(out)
-
-    def cached_page_count(self) -> int:
-        info = tuple(pc.size_info(self.state)) if self.state is not None else tuple(self.cache.size_info)
-        return int(info[0] + info[1]) // self.page_size
-
-
-class TargetDriver(Driver):
-    """A target of the target API (``--target NAME``)."""
-
-    def __init__(self, name: str, page_size: int, pool_pages: int) -> None:
-        from .targets import resolve
-
-        info = resolve(name)
-        assert info.cache_factory is not None, f"target {name} has no prefix cache"
         self.name = name
+        self.target = target
         self.page_size = page_size
-        self.target: Any = info.cache_factory(page_size, pool_pages)
-        profile = self.target.profile
+        profile = target.profile
+        # True: the cache takes its own pages (and evicts for them)
         self.allocates = profile.slots == "target"
         self.namespaces = profile.namespaces
+        # the target itself when it evicts on request (every target that takes the caller's slots must)
+        self.evicts = target if isinstance(target, Evicts) else None
+        # pages the target evicted to take its own
         self.evicted_by_allocation = 0
 
     def ns(self, namespace: Namespace) -> Namespace:
+        """The request's namespace as the target takes it (None for a target without namespaces)."""
         return namespace if self.namespaces else None
 
-    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, Any]:
+    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, H]:
+        """(cached tokens, a handle on the matched path)."""
         handle = self.target.match_prefix(tokens, self.ns(namespace))
         return int(self.target.cached_len(handle)), handle
 
-    def lock(self, handle: Any) -> None:
+    def lock(self, handle: H) -> None:
+        """Protect the matched path while the request is placed."""
         self.target.lock(handle)
 
-    def unlock(self, handle: Any) -> None:
+    def unlock(self, handle: H) -> None:
+        """Release it."""
         self.target.unlock(handle)
 
-    def slots(self, handle: Any) -> list[int]:
+    def slots(self, handle: H) -> list[int]:
+        """The matched path's slots."""
         return list(self.target.get_matched_indices(handle))
 
-    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> Any:
-        _, handle = self.target.insert_prefix(tokens, slots, self.ns(namespace))
+    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> None:
+        """Cache the whole pages (slots: the matched ones then the new pages'; None when the cache allocates)."""
+        self.target.insert_prefix(tokens, slots, self.ns(namespace))
         if self.allocates:
             self.evicted_by_allocation += sum(len(group) for group in self.target.take_evicted()) // self.page_size
-        return handle
 
     def evict(self, tokens: int) -> list[int]:
-        self.target.evict(tokens)
+        """Free at least ``tokens`` tokens of LRU pages; their slots."""
+        if self.evicts is None:
+            from .targets.api import TargetError
+
+            raise TargetError(f"target {self.name} takes the caller's slots but has no evict(): it cannot be replayed")
+        self.evicts.evict(tokens)
         return [slot for group in self.target.take_evicted() for slot in group]
 
     def cached_page_count(self) -> int:
+        """Pages the cache holds now."""
         evictable, protected = self.target.size_info()
         return int(evictable + protected) // self.page_size
+
+
+def optimized_target(page_size: int) -> OptimizedCache:
+    """The optimized target fed the replay's lists as they are (the fuzzer's target converts each input to
+    another format in turn: a replay would time the conversions); imports torch and the C tree."""
+    from .targets.ours_optimized import OptimizedCache
+
+    class ListsAsGiven(OptimizedCache):
+        def convert(self, values: list[int], shift: int = 0) -> list[int]:
+            return values
+
+    return ListsAsGiven(page_size)
 
 
 # ---------------------------------------------------------------- the replay
@@ -355,9 +300,38 @@ class Row:
     seconds: float
 
 
-def our_driver(impl: str, page_size: int, pool_pages: int) -> Driver:
-    """Our implementation ``impl`` (the pool size is the replay's: our caches have no capacity)."""
-    return OurDriver(impl, page_size)
+def replay_ours(
+    impl: str, page_size: int, pool_pages: int, requests: Iterator[Request], progress: TextIO | None = None
+) -> Row:
+    """``replay_trace`` of our implementation ``impl`` through its target (``fuzz/targets/ours.py``), made with
+    no KV events: a replay reads none, and a long trace's would fill memory. The pool size is the replay's: our
+    caches have no capacity."""
+    from .targets.ours import ReferenceCache, SpecCache
+
+    def run(target: PrefixCacheTarget[H]) -> Row:
+        return replay_trace(Driver(impl, target, page_size), requests, pool_pages, page_size, progress)
+
+    if impl == "spec":
+        return run(SpecCache(page_size))
+    if impl == "reference":
+        reference = ReferenceCache(page_size)
+        reference.cache.events = None
+        return run(reference)
+    optimized = optimized_target(page_size)
+    optimized.cache.events = None
+    return run(optimized)
+
+
+def replay_target(
+    name: str, page_size: int, pool_pages: int, requests: Iterator[Request], progress: TextIO | None = None
+) -> Row:
+    """``replay_trace`` of a target of the target API (``--target NAME``), its pool ``pool_pages`` pages."""
+    from .targets import resolve
+
+    info = resolve(name)
+    assert info.cache_factory is not None, f"target {name} has no prefix cache"
+    driver = Driver(name, info.cache_factory(page_size, pool_pages), page_size)
+    return replay_trace(driver, requests, pool_pages, page_size, progress)
 
 
 # seconds between two progress lines of a long replay (on stderr)
@@ -365,7 +339,7 @@ PROGRESS_S = 10.0
 
 
 def replay_trace(
-    driver: Driver, requests: Iterator[Request], pool_pages: int, page_size: int, progress: TextIO | None = None
+    driver: Driver[H], requests: Iterator[Request], pool_pages: int, page_size: int, progress: TextIO | None = None
 ) -> Row:
     """Every request through ``driver``, as a cache manager does for prompts; the figures. With ``progress``,
     a line every PROGRESS_S seconds says how far a long replay got."""
@@ -406,8 +380,7 @@ def replay_trace(
                 free.append(pages[-1])  # the partial last page is not cached
         driver.unlock(handle)
         peak = max(peak, driver.cached_page_count())
-    if isinstance(driver, TargetDriver):
-        evicted += driver.evicted_by_allocation
+    evicted += driver.evicted_by_allocation
     return Row(
         impl=driver.name,
         pool_pages=pool_pages,
@@ -527,7 +500,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         next(read_trace(args.trace, fmt, args.block_size))  # a malformed first request fails here, before any run
     except (ValueError, CacheError) as exc:
         parser.error(str(exc))
-    makers: list[Callable[[int], Driver]]
+    page_size: int = args.page_size
+    # each implementation's replay: (pool pages, the trace's requests) -> its row
+    runs: list[Callable[[int, Iterator[Request]], Row]]
     if args.target:
         from .targets import TargetError, resolve
 
@@ -536,24 +511,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TargetError as exc:
             parser.error(str(exc))
         target_name: str = args.target
-        makers = [lambda pages: TargetDriver(target_name, args.page_size, pages)]
+        runs = [functools.partial(replay_target, target_name, page_size, progress=sys.stderr)]
         profile = resolve(args.target).profile
         if profile is not None and not profile.namespaces:
             print(f"note: target {args.target} has no namespaces: every request is replayed in one namespace")
     else:
         impls = IMPLS if args.impl in (None, "all") else (args.impl,)
-        page_size: int = args.page_size
-        makers = [functools.partial(our_driver, impl, page_size) for impl in impls]
+        runs = [functools.partial(replay_ours, impl, page_size, progress=sys.stderr) for impl in impls]
     rows: list[Row] = []
     print(
         f"{'impl':<12} {'pool pages':>10} {'requests':>9} {'hit rate':>9} {'req hits':>9} {'evicted':>9}"
         f" {'in use':>7} {'peak':>7} {'seconds':>8}"
     )
     for pages in args.pool_pages:
-        for make in makers:
+        for run in runs:
             try:
-                requests = read_trace(args.trace, fmt, args.block_size)
-                row = replay_trace(make(pages), requests, pages, args.page_size, progress=sys.stderr)
+                row = run(pages, read_trace(args.trace, fmt, args.block_size))
             except (ValueError, CacheError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2

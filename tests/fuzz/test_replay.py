@@ -32,7 +32,7 @@ def test_spec_reference_and_optimized_give_the_same_figures(trace: Path) -> None
     rows = []
     for pages in (128, 2048):
         for impl in replay.IMPLS:
-            rows.append(replay.replay_trace(replay.OurDriver(impl, 16), replay.read_trace(trace), pages, 16))
+            rows.append(replay.replay_ours(impl, 16, pages, replay.read_trace(trace)))
     assert replay.differential(rows) == ""
     small, large = rows[0], rows[3]
     # a bigger pool hits more and evicts less; the small one is full at the end
@@ -120,7 +120,7 @@ def test_bad_command_lines_are_clean_errors(argv: list[str]) -> None:
 def test_a_long_replay_says_how_far_it_got(trace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replay, "PROGRESS_S", 0.0)
     out = io.StringIO()
-    replay.replay_trace(replay.OurDriver("reference", 16), replay.read_trace(trace), 128, 16, progress=out)
+    replay.replay_ours("reference", 16, 128, replay.read_trace(trace), progress=out)
     lines = out.getvalue().splitlines()
     assert lines and lines[0].startswith("  ... reference at 128 pages: 256 requests in")
 
