@@ -209,7 +209,8 @@ class Driver(Generic[H]):
     (``allocates``)."""
 
     def __init__(self, name: str, target: PrefixCacheTarget[H], page_size: int) -> None:
-        from .targets.api import Evicts
+        """Raises TargetError, before any request, for a target that takes the caller's slots but cannot evict."""
+        from .targets.api import Evicts, TargetError
 
         self.name = name
         self.target = target
@@ -220,6 +221,8 @@ class Driver(Generic[H]):
         self.namespaces = profile.namespaces
         # the target itself when it evicts on request (every target that takes the caller's slots must)
         self.evicts = target if isinstance(target, Evicts) else None
+        if not self.allocates and self.evicts is None:
+            raise TargetError(f"target {name} takes the caller's slots but has no evict(): it cannot be replayed")
         # pages the target evicted to take its own
         self.evicted_by_allocation = 0
 
@@ -252,10 +255,7 @@ class Driver(Generic[H]):
 
     def evict(self, tokens: int) -> list[int]:
         """Free at least ``tokens`` tokens of LRU pages; their slots."""
-        if self.evicts is None:
-            from .targets.api import TargetError
-
-            raise TargetError(f"target {self.name} takes the caller's slots but has no evict(): it cannot be replayed")
+        assert self.evicts is not None, "checked when the driver was made"
         self.evicts.evict(tokens)
         return [slot for group in self.target.take_evicted() for slot in group]
 
@@ -503,8 +503,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     page_size: int = args.page_size
     # each implementation's replay: (pool pages, the trace's requests) -> its row
     runs: list[Callable[[int, Iterator[Request]], Row]]
+    from .targets.api import TargetError
+
     if args.target:
-        from .targets import TargetError, resolve
+        from .targets import resolve
 
         try:
             resolve(args.target)
@@ -527,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for run in runs:
             try:
                 row = run(pages, read_trace(args.trace, fmt, args.block_size))
-            except (ValueError, CacheError) as exc:
+            except (ValueError, CacheError, TargetError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             rows.append(row)

@@ -193,7 +193,7 @@ class HostileBase(RuleBasedStateMachine):
         """Apply one call to the spec (when it has a twin of it) and every implementation; check the law."""
         STATS.record_rule(f"hostile.{label}")
         before = [impl.cache.abstract_state() for impl in self.impls]
-        model_before = pc.PrefixCacheState(self.model.page_size, dict(self.model.entries), self.model.clock)
+        model_before = self.model.copy()
         outcomes = []
         for impl, state in zip(self.impls, before, strict=True):
             result = self.outcome(functools.partial(call, impl), normalize)

@@ -68,7 +68,7 @@ class CacheCalls(HostileBase):
         # evict like any other, and the spec says what it gives
         pages = -(-size // self.page_size)
         if mutation == "resized to 1" and pages * self.page_size <= 1:
-            plan = pc.PrefixCacheState(self.model.page_size, dict(self.model.entries), self.model.clock)
+            plan = self.model.copy()
             expected = self.outcome(lambda: pc.evict(plan, size), lambda v: None)
             assert result == expected, f"evict(out= {mutation}): {result}, the spec {expected}"
             if result.ok:

@@ -167,3 +167,15 @@ def test_a_huge_mooncake_block_size_expands_only_the_tokens_asked_for(tmp_path: 
     trace.write_text(json.dumps({"hash_ids": [3, 4], "input_length": 10}) + "\n")
     ((tokens, namespace),) = list(replay.read_trace(trace, "mooncake", 10**9))
     assert tokens == [3 * 10**9 + j for j in range(10)] and namespace is None
+
+
+def test_a_target_taking_the_callers_slots_without_evict_is_refused_before_any_request() -> None:
+    from radixspec.fuzz.targets.api import Profile, TargetError
+
+    class NoEvict:
+        profile = Profile("no-evict", slots="caller")
+
+    with pytest.raises(TargetError, match="target no-evict takes the caller's slots but has no evict"):
+        replay.Driver("no-evict", NoEvict(), 16)  # type: ignore[arg-type]
+    NoEvict.profile = Profile("no-evict", slots="target")
+    assert replay.Driver("allocates", NoEvict(), 16).evicts is None  # type: ignore[arg-type]
