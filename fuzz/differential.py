@@ -76,12 +76,12 @@ def apply_all(
     return Outcomes(results, error)
 
 
-def name_of(impl: Any) -> str:
+def name_of(impl: object) -> str:
     """An implementation's name for a message (a target without one: its class)."""
     return str(getattr(impl, "name", type(impl).__name__))
 
 
-def describe_difference(a: Any, b: Any) -> str:
+def describe_difference(a: object, b: object) -> str:
     """A short account of how two abstract states differ (page by page for caches)."""
     cache_a = getattr(a, "cache", a)
     cache_b = getattr(b, "cache", b)

@@ -40,7 +40,7 @@ import argparse
 import multiprocessing
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,8 @@ from .targets.ours import IMPLEMENTATIONS, ReferenceCache, SpecCache
 from .targets.ours_optimized import OptimizedCache
 
 Op = tuple[str, ...]
+# the implementations the cache alphabet runs side by side
+Impl = SpecCache | ReferenceCache | OptimizedCache
 # the second namespace (a tuple of the spec's domain)
 OTHER: Namespace = ("tenant", 1)
 # locks outstanding at once, at most (bounds the state space: a lock's path is all it adds)
@@ -104,7 +106,7 @@ def alphabet(page_size: int) -> list[Op]:
     return ops
 
 
-def pages_up_to_stamp_order(state: pc.PrefixCacheState) -> tuple[Any, ...]:
+def pages_up_to_stamp_order(state: pc.PrefixCacheState) -> tuple[tuple[str, tuple[int, ...], int, int, int, int], ...]:
     """The cached pages with their stamps replaced by their ranks: LRU compares stamps only, so two states
     equal up to that order behave the same (the dedup key's cache part)."""
     entries = state.entries
@@ -124,10 +126,10 @@ class Lock:
 
     seq: int
     cached_len: int
-    handles: list[Any]
+    handles: list[object]
 
 
-def evicted_slots(impl: Any, size: int) -> list[int]:
+def evicted_slots(impl: Impl, size: int) -> list[int]:
     """``impl.evict(size)`` and the slots it gave back, in the order given."""
     impl.evict(size)
     return [slot for unit in impl.take_evicted() for slot in unit]
@@ -139,16 +141,17 @@ class World:
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self.seqs = sequences(page_size)
-        self.impls: list[Any] = [SpecCache(page_size), ReferenceCache(page_size), OptimizedCache(page_size)]
+        # the spec's target, first: the oracle apply_all judges the others against
+        self.spec_target = SpecCache(page_size)
+        self.impls: list[Impl] = [self.spec_target, ReferenceCache(page_size), OptimizedCache(page_size)]
         self.locks: list[Lock] = []
         self.replayers = {impl.name: ev.Replayer(page_size) for impl in self.impls[1:]}
 
     @property
     def spec(self) -> pc.PrefixCacheState:
-        state: pc.PrefixCacheState = self.impls[0].state
-        return state
+        return self.spec_target.state
 
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> tuple[Hashable, ...]:
         """The state up to stamp order: pages (tokens, slot, ranks of stamps, refs) and the locks."""
         return (pages_up_to_stamp_order(self.spec), tuple(sorted(map(repr, map(self.path_of, self.locks)))))
 
@@ -286,7 +289,7 @@ class ManagerWorld:
         self.machine.setup(page_size, self.PAGES, [([0, 1], [2])])
         self.prompts = manager_prompts(page_size)
 
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> tuple[Hashable, ...]:
         """Pages (up to stamp order), the free list in order, the live requests' rows and progress."""
         state = self.machine.exact_target(0).abstract_state()
         live = tuple(
@@ -354,18 +357,18 @@ def manager_alphabet(page_size: int) -> list[Op]:
     return ops
 
 
-def cached_len(impl: Any, handle: Any) -> int:
+def cached_len(impl: Impl, handle: Any) -> int:
     """A handle observed as its cached length."""
     return int(impl.cached_len(handle))
 
 
-def run_ops(page_size: int, ops: Sequence[Op], check: bool = True, machine: str = "cache") -> Any:
+def run_ops(page_size: int, ops: Sequence[Op], check: bool = True, machine: str = "cache") -> World | ManagerWorld:
     """Replay ``ops`` from an empty cache (or manager), every check after each (``check``); the world after.
 
     The search replays a known state's path unchecked (it was checked when found): outcomes are still
     compared on every call; the checks run after the new operation.
     """
-    world: Any = World(page_size) if machine == "cache" else ManagerWorld(page_size)
+    world: World | ManagerWorld = World(page_size) if machine == "cache" else ManagerWorld(page_size)
     for op in ops:
         world.apply(tuple(op), check)
     return world
@@ -381,11 +384,11 @@ def alphabet_of(machine: str, page_size: int) -> list[Op]:
 
 def expand(
     job: tuple[str, int, tuple[Op, ...]],
-) -> tuple[list[tuple[Any, tuple[Op, ...]]], int, str | None, tuple[Op, ...]]:
+) -> tuple[list[tuple[tuple[Hashable, ...], tuple[Op, ...]]], int, str | None, tuple[Op, ...]]:
     """The transitions out of the state ``path`` leads to: (key, path) of each successor, how many, and the
     first failure with its operation sequence (or None)."""
     machine, page_size, path = job
-    out: list[tuple[Any, tuple[Op, ...]]] = []
+    out: list[tuple[tuple[Hashable, ...], tuple[Op, ...]]] = []
     transitions = 0
     world = run_ops(page_size, path, check=False, machine=machine)
     key = world.key()

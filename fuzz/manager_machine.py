@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -42,7 +41,7 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import CacheBusyError
 from radixspec.spec.helpers import div_ceil
 
-from .differential import apply_all
+from .differential import Outcomes, apply_all
 from .manager.base import (
     MAX_PAGES_PER_REQ,
     REGIONS,
@@ -78,7 +77,7 @@ class ManagerMachine(ManagerBase):
         tail: list[int],
         namespace: Namespace,
         max_new_tokens: int,
-    ) -> Any:
+    ) -> tuple[int, ...]:
         """The seed's PrefillAdder._try_allocate_one: match, check, lock, check again, fill the row.
 
         The prompt is ``base`` when ``keep`` and no pages are drawn, else the drawn
@@ -95,7 +94,7 @@ class ManagerMachine(ManagerBase):
 
     @precondition(lambda self: len(self.live) < ROWS)
     @rule(target=prompts, base=prompts, max_new_tokens=st.integers(1, 6))
-    def admit_cached_prefix(self, base: tuple[int, ...], max_new_tokens: int) -> Any:
+    def admit_cached_prefix(self, base: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
         """Admit the whole pages of an earlier prompt, in its namespace: often every page is cached, so the
         match must stop a token short (match_req leaves the last token to be recomputed)."""
         STATS.record_rule("manager.admit_cached_prefix")
@@ -148,7 +147,7 @@ class ManagerMachine(ManagerBase):
         after = self.observe({})
         if before is not None and after is not None:
             for index in self.exact:
-                exact: Any = self.impls[index]
+                exact = self.exact_target(index)
                 if out.results[index] == "admitted":
                     sm.lock(before[index][0], after[index][0], exact.spec_handle(handles[index]))
                 else:  # locked and unlocked again, or never locked: the cache as it was
@@ -206,7 +205,7 @@ class ManagerMachine(ManagerBase):
         # after the forward: chunks advance, a completed prefill is cached, a finished request is released
         self.in_region(region, lambda: self.advance(batch, targets))
 
-    def allocate(self, batch: list[LiveReq], copies: int = 1) -> Any:
+    def allocate(self, batch: list[LiveReq], copies: int = 1) -> Outcomes:
         """allocate_paged of the batch on every implementation, checked against the spec's relation."""
         mine = {live.uid: live.reqs for live in batch}
         others = self.live_reqs(but=batch)
@@ -233,7 +232,7 @@ class ManagerMachine(ManagerBase):
                 )
         return out
 
-    def cache(self, live: LiveReq, finished: bool, label: str) -> Any:
+    def cache(self, live: LiveReq, finished: bool, label: str) -> Outcomes:
         """cache_req of one request on every implementation, checked against the spec's relation."""
         mine = {live.uid: live.reqs}
         others = self.live_reqs(but=[live])

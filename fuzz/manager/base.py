@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple
+from hypothesis.stateful import Bundle, MultipleResults, RuleBasedStateMachine, initialize, invariant, multiple
 
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import events as ev
@@ -113,7 +113,7 @@ class ManagerBase(RuleBasedStateMachine):
             return None
         out = {}
         for index in self.exact:
-            impl: Any = self.impls[index]
+            impl = self.exact_target(index)
             state = impl.abstract_state()
             out[index] = (state, {uid: impl.view(state, per_impl[index]) for uid, per_impl in reqs.items()})
         return out
@@ -129,7 +129,9 @@ class ManagerBase(RuleBasedStateMachine):
         num_pages=st.integers(2, 24),
         first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )
-    def setup(self, page_size: int, num_pages: int, first: list[tuple[list[int], list[int]]]) -> Any:
+    def setup(
+        self, page_size: int, num_pages: int, first: list[tuple[list[int], list[int]]]
+    ) -> MultipleResults[tuple[int, ...]]:
         for info in self.TARGETS:
             if info.page_sizes is not None:
                 page_size = info.page_sizes[page_size % len(info.page_sizes)]
@@ -143,10 +145,11 @@ class ManagerBase(RuleBasedStateMachine):
 
     def cached_page_count(self) -> int:
         """Pages the prefix cache holds now (to count evictions)."""
-        first: Any = self.first
-        return int(first.cached_page_count()) if self.exact and self.exact[0] == 0 else len(first.cached_slots())
+        if self.exact and self.exact[0] == 0:
+            return int(self.exact_target(0).cached_page_count())
+        return len(self.first.cached_slots())
 
-    def snapshot(self, impl: Target) -> tuple[Any, ...]:
+    def snapshot(self, impl: Target) -> tuple[object, ...]:
         """What a rejected call must leave unchanged: an exact target's abstract state and the live requests'
         fields; another's free list, cached pages, sizes and live rows.
 
@@ -156,7 +159,7 @@ class ManagerBase(RuleBasedStateMachine):
             return ()
         index = self.impls.index(impl)
         if index in self.exact:
-            exact: Any = impl
+            exact = self.exact_target(index)
             reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
             return (exact.abstract_state(), reqs)
         rows = [tuple(impl.row(live.reqs[index])) for live in self.live]
