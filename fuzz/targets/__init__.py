@@ -84,7 +84,7 @@ def resolve(name: str, check: bool = True) -> TargetInfo:
     return info
 
 
-def _load(path: str, name: str) -> Any:
+def _load(path: str, name: str) -> object:
     """The object ``module:attribute`` names, or TargetError."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
@@ -142,7 +142,7 @@ def check_methods(info: TargetInfo) -> None:
     """Build one small instance of each of the target's factories and check that it has every method its
     profile promises; TargetError naming what is missing (a command-line error, never a fuzz failure)."""
     p = info.page_sizes[0] if info.page_sizes else 1
-    made: list[tuple[str, type, Callable[[], Any]]] = []
+    made: list[tuple[str, type, Callable[[], object]]] = []
     if info.cache_factory is not None:
         cache_factory = info.cache_factory
         made.append((f"cache_factory({p}, 16)", PrefixCacheTarget, lambda: cache_factory(p, 16)))

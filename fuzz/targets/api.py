@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
@@ -36,9 +36,26 @@ from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
 # a target's handle type, and its request type (a manager's)
 H = TypeVar("H")
 R = TypeVar("R")
+# a handle type of a protocol that only takes handles
+H_contra = TypeVar("H_contra", contravariant=True)
 
 # a page is named by the spec's key: (namespace, Prefix); build one from tokens with page_key(namespace, tokens, P)
 __all__ = ["PageKey", "Prefix", "page_key"]
+
+
+class LruModel(Protocol):
+    """A target's eviction rule, modelled for the strict LRU check; pages are named by their first slots, in
+    path order."""
+
+    def match(self, pages: list[int]) -> None:
+        """A lookup of ``pages``."""
+
+    def insert(self, hits: list[int], new_count: int) -> tuple[list[int], list[int]]:
+        """An insert that hit ``hits`` and needs ``new_count`` new pages: (the new pages, the pages evicted)."""
+
+    def lock(self, pages: list[int]) -> None: ...
+    def unlock(self, pages: list[int]) -> None: ...
+    def reset(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -76,10 +93,8 @@ class Profile:
     default_lru: Literal["strict", "sync"] = "strict"
     # why this profile differs from the spec, in a sentence per difference (printed in the summary)
     notes: tuple[str, ...] = ()
-    # strict LRU for targets whose rule is not the spec's page LRU: factory(num_pages, page_size) of a model
-    # with match(pages), insert(hit_pages, new_count) -> (new_pages, evicted_pages), lock(pages),
-    # unlock(pages), reset() (pages as first slots, in path order)
-    lru_model: Callable[[int, int], Any] | None = None
+    # strict LRU for targets whose rule is not the spec's page LRU: factory(num_pages, page_size) of an LruModel
+    lru_model: Callable[[int, int], LruModel] | None = None
     # whether the target's KV events tell namespaces apart (different hashes for equal tokens in two
     # namespaces); when False, --lru sync replays them as a router that counts repeats would, on token
     # prefixes alone, and --lru strict still asks for distinct hashes
@@ -192,10 +207,10 @@ class CountsMetrics(Protocol):
 
 
 @runtime_checkable
-class MeasuresDepth(Protocol):
+class MeasuresDepth(Protocol[H_contra]):
     """The depth in radix nodes of a handle's path (for the reach)."""
 
-    def path_nodes(self, handle: Any) -> int: ...
+    def path_nodes(self, handle: H_contra) -> int: ...
 
 
 @runtime_checkable
@@ -213,11 +228,11 @@ class ChecksItsChecks(Protocol):
 
 
 @dataclass(frozen=True)
-class CacheCapabilities:
+class CacheCapabilities(Generic[H]):
     """What a cache target offers beyond the protocol, resolved once when a machine sets it up: each field is the
     target itself, typed by that capability, or None. Rules read these; none probes a target's attributes."""
 
-    exact: ExactCache[Any] | None
+    exact: ExactCache[H] | None
     evicts: Evicts | None
     resets: Resets | None
     integrity: ChecksIntegrity | None
@@ -225,25 +240,22 @@ class CacheCapabilities:
     stamps: ShowsStamps | None
     events: TakesEvents | None
     metrics: CountsMetrics | None
-    depth: MeasuresDepth | None
+    depth: MeasuresDepth[H] | None
     own_checks: ChecksItsChecks | None
 
     @classmethod
-    def of(cls, target: object) -> CacheCapabilities:
-        def offered(capability: type[Any]) -> Any:
-            return target if isinstance(target, capability) else None
-
+    def of(cls, target: PrefixCacheTarget[H]) -> CacheCapabilities[H]:
         return cls(
-            exact=offered(ExactCache),
-            evicts=offered(Evicts),
-            resets=offered(Resets),
-            integrity=offered(ChecksIntegrity),
-            pages=offered(ShowsPages),
-            stamps=offered(ShowsStamps),
-            events=offered(TakesEvents),
-            metrics=offered(CountsMetrics),
-            depth=offered(MeasuresDepth),
-            own_checks=offered(ChecksItsChecks),
+            exact=target if isinstance(target, ExactCache) else None,
+            evicts=target if isinstance(target, Evicts) else None,
+            resets=target if isinstance(target, Resets) else None,
+            integrity=target if isinstance(target, ChecksIntegrity) else None,
+            pages=target if isinstance(target, ShowsPages) else None,
+            stamps=target if isinstance(target, ShowsStamps) else None,
+            events=target if isinstance(target, TakesEvents) else None,
+            metrics=target if isinstance(target, CountsMetrics) else None,
+            depth=target if isinstance(target, MeasuresDepth) else None,
+            own_checks=target if isinstance(target, ChecksItsChecks) else None,
         )
 
 
@@ -386,7 +398,7 @@ class TargetInfo:
     # page sizes this target accepts (None: any)
     page_sizes: tuple[int, ...] | None = None
     # imports the target's modules (with their shims) to prove it works here; raises ImportError otherwise
-    probe: Callable[[], Any] | None = field(default=None, compare=False)
+    probe: Callable[[], object] | None = field(default=None, compare=False)
 
 
 class TargetError(Exception):

@@ -4,9 +4,8 @@ reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) b
 
 from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
-from radixspec import reference
 from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
@@ -14,11 +13,11 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.events import Event
 from radixspec.spec.metrics import CacheStats
 from radixspec.spec.requests import Req
+from radixspec.spec.types import SizeInfo
 
 from .api import EXACT, PageKey, Profile
 
 if TYPE_CHECKING:
-    from radixspec import optimized
     from radixspec.optimized.radix_cache import RadixCacheHandle as OptimizedHandle
 
 
@@ -26,7 +25,23 @@ if TYPE_CHECKING:
 H = TypeVar("H", pc.Handle, RadixCacheHandle, "OptimizedHandle")
 # a tree handle: the reference's or the optimized one
 Handle: TypeAlias = "RadixCacheHandle | OptimizedHandle"
-Tree = TypeVar("Tree", reference.RadixPrefixCache, "optimized.RadixPrefixCache")
+# the handle type a tree takes
+H_contra = TypeVar("H_contra", contravariant=True)
+
+
+class Tree(Protocol[H_contra]):
+    """What ``TreeTarget`` calls on either tree (the reference's, the optimized one)."""
+
+    @property
+    def clock(self) -> int: ...
+    @property
+    def size_info(self) -> SizeInfo: ...
+    def lock(self, handle: H_contra) -> None: ...
+    def unlock(self, handle: H_contra) -> None: ...
+    def check_integrity(self) -> None: ...
+    def abstract_state(self) -> pc.PrefixCacheState: ...
+    def take_events(self) -> list[Event]: ...
+    def stats(self) -> CacheStats: ...
 
 
 class ExactTarget(Generic[H]):
@@ -55,16 +70,16 @@ class ExactTarget(Generic[H]):
         return {key: entry.last_access for key, entry in self.abstract_state().entries.items()}
 
 
-class TreeTarget(ExactTarget[H], Generic[H, Tree]):
+class TreeTarget(ExactTarget[H]):
     """Calls that read the same on both trees (``self.cache``)."""
 
-    cache: Tree
+    cache: Tree[H]
 
     def lock(self, handle: H) -> None:
-        self.cache.lock(handle)  # type: ignore[arg-type]
+        self.cache.lock(handle)
 
     def unlock(self, handle: H) -> None:
-        self.cache.unlock(handle)  # type: ignore[arg-type]
+        self.cache.unlock(handle)
 
     def cached_len(self, handle: H) -> int:
         return int(handle.cached_len)
@@ -90,7 +105,7 @@ class TreeTarget(ExactTarget[H], Generic[H, Tree]):
         return self.cache.stats()
 
 
-def as_list(values: Any) -> list[Any]:
+def as_list(values: Any) -> list[int]:
     """A sequence as a list: a tensor or an array through its ``tolist`` (no torch import for lists)."""
     return list(values.tolist() if hasattr(values, "tolist") else values)
 
@@ -128,7 +143,7 @@ class OurManager:
         req.cached_len = req.device_len = req.alloc_len = handle.cached_len
 
     def handle_of(self, req: Req) -> Handle:
-        handle: Handle = req.cache_handle  # type: ignore[assignment]
+        handle: Handle = req.cache_handle
         return handle
 
     def row(self, req: Req) -> list[int]:

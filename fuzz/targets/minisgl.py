@@ -26,16 +26,19 @@ import importlib
 import subprocess
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
-from .shims import LogicalClock, bare
+from .shims import LogicalClock, bare, install, register
+
+if TYPE_CHECKING:
+    import torch
 
 CLOCK = LogicalClock()
 COMMIT = "20fcd7f"
@@ -75,7 +78,7 @@ def commit_of(root: Path) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else "unknown commit"
 
 
-def fast_compare_key(key: Any, input_ids: Any) -> int:
+def fast_compare_key(key: torch.Tensor, input_ids: torch.Tensor) -> int:
     """Stand-in for mini-sglang's C ``fast_compare_key``: the length of the common prefix."""
     n = min(len(key), len(input_ids))
     differ = (key[:n] != input_ids[:n]).nonzero()
@@ -85,53 +88,74 @@ def fast_compare_key(key: Any, input_ids: Any) -> int:
 class TorchWithoutPinning:
     """``torch`` for mini-sglang's manager module, with ``pin_memory`` dropped (no CUDA host pinning here)."""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         import torch
 
         return getattr(torch, name)
 
     @staticmethod
-    def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> Any:
+    def empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
         import torch
 
         return torch.empty(*args, **kwargs)
 
 
-def import_minisgl(root: Path) -> types.SimpleNamespace:
+def import_minisgl(root: Path) -> types.ModuleType:
     """mini-sglang's core, radix cache and manager modules from the checkout at ``root``."""
     loaded = sys.modules.get("minisgl.scheduler.cache")
     if loaded is not None and getattr(loaded, "__radixspec_root__", None) == str(root):
-        return sys.modules["minisgl.__radixspec__"]  # type: ignore[return-value]
+        return sys.modules["minisgl.__radixspec__"]
     for name in [name for name in sys.modules if name == "minisgl" or name.startswith("minisgl.")]:
         del sys.modules[name]  # another checkout was loaded before
     package = root / "minisgl"
     bare("minisgl", package)
     utils = bare("minisgl.utils", package / "utils")  # its __init__ imports transformers and zmq
     misc = importlib.import_module("minisgl.utils.misc")
-    utils.align_down, utils.div_ceil = misc.align_down, misc.div_ceil  # type: ignore[attr-defined]
-    utils.Registry = importlib.import_module("minisgl.utils.registry").Registry  # type: ignore[attr-defined]
+    install(utils, align_down=misc.align_down, div_ceil=misc.div_ceil)
+    install(utils, Registry=importlib.import_module("minisgl.utils.registry").Registry)
     kernel = bare("minisgl.kernel", package / "kernel")  # its __init__ loads triton and tvm-ffi kernels
-    kernel.fast_compare_key = fast_compare_key  # type: ignore[attr-defined]
+    install(kernel, fast_compare_key=fast_compare_key)
     bare("minisgl.scheduler", package / "scheduler")  # its __init__ imports the whole scheduler
-    core: Any = importlib.import_module("minisgl.core")
-    radix_cache: Any = importlib.import_module("minisgl.kvcache.radix_cache")
-    cache: Any = importlib.import_module("minisgl.scheduler.cache")
-    radix_cache.time = types.SimpleNamespace(monotonic_ns=CLOCK.read)
-    cache.torch = TorchWithoutPinning()
-    cache.__radixspec_root__ = str(root)
-    modules = types.SimpleNamespace(core=core, radix_cache=radix_cache, cache=cache, commit=commit_of(root))
-    sys.modules["minisgl.__radixspec__"] = modules  # type: ignore[assignment]
-    return modules
+    core = importlib.import_module("minisgl.core")
+    radix_cache = importlib.import_module("minisgl.kvcache.radix_cache")
+    cache = importlib.import_module("minisgl.scheduler.cache")
+    install(radix_cache, time=types.SimpleNamespace(monotonic_ns=CLOCK.read))
+    install(cache, torch=TorchWithoutPinning(), __radixspec_root__=str(root))
+    return register("minisgl.__radixspec__", core=core, radix_cache=radix_cache, cache=cache, commit=commit_of(root))
 
 
-def set_page_size(core: Any, page_size: int) -> None:
+def set_page_size(core: types.ModuleType, page_size: int) -> None:
     """mini-sglang reads the page size from its global context when a cache is built."""
-    core._GLOBAL_CTX = core.Context(page_size=page_size)
+    install(core, _GLOBAL_CTX=core.Context(page_size=page_size))
 
 
-def tree_pages(cache: Any, page_size: int) -> Iterator[tuple[PageKey, int, Any]]:
+class CacheHandle(Protocol):
+    """What the adapters read of mini-sglang's ``BaseCacheHandle`` (passed back to lock and unlock its match)."""
+
+    cached_len: int
+
+    def get_matched_indices(self) -> torch.Tensor: ...
+
+
+class TreeNodeView(Protocol):
+    """What ``tree_pages`` reads of mini-sglang's ``RadixTreeNode``."""
+
+    _key: torch.Tensor
+    _value: torch.Tensor
+    children: Mapping[object, TreeNodeView]
+    # the logical clock's reading (time.monotonic_ns in mini-sglang)
+    timestamp: int
+
+
+class RadixTreeView(Protocol):
+    """What ``tree_pages`` reads of mini-sglang's ``RadixPrefixCache``."""
+
+    root_node: TreeNodeView
+
+
+def tree_pages(cache: RadixTreeView, page_size: int) -> Iterator[tuple[PageKey, int, int]]:
     """(page key, first slot, node timestamp) of every cached page of a mini-sglang radix tree."""
-    stack: list[tuple[Any, pc.Prefix | None]] = [(child, None) for child in cache.root_node.children.values()]
+    stack: list[tuple[TreeNodeView, pc.Prefix | None]] = [(child, None) for child in cache.root_node.children.values()]
     while stack:
         node, prefix = stack.pop()
         key = [int(t) for t in node._key.tolist()]
@@ -157,29 +181,32 @@ class MiniSGLangRadixCache:
         self.page_size = page_size
         self.evicted: list[list[int]] = []
 
-    def ids(self, tokens: list[int]) -> Any:
+    def ids(self, tokens: list[int]) -> torch.Tensor:
         return self.torch.tensor(tokens, dtype=self.torch.int32)
 
-    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> CacheHandle:
         CLOCK.tick()
-        return self.cache.match_prefix(self.ids(tokens)).cuda_handle
+        handle: CacheHandle = self.cache.match_prefix(self.ids(tokens)).cuda_handle
+        return handle
 
-    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
+    def insert_prefix(
+        self, tokens: list[int], indices: list[int] | None, namespace: Namespace
+    ) -> tuple[int, CacheHandle]:
         CLOCK.tick()
         cached_len, handle = self.cache.insert_prefix(self.ids(tokens), self.ids(indices or []))
         return int(cached_len), handle
 
-    def cached_len(self, handle: Any) -> int:
+    def cached_len(self, handle: CacheHandle) -> int:
         return int(handle.cached_len)
 
-    def get_matched_indices(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: CacheHandle) -> list[int]:
         # mini-sglang's get_matched_indices raises on an empty match (torch.cat of no tensors)
         return [int(s) for s in handle.get_matched_indices().tolist()] if handle.cached_len else []
 
-    def lock(self, handle: Any) -> None:
+    def lock(self, handle: CacheHandle) -> None:
         self.cache.lock_handle(handle, unlock=False)
 
-    def unlock(self, handle: Any) -> None:
+    def unlock(self, handle: CacheHandle) -> None:
         self.cache.lock_handle(handle, unlock=True)
 
     def evict(self, size: int) -> None:
@@ -198,7 +225,7 @@ class MiniSGLangRadixCache:
     def cached_pages(self) -> dict[PageKey, int]:
         return {key: start for key, start, _ in tree_pages(self.cache, self.page_size)}
 
-    def page_stamps(self) -> dict[PageKey, Any]:
+    def page_stamps(self) -> dict[PageKey, int]:
         return {key: stamp for key, _, stamp in tree_pages(self.cache, self.page_size)}
 
 
@@ -235,26 +262,27 @@ class MiniSGLangManager:
     def new_req(self, prompt: list[int], table_idx: int, namespace: Namespace, uid: int) -> MiniReq:
         return MiniReq(prompt, table_idx, uid)
 
-    def match_req(self, req: MiniReq) -> Any:
+    def match_req(self, req: MiniReq) -> CacheHandle:
         CLOCK.tick()
-        return self.manager.match_req(req).cuda_handle
+        handle: CacheHandle = self.manager.match_req(req).cuda_handle
+        return handle
 
-    def lock(self, handle: Any) -> None:
+    def lock(self, handle: CacheHandle) -> None:
         self.manager.lock(handle)
 
-    def unlock(self, handle: Any) -> None:
+    def unlock(self, handle: CacheHandle) -> None:
         self.manager.unlock(handle)
 
-    def cached_len(self, handle: Any) -> int:
+    def cached_len(self, handle: CacheHandle) -> int:
         return int(handle.cached_len)
 
-    def get_matched_indices(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: CacheHandle) -> list[int]:
         return [int(s) for s in handle.get_matched_indices().tolist()] if handle.cached_len else []
 
     def available_size(self) -> int:
         return int(self.manager.available_size)
 
-    def admit(self, req: MiniReq, handle: Any) -> None:
+    def admit(self, req: MiniReq, handle: CacheHandle) -> None:
         core = self.modules.core
         cached = int(handle.cached_len)
         if cached:
@@ -290,13 +318,15 @@ class MiniSGLangManager:
             req.alloc_len = 0
 
     def lazy_free_region(self) -> AbstractContextManager[None]:
-        return self.manager.lazy_free_region()  # type: ignore[no-any-return]
+        region: AbstractContextManager[None] = self.manager.lazy_free_region()
+        return region
 
     def row(self, req: MiniReq) -> list[int]:
         return [int(s) for s in self.page_table[req.table_idx, : req.alloc_len].tolist()]
 
-    def handle_of(self, req: MiniReq) -> Any:
-        return req.req.cache_handle
+    def handle_of(self, req: MiniReq) -> CacheHandle:
+        handle: CacheHandle = req.req.cache_handle
+        return handle
 
     def free_pages(self) -> list[int]:
         return [int(s) for s in self.manager.free_slots.tolist()]

@@ -13,10 +13,11 @@ turns tensors into lists.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from radixspec import reference
 from radixspec.reference.hybrid_cache import HybridRadixCache
+from radixspec.reference.hybrid_manager import HybridCache
 from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
@@ -29,6 +30,8 @@ from .api import EXACT, TargetInfo
 from .exact import ExactTarget, OurManager, TreeTarget
 
 if TYPE_CHECKING:
+    from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
+
     from .ours_optimized import OptimizedCache, OptimizedManager
 
 
@@ -88,10 +91,11 @@ class SpecCache(ExactTarget[pc.Handle]):
         return []
 
 
-class ReferenceCache(TreeTarget[RadixCacheHandle, reference.RadixPrefixCache]):
+class ReferenceCache(TreeTarget[RadixCacheHandle]):
     """The reference RadixPrefixCache (already lists and ints)."""
 
     name = "reference"
+    cache: reference.RadixPrefixCache
 
     def __init__(self, page_size: int, num_pages: int = 0) -> None:
         self.page_size = page_size
@@ -161,7 +165,7 @@ def make_optimized_manager(num_pages: int, page_size: int, rows: int, max_seq_le
     return OptimizedManager(num_pages, page_size, rows, max_seq_len)
 
 
-def make_optimized_hybrid(page_size: int, windows: tuple[hy.Window, ...]) -> Any:
+def make_optimized_hybrid(page_size: int, windows: tuple[hy.Window, ...]) -> OptimizedHybridCache:
     """The optimized hybrid cache (the C tree); imported when one is made."""
     from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
 
@@ -228,7 +232,7 @@ class SpecHybridCache:
 
 
 # the hybrid caches by implementation name (the hybrid machine drives these beside the spec)
-HYBRID_IMPLEMENTATIONS: dict[str, Callable[[int, tuple[hy.Window, ...]], Any]] = {
+HYBRID_IMPLEMENTATIONS: dict[str, Callable[[int, tuple[hy.Window, ...]], HybridCache]] = {
     "reference": HybridRadixCache,
     "optimized": make_optimized_hybrid,
 }

@@ -59,7 +59,8 @@ TREE_INVARIANTS = (
     "segments_are_counted",
 )
 # the input formats the optimized cache takes, drawn in turn for tokens and slots (each input path gets its share),
-# with the bits of the integers each holds: values a format cannot hold (past int32, say) go as a list
+# with the bits of the integers each holds: values a format cannot hold (past int32, say) go as a list; numpy
+# arrays are among them, which its signature (a tensor or a sequence of ints) does not name: hence Any
 INPUT_FORMATS: tuple[tuple[Callable[[list[int]], Any], int | None], ...] = (
     (list, None),
     (lambda values: torch.tensor(values, dtype=torch.int32), 32),
@@ -90,10 +91,11 @@ def gives_back_its_blocks(call: str) -> Iterator[None]:
     assert kept <= 0, f"optimized: {call} kept {kept} blocks of the C tree's memory (a leak)"
 
 
-class OptimizedCache(TreeTarget[OptimizedHandle, optimized.RadixPrefixCache]):
+class OptimizedCache(TreeTarget[OptimizedHandle]):
     """The optimized cache: lists in, converted to each input format it takes in turn, lists out."""
 
     name = "optimized"
+    cache: optimized.RadixPrefixCache
     # the self-check capability (fuzz/targets/api.py: ChecksItsChecks)
     breakable_fields = BROKEN_FIELDS
     own_invariants = TREE_INVARIANTS

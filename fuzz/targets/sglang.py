@@ -23,8 +23,9 @@ import os
 import sys
 import types
 from array import array
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
@@ -36,12 +37,16 @@ from .shims import (
     Recorded,
     bare,
     import_with_stand_ins,
+    install,
     load_file_as,
     never,
     package_root,
     stub,
     stub_any,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 VERSION = "0.5.23"
 CLOCK = LogicalClock()
@@ -114,18 +119,42 @@ def import_radix_cache() -> types.ModuleType:
     stub_any("sglang.srt.observability.metrics_collector")
     stub_any("sglang.srt.runtime_context")
     allocator_base = importlib.import_module("sglang.srt.mem_cache.allocator.base")
-    allocator: Any = sys.modules["sglang.srt.mem_cache.allocator"]
-    allocator.BaseTokenToKVPoolAllocator = allocator_base.BaseTokenToKVPoolAllocator
+    install(
+        sys.modules["sglang.srt.mem_cache.allocator"],
+        BaseTokenToKVPoolAllocator=allocator_base.BaseTokenToKVPoolAllocator,
+    )
     override = os.environ.get("RADIXSPEC_SGLANG_RADIX_CACHE")
-    module: Any = (
+    module = (
         load_file_as("sglang.srt.mem_cache.radix_cache", Path(override))
         if override
         else importlib.import_module("sglang.srt.mem_cache.radix_cache")
     )
     # the wall clock, replaced by the logical one (perf_counter stays: metrics only)
-    module.time = types.SimpleNamespace(monotonic=CLOCK.read, perf_counter=__import__("time").perf_counter)
-    module.__radixspec_clock__ = True
-    return module  # type: ignore[no-any-return]
+    clock = types.SimpleNamespace(monotonic=CLOCK.read, perf_counter=__import__("time").perf_counter)
+    install(module, time=clock, __radixspec_clock__=True)
+    return module
+
+
+class RadixKeyView(Protocol):
+    """What the adapter reads of SGLang's ``RadixKey``."""
+
+    token_ids: Sequence[int]
+    extra_key: str | None
+
+
+class TreeNodeView(Protocol):
+    """What the adapter reads of SGLang's ``TreeNode`` (walking the tree for its pages)."""
+
+    key: RadixKeyView
+    # the node's slots, one per token
+    value: torch.Tensor
+    children: Mapping[object, TreeNodeView]
+    # the logical clock's reading (time.monotonic in SGLang)
+    last_access_time: float
+
+
+# a handle: (SGLang's last matched node, passed back to the cache only; the tokens it matched)
+Handle: TypeAlias = tuple[object, int]
 
 
 class RecordingAllocator:
@@ -137,10 +166,10 @@ class RecordingAllocator:
         self.page_size = page_size
         self.freed: list[list[int]] = []
 
-    def free_segment(self, indices: Any, *, start_pos: int = 0) -> None:
+    def free_segment(self, indices: torch.Tensor, *, start_pos: int = 0) -> None:
         self.freed.append([int(i) for i in indices.tolist()])
 
-    def free(self, indices: Any) -> None:
+    def free(self, indices: torch.Tensor) -> None:
         self.freed.append([int(i) for i in indices.tolist()])
 
 
@@ -168,17 +197,17 @@ class SGLangRadixCache:
         if self.events_enabled:
             self.take_events = self._take_events
 
-    def key(self, tokens: list[int], namespace: Namespace) -> Any:
+    def key(self, tokens: list[int], namespace: Namespace) -> object:
         extra_key = None if namespace is None else repr(namespace)
         self.namespaces[extra_key] = namespace
         return self.rc.RadixKey(array("q", tokens), extra_key)
 
-    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Handle:
         CLOCK.tick()
         result = self.cache.match_prefix(self.base.MatchPrefixParams(key=self.key(tokens, namespace)))
         return (result.last_device_node, result.device_prefix_len)
 
-    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
+    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Handle]:
         import torch
 
         CLOCK.tick()
@@ -197,16 +226,16 @@ class SGLangRadixCache:
         events, self.events = self.events, []
         return events
 
-    def cached_len(self, handle: Any) -> int:
+    def cached_len(self, handle: Handle) -> int:
         return int(handle[1])
 
-    def get_matched_indices(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: Handle) -> list[int]:
         return [int(s) for s in self.cache.path_device_indices(handle[0]).tolist()]
 
-    def lock(self, handle: Any) -> None:
+    def lock(self, handle: Handle) -> None:
         self.cache.inc_lock_ref(handle[0])
 
-    def unlock(self, handle: Any) -> None:
+    def unlock(self, handle: Handle) -> None:
         self.cache.dec_lock_ref(handle[0])
 
     def evict(self, size: int) -> None:
@@ -224,11 +253,13 @@ class SGLangRadixCache:
         freed, self.allocator.freed = self.allocator.freed, []
         return freed
 
-    def pages(self) -> list[tuple[PageKey, int, Any]]:
+    def pages(self) -> list[tuple[PageKey, int, float]]:
         """(page key, first slot, last_access_time) of every cached page."""
         p = self.page_size
-        out = []
-        stack: list[tuple[Any, pc.Prefix | None]] = [(child, None) for child in self.cache.root_node.children.values()]
+        out: list[tuple[PageKey, int, float]] = []
+        stack: list[tuple[TreeNodeView, pc.Prefix | None]] = [
+            (child, None) for child in self.cache.root_node.children.values()
+        ]
         while stack:
             node, prefix = stack.pop()
             namespace = self.namespaces.get(node.key.extra_key, ("?", node.key.extra_key))
@@ -242,7 +273,7 @@ class SGLangRadixCache:
     def cached_pages(self) -> dict[PageKey, int]:
         return {key: start for key, start, _ in self.pages()}
 
-    def page_stamps(self) -> dict[PageKey, Any]:
+    def page_stamps(self) -> dict[PageKey, float]:
         return {key: stamp for key, _, stamp in self.pages()}
 
 

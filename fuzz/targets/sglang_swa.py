@@ -29,16 +29,21 @@ import os
 import sys
 import types
 from array import array
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hybrid as hy
+from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..stats import STATS
 from .api import Profile, TargetInfo
 from .sglang import VERSION
-from .shims import bare, import_with_stand_ins, package_root, stub, stub_any
+from .shims import bare, import_with_stand_ins, install, package_root, register, stub, stub_any
+
+if TYPE_CHECKING:
+    import torch
 
 PROFILE = Profile(
     name=f"sglang {VERSION} UnifiedRadixCache FULL + SWA",
@@ -60,7 +65,7 @@ PROFILE = Profile(
 COMMON_HELPERS = ("ceil_div", "ceil_align", "next_power_of_2", "get_num_new_pages", "assert_int64_array")
 
 
-def common_helpers(root: Any) -> dict[str, Any]:
+def common_helpers(root: Path) -> dict[str, object]:
     """SGLang's own definitions of COMMON_HELPERS, compiled from the installed file."""
     from typing import Optional
 
@@ -72,17 +77,17 @@ def common_helpers(root: Any) -> dict[str, Any]:
         for node in ast.parse(path.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name in COMMON_HELPERS
     ]
-    namespace: dict[str, Any] = {"torch": torch, "Optional": Optional, "array": array, "List": list}
+    namespace: dict[str, object] = {"torch": torch, "Optional": Optional, "array": array, "List": list}
     body: list[ast.stmt] = list(functions)
     exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
     return {name: namespace[name] for name in COMMON_HELPERS}
 
 
-def import_swa_cache() -> types.SimpleNamespace:
+def import_swa_cache() -> types.ModuleType:
     """The unified radix cache, the SWA allocator and their parameter types, with bare packages and stubs."""
     loaded = sys.modules.get("sglang.__radixspec_swa__")
     if loaded is not None:
-        return loaded  # type: ignore[return-value]
+        return loaded
     if "sglang.srt.mem_cache.radix_cache" in sys.modules:
         raise ImportError("the sglang target's stubs are loaded in this process: run sglang-swa in its own")
     root = package_root("sglang")
@@ -151,9 +156,12 @@ def import_swa_cache() -> types.SimpleNamespace:
         STAT_LOGGER_ROLE_RADIX_CACHE="radix_cache",
     )
     allocator_base = importlib.import_module("sglang.srt.mem_cache.allocator.base")
-    allocator: Any = sys.modules["sglang.srt.mem_cache.allocator"]
-    allocator.BaseTokenToKVPoolAllocator = allocator_base.BaseTokenToKVPoolAllocator
-    modules = types.SimpleNamespace(
+    install(
+        sys.modules["sglang.srt.mem_cache.allocator"],
+        BaseTokenToKVPoolAllocator=allocator_base.BaseTokenToKVPoolAllocator,
+    )
+    return register(
+        "sglang.__radixspec_swa__",
         urc=importlib.import_module("sglang.srt.mem_cache.unified_radix_cache"),
         base=importlib.import_module("sglang.srt.mem_cache.base_prefix_cache"),
         params=importlib.import_module("sglang.srt.mem_cache.cache_init_params"),
@@ -162,13 +170,12 @@ def import_swa_cache() -> types.SimpleNamespace:
         swa_pool=importlib.import_module("sglang.srt.mem_cache.base_swa_memory_pool"),
         components=importlib.import_module("sglang.srt.mem_cache.unified_cache.component_type").ComponentType,
     )
-    sys.modules["sglang.__radixspec_swa__"] = modules  # type: ignore[assignment]
-    return modules
 
 
-def mapping_pool(modules: types.SimpleNamespace) -> Any:
+def mapping_pool(modules: types.ModuleType) -> object:
     """A KV pool with no tensors: only the full-to-SWA mapping hooks the allocator calls."""
 
+    # SGLang's abstract pool, known only once its module loads: mypy cannot check a subclass of it
     base: Any = modules.swa_pool.BaseSWAKVPool
 
     class MappingOnlyPool(base):  # type: ignore[misc]
@@ -176,15 +183,17 @@ def mapping_pool(modules: types.SimpleNamespace) -> Any:
         swa_kv_pool = None
 
         def __init__(self) -> None:
-            self.full_to_swa_index_mapping: Any = None
+            self.full_to_swa_index_mapping: torch.Tensor | None = None
 
-        def register_mapping(self, mapping: Any) -> None:
+        def register_mapping(self, mapping: torch.Tensor) -> None:
             self.full_to_swa_index_mapping = mapping
 
-        def translate_loc_from_full_to_swa(self, kv_indices: Any) -> Any:
-            return self.full_to_swa_index_mapping[kv_indices]
+        def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+            mapping = self.full_to_swa_index_mapping
+            assert mapping is not None, "the allocator registers its mapping before it translates"
+            return mapping[kv_indices]
 
-        def get_state_buf_infos(self) -> tuple[list[Any], list[Any], list[Any]]:
+        def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
             return [], [], []
 
     return MappingOnlyPool()
@@ -226,14 +235,15 @@ class SGLangSWAManager:
                 tree_core_backend=core,
             )
         )
-        self.locks: dict[int, Any] = {}
+        # the cache's lock of each request's match, passed back to unlock it
+        self.locks: dict[int, object] = {}
         self.hits: dict[int, int] = {}
         # (group, slot) -> (namespace, the tokens up to and including the one written there)
-        self.shadow: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
+        self.shadow: dict[tuple[int, int], tuple[Namespace, tuple[int, ...]]] = {}
 
     # ------------------------------------------------------------ reading SGLang's state
 
-    def key(self, tokens: list[int], namespace: Any) -> Any:
+    def key(self, tokens: list[int], namespace: Namespace) -> object:
         extra = None if namespace is None else repr(namespace)
         return self.v.radix.RadixKey(array("q", tokens), extra_key=extra)
 
@@ -242,7 +252,7 @@ class SGLangSWAManager:
         mapping = self.alloc.full_to_swa_index_mapping
         return [None if (s := int(mapping[f])) == 0 else s for f in full]
 
-    def valid_hit(self, tokens: list[int], namespace: Any, full_hit: int, hit: int) -> tuple[bool, int]:
+    def valid_hit(self, tokens: list[int], namespace: Namespace, full_hit: int, hit: int) -> tuple[bool, int]:
         """(``hit`` is a valid match of what the tree holds, the spec's longest valid match)."""
         holes = [
             range(a, b) for a, b in self.cache.tree_core.swa_tombstone_ranges(self.key(tokens, namespace), 0, full_hit)

@@ -18,15 +18,16 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 
 class StubCalledError(RuntimeError):
     """A stubbed module of a peer was called: the harness stubbed too much."""
 
 
-def never(*args: Any, **kwargs: Any) -> Any:
+def never(*args: object, **kwargs: object) -> NoReturn:
     """Stands for a function a peer imports but must never call here."""
     raise StubCalledError("a stubbed peer function was called (harness artefact: stub less)")
 
@@ -39,6 +40,13 @@ def package_root(package: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def install(module: types.ModuleType, **attributes: object) -> None:
+    """Set ``attributes`` on ``module`` (a peer's, or one registered in its place): names its code reads, the
+    stand-ins of the harness, or the harness's own markers."""
+    for attribute, value in attributes.items():
+        setattr(module, attribute, value)
+
+
 def bare(name: str, path: Path) -> types.ModuleType:
     """Register package ``name`` as an empty module whose submodules load from ``path`` (its __init__ is skipped)."""
     module = sys.modules.get(name)
@@ -48,30 +56,39 @@ def bare(name: str, path: Path) -> types.ModuleType:
         # a spec like a real package's, so that importlib.util.find_spec still answers
         module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         module.__spec__.submodule_search_locations = [str(path)]
-        module.__radixspec_bare__ = True  # type: ignore[attr-defined]
+        install(module, __radixspec_bare__=True)
         sys.modules[name] = module
     return module
 
 
-def stub(name: str, **attributes: Any) -> types.ModuleType:
+def stub(name: str, **attributes: object) -> types.ModuleType:
     """Register module ``name`` with exactly ``attributes``."""
     module = types.ModuleType(name)
     module.__dict__.update(attributes)
-    module.__radixspec_stub__ = True  # type: ignore[attr-defined]
+    install(module, __radixspec_stub__=True)
     sys.modules[name] = module
     return module
 
 
-def stub_any(name: str, **attributes: Any) -> types.ModuleType:
+def stub_any(name: str, **attributes: object) -> types.ModuleType:
     """Register module ``name`` whose every other attribute is ``never`` (for names only imported)."""
     module = stub(name, **attributes)
 
-    def module_getattr(attribute: str) -> Any:
+    def module_getattr(attribute: str) -> Callable[..., NoReturn]:
         if attribute.startswith("__"):
             raise AttributeError(attribute)
         return never
 
-    module.__getattr__ = module_getattr  # type: ignore[method-assign]
+    install(module, __getattr__=module_getattr)  # a module's __getattr__ (PEP 562): for names it does not hold
+    return module
+
+
+def register(name: str, **attributes: object) -> types.ModuleType:
+    """Register module ``name`` holding ``attributes``: what an adapter loaded of a peer, kept for the process
+    under a name beside the peer's modules."""
+    module = types.ModuleType(name)
+    module.__dict__.update(attributes)
+    sys.modules[name] = module
     return module
 
 
@@ -93,7 +110,7 @@ def import_with_stand_ins(name: str, **stand_ins: types.ModuleType) -> types.Mod
 class Recorded:
     """Stands for an event class of a peer: keeps its keyword arguments as attributes."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         self.args = args
         self.__dict__.update(kwargs)
 

@@ -30,14 +30,14 @@ import re
 import sys
 import types
 from collections import Counter, OrderedDict
-from typing import Any
+from typing import Protocol
 
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
-from .shims import Recorded, bare, never, package_root, stub, stub_any
+from .shims import Recorded, bare, never, package_root, register, stub, stub_any
 
 VERSION = "0.33.0"
 
@@ -117,11 +117,11 @@ PROFILE = Profile(
 )
 
 
-def import_vllm() -> types.SimpleNamespace:
+def import_vllm() -> types.ModuleType:
     """vLLM's block pool, hashing and full-attention lookup, with bare packages and stubs."""
     cached = sys.modules.get("vllm.__radixspec__")
     if cached is not None:
-        return cached  # type: ignore[return-value]
+        return cached
     root = package_root("vllm")
     # __init__ files that patch torch (vllm), build every config (vllm.config), start parallel state
     for name in ("vllm", "vllm.distributed", "vllm.config", "vllm.multimodal", "vllm.v1", "vllm.v1.core", "vllm.utils"):
@@ -166,7 +166,8 @@ def import_vllm() -> types.SimpleNamespace:
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     kv_cache_utils.init_none_hash(sha256)
-    modules = types.SimpleNamespace(
+    return register(
+        "vllm.__radixspec__",
         block_pool=block_pool,
         utils=kv_cache_utils,
         manager=FullAttentionManager,
@@ -175,8 +176,24 @@ def import_vllm() -> types.SimpleNamespace:
         torch=torch,
         kv_events=sys.modules["vllm.distributed.kv_events"] if real_events else None,
     )
-    sys.modules["vllm.__radixspec__"] = modules  # type: ignore[assignment]
-    return modules
+
+
+class BlockView(Protocol):
+    """What the adapters read of vLLM's ``KVCacheBlock``."""
+
+    # block b holds slots (b - 1) * P ... (block 0 is the null block)
+    block_id: int
+    # the live requests holding it
+    ref_cnt: int
+    # its BlockHashWithGroupId while it is cached, else None
+    block_hash: bytes | None
+    is_null: bool
+
+
+class CachedBlockView(BlockView, Protocol):
+    """A block the pool caches: it has a hash."""
+
+    block_hash: bytes
 
 
 class RequestStandIn:
@@ -185,8 +202,8 @@ class RequestStandIn:
     def __init__(self, tokens: list[int], cache_salt: str | None, request_id: int) -> None:
         self.all_token_ids = tokens
         self.num_tokens = len(tokens)
-        self.block_hashes: list[Any] = []
-        self.mm_features: list[Any] = []
+        self.block_hashes: list[bytes] = []
+        self.mm_features: list[object] = []
         self.lora_request = None
         self.cache_salt = cache_salt
         self.prompt_embeds = None
@@ -218,12 +235,12 @@ class VLLMPrefixCache:
         self.spec = self.v.spec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=self.v.torch.float32)
         self.hasher = self.v.utils.get_request_block_hasher(page_size, self.v.hash_fn)
         self.evicted: list[list[int]] = []
-        self.key_of_hash: dict[Any, PageKey] = {}
+        self.key_of_hash: dict[bytes, PageKey] = {}
         self.requests = 0
         # observe evictions where they happen: the pool's own hook, called for every block it hands out
         evict_one = self.pool._maybe_evict_cached_block
 
-        def recording_evict(block: Any) -> bool:
+        def recording_evict(block: BlockView) -> bool:
             evicted: bool = evict_one(block)
             if evicted:
                 self.evicted.append(self.slots_of([block]))
@@ -231,7 +248,7 @@ class VLLMPrefixCache:
 
         self.pool._maybe_evict_cached_block = recording_evict
 
-    def slots_of(self, blocks: list[Any]) -> list[int]:
+    def slots_of(self, blocks: list[BlockView]) -> list[int]:
         p = self.page_size
         return [(block.block_id - 1) * p + offset for block in blocks for offset in range(p)]
 
@@ -245,17 +262,19 @@ class VLLMPrefixCache:
             self.key_of_hash[key] = (namespace, prefix)
         return request
 
-    def hits(self, request: RequestStandIn) -> list[Any]:
+    def hits(self, request: RequestStandIn) -> list[BlockView]:
         length = len(request.block_hashes) * self.page_size
         blocks, _ = self.v.manager.find_longest_cache_hit(
             request.block_hashes, length, [0], self.pool, self.spec, False, self.page_size
         )
         return list(blocks[0])
 
-    def match_prefix(self, tokens: list[int], namespace: Namespace) -> Any:
+    def match_prefix(self, tokens: list[int], namespace: Namespace) -> list[BlockView]:
         return self.hits(self.request(tokens, namespace))
 
-    def insert_prefix(self, tokens: list[int], indices: list[int] | None, namespace: Namespace) -> tuple[int, Any]:
+    def insert_prefix(
+        self, tokens: list[int], indices: list[int] | None, namespace: Namespace
+    ) -> tuple[int, list[BlockView]]:
         request = self.request(tokens, namespace)
         hits = self.hits(request)
         self.pool.touch(hits)
@@ -274,23 +293,23 @@ class VLLMPrefixCache:
         events, self.events = self.events, []
         return events
 
-    def cached_len(self, handle: Any) -> int:
+    def cached_len(self, handle: list[BlockView]) -> int:
         return len(handle) * self.page_size
 
-    def get_matched_indices(self, handle: Any) -> list[int]:
+    def get_matched_indices(self, handle: list[BlockView]) -> list[int]:
         return self.slots_of(handle)
 
-    def lock(self, handle: Any) -> None:
+    def lock(self, handle: list[BlockView]) -> None:
         self.pool.touch(handle)
 
-    def unlock(self, handle: Any) -> None:
+    def unlock(self, handle: list[BlockView]) -> None:
         self.pool.free_blocks(reversed(handle))
 
     def reset(self) -> None:
         assert self.pool.reset_prefix_cache(), "reset_prefix_cache refused (a block is in use)"
         self.drain_events(None)
 
-    def cached_blocks(self) -> list[Any]:
+    def cached_blocks(self) -> list[CachedBlockView]:
         return [block for block in self.pool.blocks[1:] if block.block_hash is not None]
 
     def size_info(self) -> tuple[int, int]:
@@ -307,7 +326,7 @@ class VLLMPrefixCache:
             self.key_of_hash[block.block_hash]: (block.block_id - 1) * self.page_size for block in self.cached_blocks()
         }
 
-    def page_stamps(self) -> dict[PageKey, Any]:
+    def page_stamps(self) -> dict[PageKey, int]:
         """Position in the free queue (lower: evicted sooner); pages in use have none."""
         order = {
             block.block_id: position for position, block in enumerate(self.pool.free_block_queue.get_all_free_blocks())

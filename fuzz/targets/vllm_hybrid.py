@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import types
 from collections import Counter
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hybrid as hy
+from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from .api import Profile, TargetInfo
-from .vllm import VERSION, RequestStandIn, import_vllm
+from .shims import install
+from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
 
 PROFILE = Profile(
     name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding window)",
@@ -49,7 +51,7 @@ PROFILE = Profile(
 )
 
 
-def import_hybrid() -> types.SimpleNamespace:
+def import_hybrid() -> types.ModuleType:
     """vLLM's coordinator, its two managers and the group specs (on top of the BlockPool's imports)."""
     modules = import_vllm()
     if hasattr(modules, "coordinator"):
@@ -68,16 +70,22 @@ def import_hybrid() -> types.SimpleNamespace:
     # the registry fills itself from vLLM's config and platforms (not importable here): the two specs by hand
     KVCacheSpecRegistry.register(FullAttentionSpec, FullAttentionManager, uniform_type_base_spec=FullAttentionSpec)
     KVCacheSpecRegistry.register(SlidingWindowSpec, SlidingWindowManager, uniform_type_base_spec=SlidingWindowSpec)
-    modules.coordinator = kv_cache_coordinator
-    modules.full_spec, modules.window_spec = FullAttentionSpec, SlidingWindowSpec
-    modules.config, modules.group_spec, modules.tensor = KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    install(modules, coordinator=kv_cache_coordinator)
+    install(modules, full_spec=FullAttentionSpec, window_spec=SlidingWindowSpec)
+    install(modules, config=KVCacheConfig, group_spec=KVCacheGroupSpec, tensor=KVCacheTensor)
     return modules
 
 
 class HybridRequest(RequestStandIn):
     """What the coordinator, its managers, the pool and the hasher read of a ``vllm.v1.request.Request``."""
 
-    def __init__(self, tokens: list[int], cache_salt: str | None, request_id: int, hasher: Any) -> None:
+    def __init__(
+        self,
+        tokens: list[int],
+        cache_salt: str | None,
+        request_id: int,
+        hasher: Callable[[RequestStandIn], list[bytes]],
+    ) -> None:
         super().__init__(list(tokens), cache_salt, request_id)
         self.hasher = hasher
         self.num_prompt_tokens = len(tokens)
@@ -152,9 +160,9 @@ class VllmHybridManager:
         self.hasher = v.utils.get_request_block_hasher(page_size, v.hash_fn)
         self.empty = tuple(() for _ in specs)
         self.requests: dict[int, HybridRequest] = {}
-        self.namespaces: dict[int, Any] = {}
+        self.namespaces: dict[int, Namespace] = {}
         # block id -> (group, namespace, the tokens up to the end of what was written into it)
-        self.shadow: dict[int, tuple[int, Any, tuple[int, ...]]] = {}
+        self.shadow: dict[int, tuple[int, Namespace, tuple[int, ...]]] = {}
 
     # ------------------------------------------------------------ what the pool caches
 
@@ -174,7 +182,7 @@ class VllmHybridManager:
                 return n * self.page_size
         return 0
 
-    def hasher_for(self, tokens: list[int], namespace: Any = None) -> list[Any]:
+    def hasher_for(self, tokens: list[int], namespace: Namespace = None) -> list[bytes]:
         """vLLM's block hashes of ``tokens`` (in ``namespace``), as a request of them would carry."""
         salt = None if namespace is None else repr(namespace)
         return list(HybridRequest(tokens, salt, -1, self.hasher).block_hashes)
@@ -210,7 +218,13 @@ class VllmHybridManager:
         request.num_computed_tokens = hit
         req.handle, req.computed, req.rows = Match(hit), hit, self.rows(req.uid)
 
-    def allocate(self, request: HybridRequest, length: int, new_computed: Any = None, hit: int = 0) -> None:
+    def allocate(
+        self,
+        request: HybridRequest,
+        length: int,
+        new_computed: Sequence[Sequence[BlockView]] | None = None,
+        hit: int = 0,
+    ) -> None:
         """allocate_slots for tokens up to ``length`` (KVCacheManager.allocate_slots, synchronous, no connector)."""
         computed = request.num_computed_tokens + hit
         coordinator = self.coordinator
