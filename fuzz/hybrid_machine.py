@@ -36,7 +36,7 @@ from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
 from .stats import STATS
 from .targets import resolve
-from .targets.api import TargetInfo
+from .targets.api import CountsPages, TargetInfo
 from .targets.ours import HYBRID_IMPLEMENTATIONS, SpecHybridCache
 
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
@@ -81,6 +81,8 @@ class HybridMachine(RuleBasedStateMachine):
         self.next_uid = 0
         # a foreign target (an engine's hybrid manager) runs alone: no cache half, no exact comparison
         self.foreign = False
+        # the foreign manager, resolved once, when it tells how many pages it caches (the reach)
+        self.page_counter: CountsPages | None = None
         # per live request, the slots of the pages it attends, as last seen: they may change only in cache_req
         self.attended: dict[int, dict[tuple[int, int], int]] = {}
 
@@ -105,6 +107,7 @@ class HybridMachine(RuleBasedStateMachine):
                 self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]
+            self.page_counter = target if isinstance(target, CountsPages) else None
             return multiple(*self.first_sequences(data))
         self.model = hy.new_state(page_size, self.windows)
         self.caches = [HYBRID_IMPLEMENTATIONS[name](page_size, self.windows) for name in self.names]
@@ -328,9 +331,8 @@ class HybridMachine(RuleBasedStateMachine):
             STATS.record_rule("hybrid.match_req[hit]")
         STATS.record_reach(longest_key_tokens=len(prompt))
         # a foreign manager's reach where it can tell (cached_page_count() is optional: a user's may not have it)
-        count = getattr(self.managers[0], "cached_page_count", None) if self.foreign else None
-        if count is not None:
-            STATS.record_reach(largest_tree_pages=count())
+        if self.page_counter is not None:
+            STATS.record_reach(largest_tree_pages=self.page_counter.cached_page_count())
 
     def same_requests(self, what: str, reqs: list[HybridReq]) -> None:
         """Every manager's copy of a request holds the same rows, match and stored length."""

@@ -214,6 +214,13 @@ class MeasuresDepth(Protocol[H_contra]):
 
 
 @runtime_checkable
+class CountsPages(Protocol):
+    """A manager that tells how many pages its cache holds (for the reach: the largest tree)."""
+
+    def cached_page_count(self) -> int: ...
+
+
+@runtime_checkable
 class ChecksItsChecks(Protocol):
     """A tree whose own integrity check is checked: a field of one node changed by ``delta`` (``True``; None
     when no such node; ``False`` when refused), its check then names one of ``own_invariants``."""

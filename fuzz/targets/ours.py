@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from .ours_optimized import OptimizedCache, OptimizedManager
 
 
-# the handle type of a cache: the spec's, the reference tree's or the optimized tree's
 class SpecCache(ExactTarget[pc.Handle]):
     """The spec's free functions over one state (the oracle of the exhaustive checker)."""
 

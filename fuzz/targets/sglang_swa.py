@@ -383,9 +383,9 @@ class SGLangSWAManager:
                 )
         cache.sanity_check()
 
-    def cached_pages(self) -> int:
-        """Full tokens the tree holds (the reach of a campaign)."""
-        return int(self.cache.full_evictable_size() + self.cache.full_protected_size())
+    def cached_page_count(self) -> int:
+        """Full-attention pages the tree holds (the reach of a campaign; SGLang's SWA cache runs at page size 1)."""
+        return int(self.cache.full_evictable_size() + self.cache.full_protected_size()) // self.page_size
 
 
 def probe() -> None:

@@ -113,6 +113,28 @@ def test_sglang_swa_runs_a_clean_campaign_in_its_own_process(core: str, tmp_path
     assert "machines hybrid" in run.stdout and "hybrid.match_req" in run.stdout
 
 
+def test_the_sglang_swa_manager_tells_its_page_count_for_the_reach() -> None:
+    """The hybrid machine reads a foreign manager's reach through the CountsPages capability (it read a method
+    sglang-swa did not have: its largest tree was never recorded)."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    script = (
+        "from radixspec.fuzz.targets import resolve\n"
+        "from radixspec.fuzz.targets.api import CountsPages\n"
+        "from radixspec.reference.hybrid_manager import HybridReq\n"
+        "manager = resolve('sglang-swa:python', check=False).hybrid_factory(1, (None, 4), 16)\n"
+        "assert isinstance(manager, CountsPages) and manager.cached_page_count() == 0\n"
+        "req = HybridReq(0, [1, 2, 3, 4, 5], None)\n"
+        "manager.match_req(req)\n"
+        "manager.allocate_paged(req, 5)\n"
+        "manager.store(req, 5)\n"
+        "manager.cache_req(req, True)\n"
+        "print(manager.cached_page_count())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "5", run.stdout[-2000:] + run.stderr[-2000:]
+
+
 def test_the_vllm_hybrid_target_runs_in_the_hybrid_machine_only() -> None:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed")
