@@ -33,6 +33,7 @@ from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
 from .shims import (
+    InsertionOrderedSet,
     LogicalClock,
     Recorded,
     bare,
@@ -66,6 +67,8 @@ PROFILE = Profile(
     notes=(
         "evicts whole leaf nodes until at least the asked tokens (the spec: exactly ceil(size / P) pages)",
         "LRU by last_access_time; the harness replaces time.monotonic with a logical clock ticking once per call",
+        "ties between evictable leaves go by the harness's insertion-ordered set (SGLang's set of nodes iterates"
+        " by memory address, which differs from run to run)",
         "a split also refreshes the unmatched suffix's timestamp (SGLang PR #24892 closed): strict mode reports it",
         "no input validation: invalid calls are not sent",
         "reset drops the tree without freeing its slots (the engine resets its allocator)",
@@ -190,6 +193,9 @@ class SGLangRadixCache:
         self.cache = self.rc.RadixCache.create_simulated(
             page_size=page_size, mock_allocator=self.allocator, enable_kv_cache_events=self.events_enabled
         )
+        # SGLang breaks ties between leaves of equal last access by its set's order (memory addresses): one
+        # program would take another path on its replay; insertion order is one of the orders that set may give
+        self.cache.evictable_leaves = InsertionOrderedSet(self.cache.evictable_leaves)
         self.namespaces: dict[str | None, Namespace] = {None: None}
         # the cache's events so far, as the spec's; a stored page's namespace is the call's (SGLang's
         # events carry no extra key)

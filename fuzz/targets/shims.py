@@ -18,9 +18,11 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, MutableSet
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
+
+T = TypeVar("T")
 
 
 class StubCalledError(RuntimeError):
@@ -127,6 +129,34 @@ def load_file_as(name: str, path: Path) -> types.ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class InsertionOrderedSet(MutableSet[T]):
+    """A set that iterates in insertion order: a peer's set of objects hashed by identity iterates in memory
+    address order, which differs from run to run; where the peer breaks ties by that order (SGLang's evictable
+    leaves of equal last access), the harness installs this one, so that one program always takes one path.
+    The order is one of those the peer's own set may give."""
+
+    def __init__(self, items: Iterable[T] = ()) -> None:
+        self.items: dict[T, None] = dict.fromkeys(items)
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.items
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, value: T) -> None:
+        self.items[value] = None
+
+    def discard(self, value: T) -> None:
+        self.items.pop(value, None)
+
+    def clear(self) -> None:
+        self.items.clear()
 
 
 class LogicalClock:

@@ -146,3 +146,46 @@ def test_a_managers_accounting_bug_is_named_by_the_specs_invariant(
     )
     assert status == 1, text
     assert f"IntegrityError: {invariant}: " in text, text[-3000:]
+
+
+def test_the_insertion_ordered_set_is_a_set_that_iterates_in_insertion_order() -> None:
+    from radixspec.fuzz.targets.shims import InsertionOrderedSet
+
+    items = InsertionOrderedSet([3, 1])
+    items.add(2)
+    items.add(1)
+    assert list(items) == [3, 1, 2] and len(items) == 3 and 2 in items and 5 not in items
+    items.remove(1)
+    items.discard(7)
+    with pytest.raises(KeyError):
+        items.remove(7)
+    assert list(items) == [3, 2]
+    items.clear()
+    assert not items
+
+
+def test_a_failing_sglang_strict_lru_program_replays_the_same_path() -> None:
+    """SGLang's evictable leaves of equal last access are taken in its set's order (memory addresses): the
+    adapter installs an insertion-ordered set, so a run and its replay take one path (without it, the strict
+    campaign's first failure did not replay: FlakyStrategyDefinition, no regression file)."""
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    from radixspec.fuzz.targets.shims import InsertionOrderedSet
+
+    def eviction_order() -> list[list[int]]:
+        cache = resolve("sglang").cache_factory(2, 128)  # type: ignore[misc]
+        assert isinstance(cache.cache.evictable_leaves, InsertionOrderedSet)
+        # each second insert splits the first's node: its suffix and the new leaf share one last access
+        for i in range(20):
+            cache.insert_prefix([i, i, 2, 2], [8 * i, 8 * i + 1, 8 * i + 2, 8 * i + 3], None)
+            cache.insert_prefix([i, i, 3, 3], [8 * i, 8 * i + 1, 8 * i + 4, 8 * i + 5], None)
+        order = []
+        for _ in range(40):
+            cache.evict(2)
+            order += cache.take_evicted()
+        return order
+
+    first = eviction_order()
+    assert len(first) == 40 and all(eviction_order() == first for _ in range(5))
