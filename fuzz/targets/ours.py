@@ -80,7 +80,7 @@ class SpecCache(ExactTarget[pc.Handle]):
         check_invariants(self.state)
 
     def abstract_state(self) -> pc.PrefixCacheState:
-        return pc.PrefixCacheState(self.state.page_size, dict(self.state.entries), self.state.clock)
+        return self.state.copy()
 
     def fingerprint(self) -> Hashable:
         return (self.size_info(), self.state.clock)
