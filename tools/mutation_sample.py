@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from pathlib import Path
 from tools import mutation_report as mr
 
 # the first run makes the mutants (mutmut makes them all on any run): with only these, which are quick
-BOOTSTRAP = "radixspec.spec.helpers.*__mutmut_1"
+BOOTSTRAP = "spec.helpers.*__mutmut_1"
 
 
 def in_sample(name: str, percent: float, seed: int) -> bool:
@@ -62,7 +63,9 @@ def mutmut(root: Path, names: list[str], max_children: int) -> int:
         print(f"mutants/optimized: compiled modules refreshed from the checkout: {', '.join(copied)}", flush=True)
     executable = Path(sys.executable).parent / "mutmut"
     cmd = [str(executable), "run", "--max-children", str(max_children), *names]
-    return subprocess.run(cmd, cwd=root, check=False).returncode
+    # mutmut's test processes run in mutants/: "." there is the mutated copy, where -p tools.mutmut_names is found
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [".", os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(cmd, cwd=root, check=False, env=env).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

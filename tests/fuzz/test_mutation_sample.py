@@ -66,3 +66,36 @@ def test_unchecked_or_below_goal_fails_and_usage_errors_exit_2(monkeypatch: pyte
         with pytest.raises(SystemExit) as exit_info:
             ms.main(argv)
         assert exit_info.value.code == 2
+
+
+def test_the_names_plugin_switches_on_mutmuts_file_named_mutant_in_our_runtime_modules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mutmut names ``spec.helpers.x_f__mutmut_1``; the trampoline compares it with ``radixspec.spec.helpers``."""
+    import sys
+    import types
+
+    from radixspec.spec import helpers
+    from tools import mutmut_names
+
+    hits: list[tuple[str, str | None]] = []
+    trampoline = types.ModuleType("mutmut.mutation.trampoline")
+    trampoline.get_mutant_under_test = lambda: "spec.helpers.x_align_down__mutmut_1"  # type: ignore[attr-defined]
+    trampoline.record_trampoline_hit = lambda name, caller=None: hits.append((name, caller))  # type: ignore[attr-defined]
+    for name, module in {
+        "mutmut": types.ModuleType("mutmut"),
+        "mutmut.mutation": types.ModuleType("mutmut.mutation"),
+        "mutmut.mutation.trampoline": trampoline,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(sys.modules["mutmut.mutation"], "trampoline", trampoline, raising=False)
+    # without the plugin the trampoline's module check fails: the mutant is never switched on
+    module, _, _ = trampoline.get_mutant_under_test().rpartition(".")
+    assert module != helpers.align_down.__module__
+    assert mutmut_names.install()
+    module, _, mutant = trampoline.get_mutant_under_test().rpartition(".")
+    assert (module, mutant) == (helpers.align_down.__module__, "x_align_down__mutmut_1")
+    # a hit is recorded under the file's name, the one mutmut's mutants carry; other names pass as they are
+    trampoline.record_trampoline_hit("radixspec.spec.helpers.x_align_down", caller="radixspec.fuzz.x")
+    assert hits == [("spec.helpers.x_align_down", "radixspec.fuzz.x")]
+    assert mutmut_names.to_runtime("stats") == "stats"
