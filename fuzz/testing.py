@@ -37,6 +37,8 @@ from hypothesis import HealthCheck
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+from radixspec.spec.hit_rules import Window
+
 from .hypothesis_compat import seed_machine, shrinking_bounded
 from .machines import machine_for
 from .options import Options, options
@@ -80,7 +82,7 @@ def manager_machine(
 
 
 def hybrid_machine(
-    factory: Callable[[int, tuple[int | None, ...], int], object],
+    factory: Callable[[int, tuple[Window, ...], int], object],
     *,
     name: str | None = None,
     settings: Settings | None = None,

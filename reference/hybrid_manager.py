@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace, check_namespace, check_token_ids
 from radixspec.spec.errors import InvalidRequestError, OutOfPagesError
@@ -160,16 +161,13 @@ class HybridCacheManager:
                     row[page] = None
 
     def cacheable_len(self, req: HybridReq) -> int:
-        """The longest page-aligned length, up to the stored KV, whose match every group's row can serve."""
+        """The longest page-aligned length, up to the stored KV, whose match every group's row can serve
+        (``spec/hit_rules.py``'s ``compute_cacheable_len``)."""
         p = self.page_size
-        for pages in range(req.computed // p, 0, -1):
-            if all(
-                row[page] is not None
-                for window, row in zip(self.windows, req.rows, strict=True)
-                for page in hy.compute_used_pages(pages * p, window, p)
-            ):
-                return pages * p
-        return 0
+        rule = hr.HitRule(p, self.windows, p)
+        return hr.compute_cacheable_len(
+            rule, req.computed, len(req.input_ids), lambda group, end: req.rows[group][end // p - 1] is not None
+        )
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         """Cache ``req``'s longest valid prefix; when ``finished``, free the rest, else lock the new match.

@@ -6,22 +6,27 @@ under the same keys ``(namespace, token prefix up to the end of a page)``
 as the single-group cache (``spec/prefix_cache.py``), with its own slots,
 locks, stamps and eviction; the clock is shared. A group is described by
 its window: ``None`` for full attention, ``W >= 1`` for a sliding window
-whose query at position ``i`` attends to the tokens ``[i - (W - 1), i]``.
+whose query at position ``i`` attends to the tokens ``[i - (W - 1), i]``,
+or ``STATE`` for a state group (Mamba, linear attention) that caches
+checkpoints of a recurrent state, one slot each, sparse.
 
 What a match of length ``L`` (page aligned) *uses* in each group::
 
     full attention:   every page holding a token in [0, L)
     window W:         every page holding a token in [L - (W - 1), L)
+    state:            the checkpoint after exactly L tokens (on the page ending at L)
 
 ``L`` is valid when every group caches every page it uses; a match returns
-the longest valid ``L``. A sliding-window group may lack pages in the middle
-of a path (released early, or evicted): a tombstone in SGLang's words. Such
-a hole costs nothing as long as no valid ``L`` needs it.
+the longest valid ``L`` (the rule, over any cache: ``spec/hit_rules.py``).
+A sliding-window group may lack pages in the middle of a path (released
+early, or evicted): a tombstone in SGLang's words. Such a hole costs nothing
+as long as no valid ``L`` needs it.
 
 Eviction is per group: the evictable page (ref 0, and in a full group no
 cached child in that group) with the oldest stamp goes first, the deeper
-page first between two stamped by the same operation. A window group may
-evict a page in the middle of a path; a full group only a leaf.
+page first between two stamped by the same operation. A window or state
+group may evict an entry in the middle of a path; a full group only a leaf.
+A state group counts its sizes and evictions in checkpoints.
 
 The named choices against vLLM and SGLang are in ``docs/hybrid.md``.
 """
@@ -29,7 +34,7 @@ The named choices against vLLM and SGLang are in ``docs/hybrid.md``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -46,7 +51,11 @@ from .errors import (
     UnlockError,
 )
 from .helpers import compute_page_to_token, div_ceil
-from .invariants import PREFIX_CACHE_INVARIANTS, WINDOW_GROUP_INVARIANTS, raise_first, sizes_equal_page_counts
+from .hit_rules import STATE as STATE
+from .hit_rules import HitRule, IsCached, check_kinds, compute_longest_valid, is_valid_length
+from .hit_rules import Window as Window
+from .hit_rules import compute_used_pages as compute_used_pages
+from .invariants import PREFIX_CACHE_INVARIANTS, STATE_GROUP_INVARIANTS, WINDOW_GROUP_INVARIANTS, raise_first
 from .prefix_cache import (
     Entry,
     PageKey,
@@ -57,9 +66,6 @@ from .prefix_cache import (
     take_tick,
 )
 from .types import SizeInfo
-
-# the window of a group: None for full attention, W >= 1 tokens for a sliding window
-Window = int | None
 
 
 @dataclass
@@ -108,70 +114,51 @@ class HybridInsertResult(NamedTuple):
     handle: Any
 
 
-def check_windows(windows: object) -> tuple[Window, ...]:
-    """``windows`` as a non-empty tuple of windows (None, or an int >= 1), or raise."""
-    if not isinstance(windows, (tuple, list)) or not windows:
-        raise InvalidTypeError(f"windows must be a non-empty tuple of None or ints >= 1, got {windows!r}")
-    for i, window in enumerate(windows):
-        if window is None:
-            continue
-        if not isinstance(window, int) or isinstance(window, bool):
-            raise InvalidTypeError(f"windows[{i}] must be None or an int, got {type(window).__name__}")
-        if window < 1:
-            raise InvalidInputError(f"windows[{i}] = {window}: a sliding window holds at least one token")
-    return tuple(windows)
+def check_windows(windows: object, *, state_groups: bool = False) -> tuple[Window, ...]:
+    """``windows`` as a non-empty tuple of group kinds, or raise (``state_groups``: whether STATE is admitted).
+
+    The spec admits state groups; a cache that has none (the reference and optimized trees) refuses them.
+    """
+    return check_kinds(windows, state_groups=state_groups)
 
 
 def new_state(page_size: int, windows: Sequence[Window]) -> HybridState:
     """An empty hybrid cache with pages of ``page_size`` tokens and one group per window."""
-    checked = check_windows(windows)
+    checked = check_windows(windows, state_groups=True)
     return HybridState(page_size=check_page_size(page_size), windows=checked, groups=tuple({} for _ in checked))
 
 
-# ---------------------------------------------------------------- window arithmetic
+def compute_slots_per_entry(window: Window, page_size: int) -> int:
+    """Slots one cached entry of a group holds: a page of P, or one state checkpoint."""
+    return 1 if window == STATE else page_size
 
 
-def compute_used_pages(length: int, window: Window, page_size: int) -> range:
-    """Page numbers a match of ``length`` tokens uses in a group of ``window``.
-
-    Full attention: every page before ``length``. Window W: the pages holding
-    a token in ``[length - (W - 1), length)``, i.e. what the query at
-    position ``length`` attends to besides itself. The same range is what a
-    request with ``length`` tokens of KV must still hold: every page before
-    its start may be released (vLLM's ``remove_skipped_blocks``).
-    """
-    first = 0 if window is None else max(0, length - (window - 1)) // page_size
-    return range(first, div_ceil(length, page_size))
+def get_hit_rule(state: HybridState) -> HitRule:
+    """The hit rule of this cache: its groups, whole pages, no EAGLE (``spec/hit_rules.py``)."""
+    return HitRule(state.page_size, state.windows, state.page_size)
 
 
 # ---------------------------------------------------------------- reads
 
 
+def get_is_cached(state: HybridState, keys: Sequence[PageKey]) -> IsCached:
+    """The hit rule's question on this state: does a group cache the page ending at ``end`` along ``keys``."""
+    return lambda group, end: keys[end // state.page_size - 1] in state.groups[group]
+
+
 def is_valid_match(state: HybridState, keys: Sequence[PageKey], length: int) -> bool:
     """True when every group caches every page a match of ``length`` tokens uses (``keys``: the path's keys)."""
-    return all(
-        keys[page] in entries
-        for window, entries in zip(state.windows, state.groups, strict=True)
-        for page in compute_used_pages(length, window, state.page_size)
-    )
+    return is_valid_length(get_hit_rule(state), length, get_is_cached(state, keys))
 
 
 def compute_match_len(state: HybridState, keys: Sequence[PageKey]) -> int:
     """The longest valid match length along ``keys`` (whole pages of one namespace, shortest first)."""
-    p = state.page_size
-    # no match runs past a hole in a full group: start below the first one
+    # no match runs past a hole in a full group: start below the first one (the rule alone would also find it)
     longest = len(keys)
     for window, entries in zip(state.windows, state.groups, strict=True):
         if window is None:
             longest = next((i for i in range(longest) if keys[i] not in entries), longest)
-    # every length up to there holds in the full groups; the window groups decide (is_valid_match, cheaper)
-    windows = [(window, entries) for window, entries in zip(state.windows, state.groups, strict=True) if window]
-    for pages in range(longest, 0, -1):
-        if all(
-            keys[page] in entries for window, entries in windows for page in compute_used_pages(pages * p, window, p)
-        ):
-            return pages * p
-    return 0
+    return compute_longest_valid(get_hit_rule(state), longest * state.page_size, get_is_cached(state, keys))
 
 
 def get_used_keys(state: HybridState, handle: HybridHandle) -> list[list[PageKey]]:
@@ -220,12 +207,12 @@ def get_matched_pages(state: HybridState, handle: HybridHandle) -> list[list[int
 
 
 def size_info(state: HybridState, group: int) -> SizeInfo:
-    """Evictable (ref 0) and protected (ref > 0) tokens of one group."""
+    """Evictable (ref 0) and protected (ref > 0) slots of one group: tokens, or a state group's checkpoints."""
     # CHECK (-1 would read the last group)
     group = check_group(group, len(state.groups))
     locked = sum(1 for entry in state.groups[group].values() if entry.ref_count > 0)
-    p = state.page_size
-    return SizeInfo(evictable_size=(len(state.groups[group]) - locked) * p, protected_size=locked * p)
+    unit = compute_slots_per_entry(state.windows[group], state.page_size)
+    return SizeInfo(evictable_size=(len(state.groups[group]) - locked) * unit, protected_size=locked * unit)
 
 
 def is_evictable(state: HybridState, group: int, key: PageKey, with_children: set[PageKey]) -> bool:
@@ -233,7 +220,7 @@ def is_evictable(state: HybridState, group: int, key: PageKey, with_children: se
     return (
         # nobody holds a lock on it
         state.groups[group][key].ref_count == 0
-        # and it is a leaf of its group, or its group is a sliding window (which may leave a hole)
+        # and it is a leaf of its group, or its group is a window or a state group (which may leave a hole)
         and (state.windows[group] is not None or key not in with_children)
     )
 
@@ -326,7 +313,7 @@ def insert_prefix(
                 if window is None:
                     raise MissingPageError.needs_page(group, page)
                 continue
-            if start % p:
+            if start % compute_slots_per_entry(window, p):
                 raise MisalignedPageError.start_not_aligned(group, page, start, p)
             if start in cached_starts or start in new_starts:
                 raise DuplicateSlotError.cached_slot(page, start, group)
@@ -398,21 +385,23 @@ def evict(state: HybridState, group: int, size: int) -> list[int]:
     """Evict exactly ceil(size / P) pages of ``group``, the oldest evictable first; returns their slots, ascending.
 
     Between two pages of the same stamp (one operation stamps one path), the deeper goes first.
+    A state group counts in checkpoints: ``size`` of them, one slot each.
     """
     # CHECK
     check_group(group, len(state.windows))
     check_evict_size(size, size_info(state, group).evictable_size)
     # UPDATE: one page at a time; taking a leaf of a full group may make its parent a leaf
     entries = state.groups[group]
+    unit = compute_slots_per_entry(state.windows[group], state.page_size)
     starts = []
-    for _ in range(div_ceil(size, state.page_size)):
+    for _ in range(div_ceil(size, unit)):
         with_children = get_keys_with_children(state.view(group))
         oldest = min(
             (key for key in entries if is_evictable(state, group, key, with_children)),
             key=lambda key: (entries[key].last_access, -len(key[1])),
         )
         starts.append(entries.pop(oldest).slot_start)
-    return sorted(compute_page_to_token(starts, state.page_size))
+    return sorted(compute_page_to_token(starts, unit))
 
 
 def reset(state: HybridState) -> list[list[int]]:
@@ -422,8 +411,12 @@ def reset(state: HybridState) -> list[list[int]]:
         raise CacheBusyError.locks_outstanding(sum(state.locks.values()))
     # UPDATE
     slots = [
-        sorted(compute_page_to_token([e.slot_start for e in entries.values()], state.page_size))
-        for entries in state.groups
+        sorted(
+            compute_page_to_token(
+                [e.slot_start for e in entries.values()], compute_slots_per_entry(window, state.page_size)
+            )
+        )
+        for window, entries in zip(state.windows, state.groups, strict=True)
     ]
     for entries in state.groups:
         entries.clear()
@@ -444,9 +437,14 @@ def check_handle(state: HybridState, handle: object) -> HybridHandle:
 
 def groups_hold_their_cache_invariants(state: HybridState) -> str | None:
     """Each group is a single-group cache: a full group keeps every invariant of one, a window group those
-    that do not need a prefix-closed path (whole pages, aligned and unique slots, stamps in the past)."""
+    that do not need a prefix-closed path (whole pages, aligned and unique slots, stamps in the past), a
+    state group those that do not need P slots per entry either."""
+    kinds: dict[Window, tuple[Callable[[PrefixCacheState], str | None], ...]] = {
+        None: PREFIX_CACHE_INVARIANTS,
+        STATE: STATE_GROUP_INVARIANTS,
+    }
     for group, window in enumerate(state.windows):
-        for invariant in PREFIX_CACHE_INVARIANTS if window is None else WINDOW_GROUP_INVARIANTS:
+        for invariant in kinds.get(window, WINDOW_GROUP_INVARIANTS):
             problem = invariant(state.view(group))
             if problem is not None:
                 return f"group {group} ({describe(window)}): {invariant.__name__}: {problem}"
@@ -491,8 +489,15 @@ def check_hybrid_invariants(state: HybridState, reported: Sequence[SizeInfo] | N
     """Raise IntegrityError naming the first broken hybrid invariant (``reported``: each group's size_info)."""
     checks = [(f.__name__, f(state)) for f in HYBRID_INVARIANTS]
     for group, sizes in enumerate(reported or ()):
-        checks.append((f"group {group} sizes_equal_page_counts", sizes_equal_page_counts(state.view(group), sizes)))
+        checks.append((f"group {group} sizes_equal_page_counts", sizes_equal_entry_counts(state, group, sizes)))
     raise_first(checks)
+
+
+def sizes_equal_entry_counts(state: HybridState, group: int, reported: SizeInfo) -> str | None:
+    """A group's reported evictable and protected sizes equal its entry counts times the slots of one."""
+    if tuple(reported) != tuple(size_info(state, group)):
+        return f"size_info reports {tuple(reported)}, entries give {tuple(size_info(state, group))}"
+    return None
 
 
 def attended_pages_are_held(
@@ -516,4 +521,6 @@ def attended_pages_are_held(
 
 def describe(window: Window) -> str:
     """A group's kind in words."""
+    if window == STATE:
+        return "state"
     return "full attention" if window is None else f"window {window}"

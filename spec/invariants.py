@@ -131,6 +131,14 @@ WINDOW_GROUP_INVARIANTS: tuple[Callable[[PrefixCacheState], str | None], ...] = 
 )
 
 
+# what a state group keeps: one slot per checkpoint, anywhere in its pool, holes allowed (spec/hit_rules.py)
+STATE_GROUP_INVARIANTS: tuple[Callable[[PrefixCacheState], str | None], ...] = (
+    keys_are_whole_pages,
+    page_slots_are_unique,
+    stamps_are_in_the_past,
+)
+
+
 def sizes_equal_page_counts(state: PrefixCacheState, reported: SizeInfo) -> str | None:
     """The reported evictable and protected sizes equal the page counts times P."""
     expected = size_info(state)

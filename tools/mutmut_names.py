@@ -14,6 +14,8 @@ Outside a mutmut run it does nothing.
 
 from __future__ import annotations
 
+import importlib
+
 PACKAGE = "radixspec."
 LAYERS = ("spec.", "reference.", "optimized.")
 
@@ -31,7 +33,7 @@ def to_file(name: str) -> str:
 def install() -> bool:
     """Wrap the trampoline's two name lookups; False when mutmut is not importable (not a mutation run)."""
     try:
-        from mutmut.mutation import trampoline
+        trampoline = importlib.import_module("mutmut.mutation.trampoline")
     except ImportError:
         return False
     if getattr(trampoline, "_radixspec_names", False):
@@ -45,9 +47,9 @@ def install() -> bool:
     def record_file_hit(name: str, caller: str | None = None) -> None:
         record_trampoline_hit(to_file(name), caller=None if caller is None else to_file(caller))
 
-    trampoline.get_mutant_under_test = get_runtime_mutant  # type: ignore[assignment]
-    trampoline.record_trampoline_hit = record_file_hit  # type: ignore[assignment]
-    trampoline._radixspec_names = True  # type: ignore[attr-defined]
+    setattr(trampoline, "get_mutant_under_test", get_runtime_mutant)  # noqa: B010 (a module of mutmut's)
+    setattr(trampoline, "record_trampoline_hit", record_file_hit)  # noqa: B010
+    setattr(trampoline, "_radixspec_names", True)  # noqa: B010
     return True
 
 

@@ -30,6 +30,7 @@ from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.events import Event
+from radixspec.spec.hit_rules import Window
 from radixspec.spec.metrics import CacheStats
 from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
 
@@ -397,7 +398,7 @@ class TargetInfo:
     # makes a hybrid cache manager (several attention groups): factory(page_size, windows, num_pages) -> an object
     # with reference/hybrid_manager.py's methods (match_req, allocate_paged, store, cache_req, check_integrity)
     # and its ``windows`` (those it took of the drawn ones); None when the target has no hybrid layer
-    hybrid_factory: Callable[[int, tuple[int | None, ...], int], Any] | None = None
+    hybrid_factory: Callable[[int, tuple[Window, ...], int], Any] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

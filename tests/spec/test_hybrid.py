@@ -22,6 +22,7 @@ from radixspec.spec.errors import (
     UnlockError,
 )
 from radixspec.spec.prefix_cache import Prefix
+from radixspec.spec.types import SizeInfo
 
 PROMPT = list(range(100, 116))
 
@@ -361,3 +362,62 @@ def test_a_match_that_uses_no_page_holds_no_lock() -> None:
     hy.lock(state, handle)
     assert not state.locks
     hy.reset(state)
+
+
+# ---------------------------------------------------------------- state groups (Mamba, linear attention)
+
+
+def with_state() -> hy.HybridState:
+    """P=4, a full group and a state group holding checkpoints after 4 and 12 tokens of PROMPT (slots 7, 3)."""
+    state = hy.new_state(4, (None, hy.STATE))
+    hy.insert_prefix(state, PROMPT[:12], ([0, 4, 8], [7, None, 3]))
+    return state
+
+
+def test_a_state_group_matches_only_where_a_checkpoint_is_cached() -> None:
+    state = with_state()
+    # 16 tokens: the full group caches 12 of them; the checkpoint after 12 serves L = 12
+    assert hy.match_prefix(state, PROMPT).cached_len == 12
+    # no checkpoint after 8: L = 8 is not valid, the next shorter one after 4 is
+    handle = hy.match_prefix(state, PROMPT[:11])
+    assert handle.cached_len == 4
+    assert hy.get_matched_pages(state, handle) == [[0], [7]]
+
+
+def test_a_state_group_counts_and_evicts_checkpoints_of_one_slot_anywhere_on_a_path() -> None:
+    state = with_state()
+    assert hy.size_info(state, 1) == (2, 0)
+    # a checkpoint is one slot, not a page: no alignment; the one in the middle of the path may go
+    handle = hy.match_prefix(state, PROMPT)
+    hy.lock(state, handle)
+    assert hy.size_info(state, 1) == (1, 1)
+    assert hy.evict(state, 1, 1) == [7]
+    hy.check_hybrid_invariants(state, [hy.size_info(state, g) for g in range(2)])
+    hy.unlock(state, handle)
+    assert hy.reset(state) == [list(range(12)), [3]]
+
+
+def test_a_state_checkpoint_already_held_by_another_entry_is_refused() -> None:
+    state = with_state()
+    with pytest.raises(DuplicateSlotError):
+        hy.insert_prefix(state, PROMPT, ([0, 4, 8, 12], [None, None, None, 3]))
+
+
+def test_the_trees_refuse_a_state_group_they_do_not_model() -> None:
+    with pytest.raises(InvalidInputError, match="no state groups"):
+        hy.check_windows((None, hy.STATE))
+    assert hy.check_windows((None, hy.STATE), state_groups=True) == (None, "state")
+
+
+def test_a_state_group_keeps_the_invariants_that_do_not_need_whole_pages_of_slots() -> None:
+    state = with_state()
+    hy.check_hybrid_invariants(state)
+    # two checkpoints in one slot
+    broken = edit(state, 1, key(*PROMPT[:4]), slot_start=3)
+    assert hy.groups_hold_their_cache_invariants(broken) == (
+        "group 1 (state): page_slots_are_unique: slots [3] are held by more than one page"
+    )
+    # a size reported in tokens instead of checkpoints
+    assert (
+        hy.sizes_equal_entry_counts(with_state(), 1, SizeInfo(8, 0)) == "size_info reports (8, 0), entries give (2, 0)"
+    )
