@@ -240,9 +240,9 @@ def from_block_events(events: Iterable[Any], namespace_of: Callable[[Any], Names
     """Block events in vLLM's vocabulary (vLLM's own classes, SGLang's, or ``radixspec.optimized.kv_events``') as the
     spec's, page by page: a ``BlockStored`` of n blocks is n PageStored, each chained to the one before.
 
-    ``namespace_of(extra_key)`` names the namespace of a stored block from its extra key (None when the
-    event has none): the wire names namespaces by hash only, so the caller knows its own mapping. Slots
-    are not on the wire: UNKNOWN_SLOT.
+    ``namespace_of(extra_key)`` names the namespace of a stored block from its extra key, or else its
+    ``cache_salt`` (None when the event has neither): the wire names namespaces by hash only, so the caller
+    knows its own mapping. Slots are not on the wire: UNKNOWN_SLOT.
     """
     out: list[Event] = []
     for event in events:
@@ -252,7 +252,8 @@ def from_block_events(events: Iterable[Any], namespace_of: Callable[[Any], Names
             parent = event.parent_block_hash
             extra_keys = getattr(event, "extra_keys", None)
             for index, block_hash in enumerate(event.block_hashes):
-                extra = extra_keys[index] if extra_keys else None
+                # SGLang names a namespace by the block's cache_salt, vLLM by its extra keys
+                extra = extra_keys[index] if extra_keys else getattr(event, "cache_salt", None)
                 tokens = tuple(event.token_ids[index * size : (index + 1) * size])
                 out.append(PageStored(namespace_of(extra), block_hash, parent, tokens, UNKNOWN_SLOT))
                 parent = block_hash

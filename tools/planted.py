@@ -341,7 +341,7 @@ def run_one_peer(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tu
         copy = Path(tmp) / "radix_cache.py"
         shutil.copy(package_root(bug.peer) / bug.path, copy)
         plant(replace(bug, path=copy.name), Path(tmp))
-        cmd = [sys.executable, "-m", "radixspec.fuzz", "--target", bug.peer, "--machine", bug.machine]
+        cmd = [sys.executable, "-m", "radixspec.fuzz", "--target", f"{bug.peer}:legacy", "--machine", bug.machine]
         cmd += ["--minutes", str(minutes), "--seed", str(seed), "--quiet"]
         if not shrink:
             cmd.append("--no-shrink")

@@ -39,7 +39,7 @@ ENTRY_POINT_GROUP = "radixspec.targets"
 
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
-    from . import minisgl, ours, sglang, sglang_swa, vllm, vllm_hybrid
+    from . import minisgl, ours, sglang_swa, sglang_unified, vllm, vllm_hybrid
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
         def make(argument: str | None) -> TargetInfo:
@@ -52,7 +52,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     return {
         "reference": no_argument(ours.REFERENCE),
         "optimized": no_argument(ours.OPTIMIZED),
-        "sglang": no_argument(sglang.TARGET),
+        "sglang": sglang_unified.target,
         "vllm": no_argument(vllm.TARGET),
         "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
         "minisgl": minisgl.target,

@@ -1,4 +1,6 @@
-"""Target ``sglang``: ``sglang.srt.mem_cache.radix_cache.RadixCache`` from the released sglang 0.5.23 wheel.
+"""Target ``sglang:legacy``: ``sglang.srt.mem_cache.radix_cache.RadixCache`` from the released sglang 0.5.23
+wheel (0.5.23 builds it for no dense model any more: ``sglang`` is its ``UnifiedRadixCache``, in
+``fuzz/targets/sglang_unified.py``).
 
 Installed without its dependency tree (``radixspec targets install
 sglang``); built with ``RadixCache.create_simulated`` and a mock allocator
@@ -284,7 +286,7 @@ class SGLangRadixCache:
 
 
 TARGET = TargetInfo(
-    name="sglang",
+    name="sglang:legacy",
     description=f"SGLang {VERSION} RadixCache (released wheel, simulated mode, mock allocator)",
     requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
     cache_factory=SGLangRadixCache,

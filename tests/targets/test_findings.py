@@ -214,7 +214,7 @@ def test_sglang_events_of_two_namespaces_with_the_same_tokens_carry_the_same_blo
     extra_key"). Two namespaces caching the same tokens publish the same
     block hash twice; when one of them is evicted, a router that indexes
     blocks by hash (vLLM's format) drops the block although the other
-    namespace still holds it. Campaign: ``--target sglang --lru strict``,
+    namespace still holds it. Campaign: ``--target sglang:legacy --lru strict``,
     ``event 6 (PageStored): page ... is stored already``.
     """
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams

@@ -175,7 +175,7 @@ def test_a_failing_sglang_strict_lru_program_replays_the_same_path() -> None:
     from radixspec.fuzz.targets.shims import InsertionOrderedSet
 
     def eviction_order() -> list[list[int]]:
-        cache = resolve("sglang").cache_factory(2, 128)  # type: ignore[misc]
+        cache = resolve("sglang:legacy").cache_factory(2, 128)  # type: ignore[misc]
         assert isinstance(cache.cache.evictable_leaves, InsertionOrderedSet)
         # each second insert splits the first's node: its suffix and the new leaf share one last access
         for i in range(20):

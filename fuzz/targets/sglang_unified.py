@@ -1,0 +1,409 @@
+"""Target ``sglang``: SGLang 0.5.23's ``UnifiedRadixCache`` as it builds it for a dense model (the FULL component
+only), over its real ``PagedTokenToKVPoolAllocator``, driven through the scheduler's request lifecycle.
+
+``sglang`` runs the compiled Rust tree core (SGLang's default, ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=rust``),
+``sglang:python`` the Python core, ``sglang:both`` the two side by side on the same program (they must give the
+same hits, rows, evictions and KV events, or the campaign says where they part); ``sglang:legacy`` is the
+legacy ``RadixCache`` (``fuzz/targets/sglang.py``).
+
+The lifecycle is the scheduler's, written here from SGLang's code (``mem_cache/common.py``,
+``mem_cache/allocation.py``, ``unified_radix_cache.py``): match the prompt less its last token under the
+request's ``cache_salt`` and lock the match (``match_prefix_for_req``); allocate with
+``alloc_paged_token_slots_extend`` (evict what the allocator's demand exceeds, then ``alloc_extend`` with the
+request's ``last_loc``); store KV; between chunks ``checkpoint_kv_cache`` (``checkpoint`` up to the stored
+tokens: SGLang inserts the page-aligned prefix, frees the request's copies of pages another request cached,
+rewrites its row and moves its lock); when it finishes ``release_kv_cache`` (checkpoint, free the row past
+the protected prefix, unlock, free what was allocated past the stored tokens). Requests carry a drawn
+priority; the eviction policy is drawn (LRU, or SGLang's priority policy).
+
+What stands in: the KV pool (no tensors), the request (a record of the fields the cache reads) and the
+request-to-token table (a tensor and its ``write``); modules the cache never calls (``sglang_swa``'s stubs).
+
+Checks, whatever SGLang chooses: the hit is the spec's longest valid match (``spec/hit_rules.py``) of the
+pages the cache's own KV events say it holds; the events replayed from empty hold as many pages as the tree;
+the safety law; a shadow of every KV write (an attended slot holds the request's own tokens); conservation
+(free + cached + private == the pool); every page of a row is a run of P slots; SGLang's ``sanity_check``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from array import array
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import events as ev
+from radixspec.spec import hit_rules as hr
+from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import IntegrityError, OutOfPagesError
+
+from ..stats import STATS
+from .api import Profile, TargetError, TargetInfo
+from .sglang import VERSION
+from .sglang_swa import import_swa_cache, mapping_pool
+
+if TYPE_CHECKING:
+    import torch
+
+PROFILE = Profile(
+    name=f"sglang {VERSION} UnifiedRadixCache FULL",
+    eviction_unit="node",
+    eviction_trigger="allocate",
+    clock="order",
+    errors="none",
+    slots="target",
+    notes=(
+        "the allocator hands out pages; a request's row is rewritten to the tree's pages at each checkpoint",
+        "a checkpoint frees the request's copies of pages another request cached meanwhile (SGLang's dedup)",
+        "a finished request's prompt becomes its own node, one priority above the output (split at the prompt)",
+        "namespaces are cache_salt values (their repr); the KV events carry them",
+    ),
+)
+
+# SGLang's tree cores, by our argument
+CORES = {None: ("rust",), "rust": ("rust",), "python": ("python",), "both": ("rust", "python")}
+POLICIES = ("lru", "priority")
+# rows of the request-to-token table, and tokens per row
+ROWS, ROW_TOKENS = 256, 4096
+
+
+@dataclass
+class KVRecord:
+    """The part of SGLang's request kv record the cache reads and writes."""
+
+    req_pool_idx: int
+    # tokens of the row that are the tree's (locked): the match, then each checkpoint's insert
+    cache_protected_len: int = 0
+    cache_inserted_len: int = 0
+    # tokens allocated in the row
+    kv_allocated_len: int = 0
+
+
+@dataclass
+class Record:
+    """SGLang's ``Req``, as much of it as the unified cache reads (``checkpoint_into_tree``)."""
+
+    rid: str
+    origin_input_ids: array[int]
+    full_untruncated_fill_ids: array[int]
+    cache_salt: str | None
+    priority: int
+    kv: KVRecord
+    extra_key: str | None = None
+    session: None = None
+    session_id: None = None
+    kv_rotation_base: None = None
+    finished_reason: None = None
+    lock: Any = None
+    last_node: Any = None
+    done: bool = False
+
+    def finished(self) -> bool:
+        return self.done
+
+
+@dataclass
+class RequestTable:
+    """SGLang's ``ReqToTokenPool``: one row of slots per running request."""
+
+    req_to_token: torch.Tensor
+    free_rows: list[int] = field(default_factory=list)
+
+    def write(self, index: tuple[int, slice], values: torch.Tensor) -> None:
+        self.req_to_token[index] = values
+
+
+class SGLangUnifiedManager:
+    """SGLang's unified cache (FULL) and paged allocator behind the hybrid manager's methods, on one tree core."""
+
+    profile = PROFILE
+
+    def __init__(self, page_size: int, num_pages: int, core: str, policy: str) -> None:
+        import torch
+
+        self.torch = torch
+        v = self.v = import_swa_cache()
+        paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+        self.windows: tuple[hy.Window, ...] = (None,)
+        self.page_size, self.num_pages, self.core = page_size, num_pages, core
+        self.alloc = paged.PagedTokenToKVPoolAllocator(
+            size=num_pages * page_size,
+            page_size=page_size,
+            dtype=torch.float16,
+            device="cpu",
+            kvcache=mapping_pool(v),
+            need_sort=False,
+        )
+        self.table = RequestTable(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
+        self.cache = v.urc.UnifiedRadixCache(
+            v.params.CacheInitParams(
+                disable=False,
+                req_to_token_pool=self.table,
+                token_to_kv_pool_allocator=self.alloc,
+                page_size=page_size,
+                tree_components=(v.components.FULL,),
+                tree_core_backend=core,
+                eviction_policy=policy,
+                enable_kv_cache_events=True,
+            )
+        )
+        self.records: dict[int, Record] = {}
+        # cache_salt -> namespace: the events name a namespace by its salt
+        self.salts: dict[str, Namespace] = {}
+        self.mirror = ev.Replayer(page_size, check_hashes=False)
+        # slot -> (namespace, the tokens up to and including the one written there)
+        self.shadow: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
+
+    # ------------------------------------------------------------ reading SGLang's state
+
+    def salt(self, namespace: Namespace) -> str | None:
+        if namespace is None:
+            return None
+        text = repr(namespace)
+        self.salts[text] = namespace
+        return text
+
+    def cached_pages(self) -> dict[pc.PageKey, int]:
+        """The pages the cache's KV events say it holds, every event so far replayed from empty."""
+        events = ev.from_block_events(self.cache.take_events(), lambda salt: self.salts.get(salt) if salt else None)
+        return self.mirror.apply(events).cached()
+
+    def row(self, record: Record, length: int) -> list[int]:
+        return [int(s) for s in self.table.req_to_token[record.kv.req_pool_idx, :length].tolist()]
+
+    def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
+        """The request's row as the spec counts it: the first slot of each page."""
+        return [list(self.row(record, length)[:: self.page_size])]
+
+    # ------------------------------------------------------------ the scheduler's lifecycle
+
+    def match_req(self, req: HybridReq) -> None:
+        """match_prefix_for_req: the prompt less its last token under its cache_salt; checked, then locked."""
+        if not self.table.free_rows:
+            raise OutOfPagesError("no free row in the request-to-token table")
+        v, tokens = self.v, req.input_ids[:-1]
+        record = Record(
+            rid=str(req.uid),
+            origin_input_ids=array("q", req.input_ids),
+            full_untruncated_fill_ids=array("q", req.input_ids),
+            cache_salt=self.salt(req.namespace),
+            priority=req.uid % 3,
+            kv=KVRecord(self.table.free_rows.pop()),
+        )
+        key = v.radix.RadixKey(array("q", tokens), None, cache_salt=record.cache_salt)
+        cached = self.cached_pages()
+        result = self.cache.match_prefix(v.base.MatchPrefixParams(key=key))
+        hit = int(result.device_prefix_len)
+        rule = hr.HitRule(self.page_size, self.windows, self.page_size)
+        expected = hr.compute_hit(
+            rule,
+            lambda group, end: pc.page_key(req.namespace, tokens[:end], self.page_size) in cached,
+            known=len(tokens),
+            limit=len(tokens),
+        )
+        if hit != expected:
+            raise IntegrityError(
+                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens;"
+                f" the cache's events say it holds {expected}"
+            )
+        if hit:
+            STATS.record_rule("sglang.match[hit]")
+        record.lock, record.last_node = self.cache.lock(result.last_device_node), result.last_device_node
+        record.kv.cache_protected_len = record.kv.kv_allocated_len = hit
+        if hit:
+            matched = self.cache.path_device_indices(result.last_device_node)[:hit]
+            self.table.write((record.kv.req_pool_idx, slice(0, hit)), matched)
+        self.records[req.uid] = record
+        req.rows = self.page_rows(record, hit)
+        req.handle, req.computed = types.SimpleNamespace(cached_len=hit), hit
+
+    def allocate_paged(self, req: HybridReq, length: int) -> None:
+        """alloc_paged_token_slots_extend for tokens up to ``length``: evict the shortfall, then alloc_extend."""
+        torch, v, record = self.torch, self.v, self.records[req.uid]
+        start = record.kv.kv_allocated_len
+        if length <= start:
+            return
+        if length > ROW_TOKENS:
+            raise OutOfPagesError(f"request {req.uid}: {length} tokens, a row holds {ROW_TOKENS}")
+        prefix, seq = torch.tensor([start]), torch.tensor([length])
+        demand = self.alloc.get_extend_allocation_demand(
+            prefix, seq, conservative_num_tokens=length - start + self.page_size, shard_size=1
+        )
+        shortfall = demand - self.alloc.available_size()
+        if shortfall > 0:
+            STATS.record_rule("sglang.evict_for_alloc")
+            self.cache.evict_for_alloc(v.base.EvictParams(num_tokens=shortfall))
+        last = torch.tensor([self.row(record, start)[-1] if start else -1])
+        out = self.alloc.alloc_extend(prefix, prefix, seq, seq, last, length - start)
+        if out is None:
+            STATS.record_rule("sglang.allocate[out of pages]")
+            raise OutOfPagesError(f"request {req.uid}: {length - start} tokens, {self.alloc.available_size()} free")
+        self.table.write((record.kv.req_pool_idx, slice(start, length)), out)
+        record.kv.kv_allocated_len = length
+        req.rows = self.page_rows(record, length)
+
+    def store(self, req: HybridReq, tokens: int) -> None:
+        """KV written for ``tokens`` more tokens (the shadow records where)."""
+        record = self.records[req.uid]
+        begin, end = req.computed, req.computed + tokens
+        slots = self.row(record, end)
+        for position in range(begin, end):
+            self.shadow[slots[position]] = (req.namespace, tuple(req.input_ids[: position + 1]))
+        req.computed = end
+        record.full_untruncated_fill_ids = array("q", req.input_ids)
+
+    def cache_req(self, req: HybridReq, finished: bool) -> None:
+        """checkpoint_kv_cache between chunks; release_kv_cache when the request finishes."""
+        torch, record = self.torch, self.records[req.uid]
+        record.full_untruncated_fill_ids = array("q", req.input_ids)
+        if not finished:
+            before = record.kv.cache_protected_len
+            self.cache.checkpoint(record, up_to=req.computed)
+            protected = record.kv.cache_protected_len
+            STATS.record_rule(f"sglang.checkpoint[{'inserted' if protected > before else 'nothing'}]")
+            req.rows = self.page_rows(record, record.kv.kv_allocated_len)
+            req.handle = types.SimpleNamespace(cached_len=protected)
+            return
+        record.done = True
+        owned, allocated = req.computed, record.kv.kv_allocated_len
+        self.cache.checkpoint(record, up_to=owned)
+        protected = record.kv.cache_protected_len
+        # free_kv_row: the row past the protected prefix (the allocator frees whole pages)
+        if protected < owned:
+            self.alloc.free(torch.tensor(self.row(record, owned)[protected:], dtype=torch.int64))
+        self.cache.unlock(record.lock)
+        record.lock = None
+        # _release_overallocated_kv_indices: from the page after the stored tokens
+        tail = -(-owned // self.page_size) * self.page_size
+        if tail < allocated:
+            self.alloc.free(torch.tensor(self.row(record, allocated)[tail:], dtype=torch.int64))
+        self.table.free_rows.append(record.kv.req_pool_idx)
+        del self.records[req.uid]
+        req.rows, req.handle = [], None
+
+    # ------------------------------------------------------------ universal checks
+
+    def check_integrity(self, live_reqs: list[HybridReq]) -> None:
+        """The shadow of every attended slot, pages as runs, the events against the tree, conservation."""
+        p = self.page_size
+        private = 0
+        for req in live_reqs:
+            record = self.records[req.uid]
+            slots = self.row(record, record.kv.kv_allocated_len)
+            for position in range(req.computed):
+                seen = self.shadow.get(slots[position])
+                if seen != (req.namespace, tuple(req.input_ids[: position + 1])):
+                    held = "nothing" if seen is None else f"KV of {len(seen[1])} tokens"
+                    raise IntegrityError(
+                        f"attended_kv_is_the_requests: request {req.uid} attends slot {slots[position]} for"
+                        f" position {position}, which holds {held}"
+                    )
+            for first in range(0, len(slots), p):
+                page = slots[first : first + p]
+                if page != list(range(page[0], page[0] + len(page))) or page[0] % p:
+                    raise IntegrityError(f"pages_are_runs: request {req.uid}'s page at {first} is slots {page}")
+            private += -(-record.kv.kv_allocated_len // p) - record.kv.cache_protected_len // p
+        tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
+        announced = len(self.cached_pages())
+        if announced * p != tree:
+            raise IntegrityError(
+                f"events_replay_to_the_cache: the events hold {announced} pages, the tree {tree} tokens"
+            )
+        free = self.alloc.available_size() // p
+        if free + tree // p + private != self.num_pages:
+            raise IntegrityError(
+                f"pages_are_partitioned: free {free} + cached {tree // p} + private {private} != {self.num_pages}"
+            )
+        self.cache.sanity_check()
+        STATS.record_reach(largest_tree_pages=tree // p)
+
+    def cached_page_count(self) -> int:
+        """Pages the tree holds (the reach of a campaign)."""
+        return int(self.cache.full_evictable_size() + self.cache.full_protected_size()) // self.page_size
+
+
+class BothCores:
+    """The same program on SGLang's Rust and Python tree cores: every result, row and page count must agree."""
+
+    profile = PROFILE
+
+    def __init__(self, managers: list[SGLangUnifiedManager]) -> None:
+        self.managers = managers
+        self.windows, self.page_size = managers[0].windows, managers[0].page_size
+
+    def both(self, what: str, req: HybridReq, call: Any) -> None:
+        copies = [
+            HybridReq(
+                req.uid, list(req.input_ids), req.namespace, req.computed, [list(r) for r in req.rows], req.handle
+            )
+            for _ in self.managers
+        ]
+        outcomes: list[str | None] = []
+        for manager, copy in zip(self.managers, copies, strict=True):
+            try:
+                call(manager, copy)
+                outcomes.append(None)
+            except OutOfPagesError as error:
+                outcomes.append(str(error))
+        seen = [
+            (o, c.rows, c.cached_len, c.computed, m.cached_page_count())
+            for o, c, m in zip(outcomes, copies, self.managers, strict=True)
+        ]
+        if seen[0] != seen[1]:
+            raise IntegrityError(f"cores_agree: {what} of request {req.uid}: rust {seen[0]}, python {seen[1]}")
+        req.rows, req.handle, req.computed = copies[0].rows, copies[0].handle, copies[0].computed
+        if outcomes[0] is not None:
+            raise OutOfPagesError(outcomes[0])
+
+    def match_req(self, req: HybridReq) -> None:
+        self.both("match_req", req, lambda m, r: m.match_req(r))
+
+    def allocate_paged(self, req: HybridReq, length: int) -> None:
+        self.both("allocate_paged", req, lambda m, r: m.allocate_paged(r, length))
+
+    def store(self, req: HybridReq, tokens: int) -> None:
+        self.both("store", req, lambda m, r: m.store(r, tokens))
+
+    def cache_req(self, req: HybridReq, finished: bool) -> None:
+        self.both("cache_req", req, lambda m, r: m.cache_req(r, finished))
+
+    def check_integrity(self, live_reqs: list[HybridReq]) -> None:
+        for manager in self.managers:
+            manager.check_integrity(live_reqs)
+
+    def cached_page_count(self) -> int:
+        return self.managers[0].cached_page_count()
+
+
+def target(argument: str | None) -> TargetInfo:
+    """``sglang`` (Rust core), ``sglang:python``, ``sglang:both``; ``sglang:legacy`` is the legacy RadixCache."""
+    if argument == "legacy":
+        from .sglang import TARGET
+
+        return TARGET
+    if argument not in CORES:
+        raise TargetError(f"sglang takes rust, python, both or legacy, got {argument!r}")
+    cores = CORES[argument]
+
+    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> Any:
+        policy = POLICIES[num_pages % len(POLICIES)]
+        STATS.record_rule(f"sglang.config[P={page_size},{policy}]")
+        # SGLang's requests take whole pages each: twice the drawn pages lets requests share and cache, and
+        # still makes the allocator evict (at the drawn size most requests find no pages at all)
+        managers = [SGLangUnifiedManager(page_size, 2 * num_pages, core, policy) for core in cores]
+        return managers[0] if len(managers) == 1 else BothCores(managers)
+
+    return TargetInfo(
+        name="sglang" if argument is None else f"sglang:{argument}",
+        description=f"SGLang {VERSION} UnifiedRadixCache (FULL), {' and '.join(cores)} tree core, paged allocator",
+        requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
+        hybrid_factory=factory,
+        profile=PROFILE,
+        page_sizes=(1, 2, 4, 8),
+        how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the pools, the events",
+        probe=import_swa_cache,
+    )

@@ -1,0 +1,130 @@
+"""The ``sglang`` target: SGLang 0.5.23's UnifiedRadixCache (FULL) on both tree cores through the scheduler's
+lifecycle. Each check is seen catching a bug planted by monkeypatch in the path it guards, and a clean
+campaign runs on each core. SGLang's stubs differ from the legacy target's, so each case runs in a process
+of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+LIFECYCLE = """
+from radixspec.fuzz.targets import resolve
+from radixspec.reference.hybrid_manager import HybridReq
+manager = resolve({target!r}, check=False).hybrid_factory(4, (None,), 16)
+prompt = list(range(100, 114))
+a = HybridReq(0, prompt + [1], None)
+manager.match_req(a)
+manager.allocate_paged(a, 10)
+manager.store(a, 10)
+manager.cache_req(a, False)                 # a chunk: two whole pages go into the tree
+print("checkpoint", a.cached_len)
+b = HybridReq(1, prompt[:9] + [2, 3], None)
+manager.match_req(b)                        # shares the 8 tokens a checkpointed
+print("hit", b.cached_len)
+manager.allocate_paged(a, 15)
+manager.store(a, 5)
+manager.check_integrity([a, b])
+manager.cache_req(a, True)
+c = HybridReq(2, prompt + [9, 9], None)
+manager.match_req(c)
+print("after finish", c.cached_len)
+manager.check_integrity([b, c])
+for req in (b, c):
+    manager.cache_req(req, True)
+manager.check_integrity([])
+print("pages", manager.cached_page_count())
+"""
+
+
+def run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("target", ["sglang", "sglang:python", "sglang:both"])
+def test_a_checkpoint_shares_a_running_requests_pages_and_a_finished_one_its_whole_pages(target: str) -> None:
+    out = run(LIFECYCLE.format(target=target))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["checkpoint", "8", "hit", "8", "after", "finish", "12", "pages", "3"]
+
+
+# bugs planted in SGLang's code, each in the path one check guards
+PLANTS = {
+    # the match reports one page less than the tree holds
+    "hit_is_the_longest_valid_match": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+match = urc.UnifiedRadixCache.match_prefix
+def short(self, params):
+    result = match(self, params)
+    if result.device_prefix_len >= self.page_size:
+        return result._replace(device_prefix_len=result.device_prefix_len - self.page_size)
+    return result
+urc.UnifiedRadixCache.match_prefix = short
+""",
+    # the allocator loses every third page it is given back
+    "pages_are_partitioned": """
+paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+free, calls = paged.PagedTokenToKVPoolAllocator.free, [0]
+def leaky(self, index):
+    calls[0] += 1
+    if calls[0] % 3:
+        free(self, index)
+paged.PagedTokenToKVPoolAllocator.free = leaky
+""",
+    # the allocator hands out a page that another request still holds
+    "attended_kv_is_the_requests": """
+paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+extend = paged.PagedTokenToKVPoolAllocator.alloc_extend
+def reused(self, *args, **kwargs):
+    out = extend(self, *args, **kwargs)
+    if out is not None and len(out) > self.page_size and int(out[0]) % self.page_size == 0:
+        out[: self.page_size] = out[self.page_size : 2 * self.page_size]
+    return out
+paged.PagedTokenToKVPoolAllocator.alloc_extend = reused
+""",
+}
+
+CAMPAIGN = """
+import importlib, sys, time
+from radixspec.fuzz.targets.sglang_swa import import_swa_cache
+import_swa_cache()
+{plant}
+from radixspec.fuzz.campaign import main
+began = time.monotonic()
+code = main(["--target", {target!r}, "--seed", "0", "--examples", "300", "--workers", "0", "--quiet",
+             "--no-shrink", "--out", {out!r}])
+print("exit", code, "after", round(time.monotonic() - began, 1))
+"""
+
+
+@pytest.mark.parametrize("law", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    out = run(CAMPAIGN.format(plant=PLANTS[law], target="sglang:python", out=str(tmp_path)))
+    assert "exit 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert law in out.stdout + out.stderr, out.stdout[-3000:]
+    assert time.monotonic() - began < 300
+
+
+def test_the_cores_must_agree(tmp_path: Path) -> None:
+    """A difference planted in the Python core only: sglang:both names it where the two part."""
+    plant = """
+core = importlib.import_module("sglang.srt.mem_cache.unified_cache.unified_tree_core")
+sizes = core.UnifiedTreeCore.full_evictable_size
+core.UnifiedTreeCore.full_evictable_size = lambda self: sizes(self) + (self.page_size if sizes(self) > 16 else 0)
+"""
+    out = run(CAMPAIGN.format(plant=plant, target="sglang:both", out=str(tmp_path)))
+    assert "exit 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("target", ["sglang", "sglang:python"])
+def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
+    out = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path)))
+    assert "exit 0" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
