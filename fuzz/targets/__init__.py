@@ -33,6 +33,7 @@ from .api import (
     TargetError,
     TargetInfo,
 )
+from .releases import check_release
 
 ENTRY_POINT_GROUP = "radixspec.targets"
 
@@ -117,10 +118,13 @@ def as_target_info(name: str, obj: Any) -> TargetInfo:
 
 
 def check_requirements(info: TargetInfo) -> None:
-    """Find every package the target needs, then probe its import; TargetError saying what to do otherwise."""
+    """Find every package the target needs at a supported release (``releases.py``), then probe its import;
+    TargetError saying what to do otherwise."""
     missing = [f"{package} ({how})" for package, how in info.requires if importlib.util.find_spec(package) is None]
     if missing:
         raise TargetError(f"target {info.name!r} needs {', '.join(missing)}")
+    for package, _ in info.requires:
+        check_release(package)
     if info.probe is not None:
         try:
             info.probe()

@@ -1,6 +1,7 @@
 """``radixspec targets``: install the peers' released caches, list the targets.
 
     radixspec targets install sglang vllm    # released wheels, without their dependency trees
+    radixspec targets install sglang==0.5.22 # another supported release (fuzz/targets/releases.py)
     radixspec targets list                   # what radixspec fuzz --list-targets prints
 
 ``install`` runs pip in the current environment: ``pip install --no-deps`` of
@@ -16,19 +17,23 @@ import sys
 from collections.abc import Sequence
 
 from . import TargetError, list_targets, resolve
+from .releases import RELEASES, parse_requirement
 
-# what each installable target needs: (pip arguments without --no-deps, pip arguments with dependencies)
-PACKAGES: dict[str, tuple[list[str], list[str]]] = {
-    "sglang": (["sglang==0.5.23"], []),
-    "vllm": (["vllm==0.33.0"], ["cbor2"]),
-}
+# what each engine needs beside its wheel (installed with their dependencies)
+LIGHT: dict[str, list[str]] = {"sglang": [], "vllm": ["cbor2"]}
 
 
 def install(names: Sequence[str]) -> int:
-    """pip-install each named target's packages, then probe its import; the exit status of the whole."""
+    """pip-install each named engine release (``NAME`` or ``NAME==RELEASE``), then probe its import; the exit
+    status of the whole (2 for a release no target supports, before anything is installed)."""
+    try:
+        wanted = [parse_requirement(name) for name in names]
+    except TargetError as exc:
+        print(f"radixspec targets install: {exc}", file=sys.stderr)
+        return 2
     status = 0
-    for name in names:
-        no_deps, light = PACKAGES[name]
+    for name, release in wanted:
+        no_deps, light = [f"{name}=={release}"], LIGHT[name]
         for args in ([*no_deps], [*light]):
             if not args:
                 continue
@@ -53,7 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixspec targets", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     install_parser = commands.add_parser("install", help="install released peer caches without their dependencies")
-    install_parser.add_argument("names", nargs="+", choices=sorted(PACKAGES), metavar="NAME", help=", ".join(PACKAGES))
+    install_parser.add_argument(
+        "names",
+        nargs="+",
+        metavar="NAME[==RELEASE]",
+        help="; ".join(f"{name}: {', '.join(releases)}" for name, releases in RELEASES.items()),
+    )
     commands.add_parser("list", help="list the targets and whether each is ready")
     args = parser.parse_args(argv)
     if args.command == "install":

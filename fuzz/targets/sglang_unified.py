@@ -230,10 +230,8 @@ class SGLangUnifiedManager:
         if length > ROW_TOKENS:
             raise OutOfPagesError(f"request {req.uid}: {length} tokens, a row holds {ROW_TOKENS}")
         prefix, seq = torch.tensor([start]), torch.tensor([length])
-        demand = self.alloc.get_extend_allocation_demand(
-            prefix, seq, conservative_num_tokens=length - start + self.page_size, shard_size=1
-        )
-        shortfall = demand - self.alloc.available_size()
+        # the scheduler's conservative demand: a new page for the request beside its tokens
+        shortfall = length - start + self.page_size - self.alloc.available_size()
         if shortfall > 0:
             STATS.record_rule("sglang.evict_for_alloc")
             self.cache.evict_for_alloc(v.base.EvictParams(num_tokens=shortfall))

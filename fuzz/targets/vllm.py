@@ -134,6 +134,11 @@ def import_vllm() -> types.ModuleType:
     stub("vllm.utils.torch_utils", get_dtype_size=never)
     stub("vllm.config", VllmConfig=object)
     sys.modules.setdefault("regex", re)  # vLLM imports the regex package for patterns re handles
+    if importlib.util.find_spec("psutil") is None:
+        # 0.32.0's kv_cache_utils imports a size formatter from mem_utils, which imports psutil
+        stub("vllm.utils.mem_utils", format_gib=lambda size: f"{size / 2**30:.2f}")
+    # 0.32.0's kv_cache_utils imports HiSparse's layout helpers (a config of KV transfer), never called here
+    stub_any("vllm.v1.hisparse.layout")
     if importlib.util.find_spec("cbor2") is None:
         stub_any("cbor2")  # only sha256_cbor uses it; the default hash is sha256 over pickle
     real_events = importlib.util.find_spec("msgspec") is not None and importlib.util.find_spec("zmq") is not None
