@@ -8,7 +8,8 @@ legacy ``RadixCache`` (``fuzz/targets/sglang.py``).
 
 The lifecycle is the scheduler's, written here from SGLang's code (``mem_cache/common.py``,
 ``mem_cache/allocation.py``, ``unified_radix_cache.py``): match the prompt less its last token under the
-request's ``cache_salt`` and lock the match (``match_prefix_for_req``); allocate with
+request's ``cache_salt`` (with EAGLE's bigram keys in half the configurations) and lock the match
+(``match_prefix_for_req``); allocate with
 ``alloc_paged_token_slots_extend`` (evict what the allocator's demand exceeds, then ``alloc_extend`` with the
 request's ``last_loc``); store KV; between chunks ``checkpoint_kv_cache`` (``checkpoint`` up to the stored
 tokens: SGLang inserts the page-aligned prefix, frees the request's copies of pages another request cached,
@@ -28,6 +29,7 @@ the safety law; a shadow of every KV write (an attended slot holds the request's
 from __future__ import annotations
 
 import importlib
+import itertools
 import types
 from array import array
 from dataclasses import dataclass, field
@@ -122,14 +124,14 @@ class SGLangUnifiedManager:
 
     profile = PROFILE
 
-    def __init__(self, page_size: int, num_pages: int, core: str, policy: str) -> None:
+    def __init__(self, page_size: int, num_pages: int, core: str, policy: str, eagle: bool = False) -> None:
         import torch
 
         self.torch = torch
         v = self.v = import_swa_cache()
         paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
         self.windows: tuple[hy.Window, ...] = (None,)
-        self.page_size, self.num_pages, self.core = page_size, num_pages, core
+        self.page_size, self.num_pages, self.core, self.eagle = page_size, num_pages, core, eagle
         self.alloc = paged.PagedTokenToKVPoolAllocator(
             size=num_pages * page_size,
             page_size=page_size,
@@ -149,6 +151,7 @@ class SGLangUnifiedManager:
                 tree_core_backend=core,
                 eviction_policy=policy,
                 enable_kv_cache_events=True,
+                is_eagle=eagle,
             )
         )
         self.records: dict[int, Record] = {}
@@ -194,14 +197,16 @@ class SGLangUnifiedManager:
             priority=req.uid % 3,
             kv=KVRecord(self.table.free_rows.pop()),
         )
-        key = v.radix.RadixKey(array("q", tokens), None, cache_salt=record.cache_salt)
+        key = v.radix.RadixKey(array("q", tokens), None, is_bigram=self.eagle, cache_salt=record.cache_salt)
         cached = self.cached_pages()
         result = self.cache.match_prefix(v.base.MatchPrefixParams(key=key))
         hit = int(result.device_prefix_len)
-        rule = hr.HitRule(self.page_size, self.windows, self.page_size)
+        # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
+        rule = hr.HitRule(self.page_size, self.windows, self.page_size, lookahead=int(self.eagle))
+        units: list[Any] = list(itertools.pairwise(tokens)) if self.eagle else list(tokens)
         expected = hr.compute_hit(
             rule,
-            lambda group, end: pc.page_key(req.namespace, tokens[:end], self.page_size) in cached,
+            lambda group, end: pc.page_key(req.namespace, units[:end], self.page_size) in cached,
             known=len(tokens),
             limit=len(tokens),
         )
@@ -389,10 +394,11 @@ def target(argument: str | None) -> TargetInfo:
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> Any:
         policy = POLICIES[num_pages % len(POLICIES)]
-        STATS.record_rule(f"sglang.config[P={page_size},{policy}]")
+        eagle = (num_pages // len(POLICIES)) % 2 == 1
+        STATS.record_rule(f"sglang.config[P={page_size},{policy}{',eagle' if eagle else ''}]")
         # SGLang's requests take whole pages each: twice the drawn pages lets requests share and cache, and
         # still makes the allocator evict (at the drawn size most requests find no pages at all)
-        managers = [SGLangUnifiedManager(page_size, 2 * num_pages, core, policy) for core in cores]
+        managers = [SGLangUnifiedManager(page_size, 2 * num_pages, core, policy, eagle) for core in cores]
         return managers[0] if len(managers) == 1 else BothCores(managers)
 
     return TargetInfo(

@@ -128,3 +128,31 @@ core.UnifiedTreeCore.full_evictable_size = lambda self: sizes(self) + (self.page
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
     out = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path)))
     assert "exit 0" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+EAGLE = """
+from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+manager = SGLangUnifiedManager(2, 32, {core!r}, "lru", eagle=True)
+prompt = list(range(100, 110))
+a = HybridReq(0, prompt + [1], None)
+manager.match_req(a)
+manager.allocate_paged(a, 10)
+manager.store(a, 10)
+manager.cache_req(a, False)      # 10 tokens stored: 9 bigrams, 8 of them in whole pages
+b = HybridReq(1, prompt + [2], None)
+manager.match_req(b)             # the match reads 10 tokens, 9 bigrams: the KV of 8 tokens
+c = HybridReq(2, prompt[:9] + [3], None)
+manager.match_req(c)             # 9 tokens, 8 bigrams: still 8; without EAGLE 8 too, with 8 tokens 6
+d = HybridReq(3, prompt[:8] + [4], None)
+manager.match_req(d)
+print(a.cached_len, b.cached_len, c.cached_len, d.cached_len)
+manager.check_integrity([a, b, c, d])
+"""
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_eagle_bigram_keys_reuse_at_most_n_minus_2_tokens(core: str) -> None:
+    out = run(EAGLE.format(core=core))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["8", "8", "8", "6"]
