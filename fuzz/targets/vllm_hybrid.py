@@ -21,15 +21,18 @@ The machine checks what holds whatever vLLM chooses (docs/hybrid.md):
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
+from ..stats import STATS
 from .api import Profile, TargetInfo
 from .shims import install
 from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
@@ -44,7 +47,8 @@ PROFILE = Profile(
     notes=(
         "one BlockPool for every group (one free queue): conservation holds for the pool, not per group",
         "window_pages: cdiv(W - 1, P) contiguous cached blocks end a hit, as the spec's window rule",
-        "eagle_extra_page: off; alignment: one block size, so the hit aligns to P",
+        "eagle: off, drop (use_eagle: one block more found, then dropped) or lookahead hashes (0.33.0), drawn",
+        "alignment: one block size, so the hit aligns to P",
         "early_release: remove_skipped_blocks at each allocation frees private and cached window blocks alike",
         "duplicates: a prefix recomputed while its cached block sits free is cached twice (no dedup)",
     ),
@@ -112,8 +116,15 @@ class VllmHybridManager:
 
     profile = PROFILE
 
-    def __init__(self, page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> None:
+    def __init__(self, page_size: int, windows: tuple[hy.Window, ...], num_pages: int, eagle: str = "off") -> None:
         v = import_hybrid()
+        # EAGLE as the scheduler configures it: off; "drop" (no lookahead hashes: a KV connector, or
+        # disable_lookahead_block_hashes; the coordinator finds one block more and drops it); "lookahead"
+        # (0.33.0's default: each block hash also covers the next token, nothing dropped)
+        if eagle == "lookahead" and not lookahead_hashes(v):
+            eagle = "drop"
+        self.eagle = eagle
+        lookahead = int(eagle == "lookahead")
         # one full group and one window group; a drawn window below 2 tokens attends to nothing before itself,
         # which vLLM's SlidingWindowSpec does not take
         window = next((w for w in windows if w is not None), 2 * page_size + 1)
@@ -147,17 +158,20 @@ class VllmHybridManager:
             kv_cache_config=config,
             max_model_len=self.max_len,
             max_in_flight_tokens=self.max_len,
-            use_eagle=False,
+            use_eagle=eagle == "drop",
             enable_caching=True,
             enable_kv_cache_events=False,
             dcp_world_size=1,
             pcp_world_size=1,
             scheduler_block_size=page_size,
             hash_block_size=page_size,
+            **({"num_hash_lookahead_tokens": lookahead} if lookahead else {}),
         )
         self.pool = self.coordinator.block_pool
         self.utils = v.utils
-        self.hasher = v.utils.get_request_block_hasher(page_size, v.hash_fn)
+        self.hasher = v.utils.get_request_block_hasher(page_size, v.hash_fn, *([lookahead] if lookahead else []))
+        # the hit rule: one unit is the block; with the drop, the coordinator looks one block past the limit
+        self.rule = hr.HitRule(page_size, self.windows, page_size, lookahead=lookahead, drop=int(eagle == "drop"))
         self.empty = tuple(() for _ in specs)
         self.requests: dict[int, HybridRequest] = {}
         self.namespaces: dict[int, Namespace] = {}
@@ -171,16 +185,16 @@ class VllmHybridManager:
         return bool(self.pool.get_cached_block(request.block_hashes[page], [group]))
 
     def expected_hit(self, request: HybridRequest) -> int:
-        """The spec's longest valid match of what the pool caches now, at most the prompt less its last token."""
-        pages = min((request.num_tokens - 1) // self.page_size, len(request.block_hashes))
-        for n in range(pages, 0, -1):
-            if all(
-                self.is_cached(request, page, group)
-                for group, window in enumerate(self.windows)
-                for page in hy.compute_used_pages(n * self.page_size, window, self.page_size)
-            ):
-                return n * self.page_size
-        return 0
+        """The hit rule's longest valid match of what the pool caches now, at most the prompt less its last token
+        (``spec/hit_rules.py``: with EAGLE's drop, one block more found, then dropped)."""
+        p = self.page_size
+        return hr.compute_hit(
+            self.rule,
+            lambda group, end: end // p <= len(request.block_hashes) and self.is_cached(request, end // p - 1, group),
+            known=request.num_tokens,
+            limit=request.num_tokens - 1,
+            margin=p if self.rule.drop else 0,
+        )
 
     def hasher_for(self, tokens: list[int], namespace: Namespace = None) -> list[bytes]:
         """vLLM's block hashes of ``tokens`` (in ``namespace``), as a request of them would carry."""
@@ -337,11 +351,26 @@ class VllmHybridManager:
                 raise IntegrityError(f"shared_blocks_are_cached: block {block.block_id} is held {held} times, uncached")
 
 
+def lookahead_hashes(v: types.ModuleType) -> bool:
+    """True when this vLLM hashes blocks with lookahead tokens (0.33.0; 0.32.0 only drops)."""
+    return "num_hash_lookahead_tokens" in inspect.signature(v.utils.get_request_block_hasher).parameters
+
+
+EAGLE_MODES = ("off", "drop", "lookahead")
+
+
+def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmHybridManager:
+    """The coordinator with an EAGLE mode drawn from the pool size (the summary counts each)."""
+    manager = VllmHybridManager(page_size, windows, num_pages, EAGLE_MODES[num_pages % len(EAGLE_MODES)])
+    STATS.record_rule(f"vllm-hybrid.config[eagle={manager.eagle}]")
+    return manager
+
+
 TARGET = TargetInfo(
     name="vllm-hybrid",
     description=f"vLLM {VERSION} HybridKVCacheCoordinator: a full-attention and a sliding-window group, one BlockPool",
     requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
-    hybrid_factory=VllmHybridManager,
+    hybrid_factory=factory,
     profile=PROFILE,
     how="the hybrid machine: requests as KVCacheManager drives them; the hit, the window law and the pool checked",
     probe=import_hybrid,
