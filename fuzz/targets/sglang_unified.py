@@ -375,8 +375,12 @@ class BothCores:
         self.both("cache_req", req, lambda m, r: m.cache_req(r, finished))
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
+        """Each core's checks; a broken law names the core it broke on."""
         for manager in self.managers:
-            manager.check_integrity(live_reqs)
+            try:
+                manager.check_integrity(live_reqs)
+            except IntegrityError as error:
+                raise IntegrityError(f"{manager.core} core: {error}") from error
 
     def cached_page_count(self) -> int:
         return self.managers[0].cached_page_count()
