@@ -43,16 +43,25 @@ hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
 BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
 
 
-def windows_for(page_size: int) -> st.SearchStrategy[list[hy.Window]]:
-    """One to three windows: full attention, below a page, not a multiple of it, many pages."""
+# a window as drawn, independent of the page size (so a regression file replays it): None (full attention) or
+# (kind, k); window_for reads it at the drawn page size
+WindowChoice = tuple[int, int] | None
+window_choices = st.lists(
+    st.one_of(st.none(), st.tuples(st.integers(0, 2), st.integers(1, 35))), min_size=1, max_size=3
+)
+
+
+def window_for(choice: WindowChoice, page_size: int) -> hy.Window:
+    """One window at ``page_size``: full attention, below a page, not a multiple of it, or many pages."""
+    if choice is None:
+        return None
+    kind, k = choice
     p = page_size
-    window = st.one_of(
-        st.none(),
-        st.integers(1, max(1, p)),
-        st.integers(1, 4 * p + 3),
-        st.integers(1, 8).map(lambda k: k * p + 1),
-    )
-    return st.lists(window, min_size=1, max_size=3)
+    if kind == 0:
+        return 1 + (k - 1) % max(1, p)
+    if kind == 1:
+        return 1 + (k - 1) % (4 * p + 3)
+    return (1 + (k - 1) % 8) * p + 1
 
 
 class HybridMachine(RuleBasedStateMachine):
@@ -91,33 +100,35 @@ class HybridMachine(RuleBasedStateMachine):
         target=seqs,
         page_size=hybrid_page_sizes,
         num_pages=st.one_of(st.integers(4, 40), st.integers(4, 40), st.integers(41, 400)),
-        data=st.data(),
+        windows=window_choices,
+        first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )
-    def setup(self, page_size: int, num_pages: int, data: st.DataObject) -> Any:
+    def setup(
+        self, page_size: int, num_pages: int, windows: list[WindowChoice], first: list[tuple[list[int], list[int]]]
+    ) -> Any:
         self.page_size, self.num_pages = page_size, num_pages
-        self.windows = hy.check_windows(data.draw(windows_for(page_size), label="windows"))
+        self.windows = hy.check_windows([window_for(choice, page_size) for choice in windows])
         self.names = [name for name in HYBRID_IMPLEMENTATIONS if name in self.IMPLS]
         foreign = [name for name in self.IMPLS if name not in HYBRID_IMPLEMENTATIONS]
         if foreign:
             # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
-            first = foreign[0]
-            info = first if isinstance(first, TargetInfo) else resolve(first, check=False)
+            chosen = foreign[0]
+            info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
                 self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]
             self.page_counter = target if isinstance(target, CountsPages) else None
-            return multiple(*self.first_sequences(data))
+            return multiple(*self.first_sequences(first))
         self.model = hy.new_state(page_size, self.windows)
         self.caches = [HYBRID_IMPLEMENTATIONS[name](page_size, self.windows) for name in self.names]
         self.free = [deque(range(0, num_pages * page_size, page_size)) for _ in self.windows]
         makers = [SpecHybridCache, *(HYBRID_IMPLEMENTATIONS[name] for name in self.names)]
         self.managers = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
-        return multiple(*self.first_sequences(data))
+        return multiple(*self.first_sequences(first))
 
-    def first_sequences(self, data: st.DataObject) -> list[tuple[int, ...]]:
-        first = data.draw(st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3), label="first")
+    def first_sequences(self, first: list[tuple[list[int], list[int]]]) -> list[tuple[int, ...]]:
         return [tuple(build_sequence(self.page_size, pages, tail)) for pages, tail in first]
 
     # ------------------------------------------------------------ sequences

@@ -35,15 +35,18 @@ class Outcome:
         cls, call: Callable[..., Any], normalize: Callable[[Any], Any] = lambda value: value, foreign: bool = False
     ) -> Outcome:
         """Run ``call``. A CacheError is an outcome; any other exception fails the caller's law (an error not of
-        spec/errors.py: a crash the process survived), unless ``foreign`` (a target whose errors are its own)."""
+        spec/errors.py: a crash the process survived), unless ``foreign`` (a target whose errors are its own).
+        A foreign target's failed ``assert`` is never an outcome: the engine's own invariant broke, and its state
+        after a half-done call is not one the campaign may go on from."""
         try:
             return cls(True, normalize(call()))
         except CacheError as error:
             return cls(False, error=type(error), message=str(error))
         except Exception as error:
-            if foreign:
+            if foreign and not isinstance(error, AssertionError):
                 return cls(False, error=type(error), message=str(error))
-            raise AssertionError(f"raised {type(error).__module__}.{type(error).__name__}: {error}") from error
+            what = "the engine's own assertion failed" if foreign else "raised"
+            raise AssertionError(f"{what} {type(error).__module__}.{type(error).__name__}: {error}") from error
 
     def seen_as(self, normalize: Callable[[Any], Any]) -> Outcome:
         """The same outcome with its value normalized (a refusal as it is)."""

@@ -260,10 +260,21 @@ class SGLangUnifiedManager:
         record.full_untruncated_fill_ids = array("q", req.input_ids)
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
-        """checkpoint_kv_cache between chunks; release_kv_cache when the request finishes."""
+        """checkpoint_kv_cache after a chunk; release_kv_cache when the request finishes or is aborted.
+
+        The scheduler checkpoints only after a chunk was computed, so a running request with nothing computed
+        since its match or last checkpoint is left alone (a checkpoint then is no state SGLang reaches: under
+        EAGLE the bigram key of the protected tokens is one short, and SGLang asserts). A request that ends
+        before its prompt is computed was aborted: released without a checkpoint when it computed nothing
+        new (the abort of a queued or chunked request), else, for even uids, as the running batch's abort
+        (it finishes at the next result and checkpoints what it computed)."""
         torch, record = self.torch, self.records[req.uid]
         record.full_untruncated_fill_ids = array("q", req.input_ids)
+        progress = req.computed > record.kv.cache_protected_len
         if not finished:
+            if not progress:
+                STATS.record_rule("sglang.checkpoint[no chunk: not called]")
+                return
             before = record.kv.cache_protected_len
             self.cache.checkpoint(record, up_to=req.computed)
             protected = record.kv.cache_protected_len
@@ -273,7 +284,12 @@ class SGLangUnifiedManager:
             return
         record.done = True
         owned, allocated = req.computed, record.kv.kv_allocated_len
-        self.cache.checkpoint(record, up_to=owned)
+        aborted = owned < len(record.origin_input_ids)
+        checkpoint = progress and not (aborted and req.uid % 2)
+        how = ("abort" if aborted else "finished") + ("" if checkpoint else ", no checkpoint")
+        STATS.record_rule(f"sglang.release[{how}]")
+        if checkpoint:
+            self.cache.checkpoint(record, up_to=owned)
         protected = record.kv.cache_protected_len
         # free_kv_row: the row past the protected prefix (the allocator frees whole pages)
         if protected < owned:

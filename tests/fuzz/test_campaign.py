@@ -208,6 +208,36 @@ def test_a_failure_is_reported_with_its_difference_and_a_regression_file_that_fa
     test()  # type: ignore[operator]
 
 
+def test_a_hybrid_machine_failure_writes_a_regression_file_that_replays_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The hybrid machine's setup draws plain arguments: its program replays (it drew through st.data(), and
+    its regression files failed with NameError: data)."""
+    from radixspec.reference.hybrid_cache import HybridRadixCache
+
+    original = HybridRadixCache.match_len
+
+    def short(self: HybridRadixCache, path: object, whole_pages: int) -> int:
+        return max(0, original(self, path, whole_pages) - self.page_size)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HybridRadixCache, "match_len", short)
+    status, _ = run(
+        "--machine", "hybrid", "--target", "reference", "--examples", "300", "--no-shrink", "--quiet",
+        "--out", str(tmp_path), "--json", str(tmp_path / "s.json"),
+    )  # fmt: skip
+    assert status == 1
+    (failure,) = json.loads((tmp_path / "s.json").read_text())["failures"]
+    source = Path(failure["regression_test"]).read_text()
+    assert "build_machine('hybrid'" in source and "data(" not in source
+    namespace: dict[str, object] = {}
+    exec(compile(source, "regression", "exec"), namespace)
+    test = next(value for name, value in namespace.items() if name.startswith("test_"))
+    with pytest.raises(AssertionError):
+        test()  # type: ignore[operator]
+    monkeypatch.undo()
+    test()  # type: ignore[operator]
+
+
 @pytest.mark.parametrize(
     "argv",
     [

@@ -20,6 +20,16 @@ def test_of_keeps_values_and_spec_errors_and_fails_on_others() -> None:
     assert Outcome.of(lambda: int("x"), foreign=True).error is ValueError
 
 
+def test_a_foreign_targets_assertion_is_never_an_outcome() -> None:
+    """An engine's failed assert is its own invariant broken, its state half-changed: the law fails."""
+
+    def engine() -> None:
+        assert 4 <= 3, "cache_protected_len=4"
+
+    with pytest.raises(AssertionError, match="engine's own assertion failed builtins.AssertionError: cache_prot"):
+        Outcome.of(engine, foreign=True)
+
+
 def test_seen_as_normalizes_values_only() -> None:
     assert Outcome(True, [1]).seen_as(tuple) == Outcome(True, (1,))
     no = refused(InvalidSizeError("x"))

@@ -158,3 +158,48 @@ def test_eagle_bigram_keys_reuse_at_most_n_minus_2_tokens(core: str) -> None:
     out = run(EAGLE.format(core=core))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.split() == ["8", "8", "8", "6"]
+
+
+NO_CHUNK = """
+from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+manager = SGLangUnifiedManager(2, 32, {core!r}, "lru", eagle=True)
+prompt = list(range(100, 110))
+a = HybridReq(0, prompt + [1], None)
+manager.match_req(a)
+manager.allocate_paged(a, 10)
+manager.store(a, 10)
+manager.cache_req(a, False)
+b = HybridReq(1, prompt + [2], None)
+manager.match_req(b)             # 8 tokens protected, nothing computed since
+record = manager.records[1]
+try:                             # what SGLang does when checkpointed with no new chunk: it asserts
+    manager.cache.checkpoint(record, up_to=8)
+except AssertionError as error:
+    print("sglang asserts:", "cache_protected_len=8" in str(error))
+manager = SGLangUnifiedManager(2, 32, {core!r}, "lru", eagle=True)
+a, b = HybridReq(0, prompt + [1], None), HybridReq(1, prompt + [2], None)
+manager.match_req(a)
+manager.allocate_paged(a, 10)
+manager.store(a, 10)
+manager.cache_req(a, False)
+manager.match_req(b)
+manager.cache_req(b, False)      # no chunk since the match: the scheduler does not checkpoint
+manager.check_integrity([a, b])
+manager.cache_req(b, True)       # aborted before a chunk: released without a checkpoint
+manager.cache_req(a, True)
+manager.check_integrity([])
+print("pages", manager.cached_page_count(), "free", manager.alloc.available_size() // 2)
+"""
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_eagle_no_checkpoint_without_a_chunk_and_an_abort_releases_without_one(core: str) -> None:
+    """Regression (sglang:both, seed 7): the lifecycle checkpointed a request with nothing computed since its
+    match; under EAGLE SGLang asserts half-way through the checkpoint, and the campaign, taking the engine's
+    assertion for a refusal, went on until the Rust core's pages no longer added up. Now the lifecycle never
+    checkpoints without a chunk, an abort before one releases without a checkpoint, and an engine's assertion
+    fails the campaign at once (fuzz/judge.py)."""
+    out = run(NO_CHUNK.format(core=core))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["sglang", "asserts:", "True", "pages", "4", "free", "28"]
