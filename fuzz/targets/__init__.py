@@ -40,7 +40,7 @@ ENTRY_POINT_GROUP = "radixspec.targets"
 
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
-    from . import minisgl, ours, sglang_swa, sglang_unified, vllm, vllm_hybrid
+    from . import minisgl, ours, sglang_unified, sglang_unified_swa, vllm, vllm_hybrid
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
         def make(argument: str | None) -> TargetInfo:
@@ -57,7 +57,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "vllm": no_argument(vllm.TARGET),
         "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
         "minisgl": minisgl.target,
-        "sglang-swa": sglang_swa.target,
+        "sglang-swa": sglang_unified_swa.target,
     }
 
 

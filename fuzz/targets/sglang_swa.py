@@ -1,4 +1,4 @@
-"""Target ``sglang-swa``: SGLang 0.5.23's ``UnifiedRadixCache`` with its FULL and SWA components and its real
+"""Target ``sglang-swa:legacy``: SGLang 0.5.23's ``UnifiedRadixCache`` with its FULL and SWA components and its real
 ``SWATokenToKVPoolAllocator``, driven request by request; ``sglang-swa:rust`` runs the wheel's Rust tree core.
 
 What is real: the unified radix cache, its tree core (Python ``unified_tree_core.py`` or the compiled
@@ -181,6 +181,8 @@ def mapping_pool(modules: types.ModuleType) -> object:
     class MappingOnlyPool(base):  # type: ignore[misc]
         full_kv_pool = None
         swa_kv_pool = None
+        # no per-request SWA ring: the paged SWA pool
+        swa_req_ring_size = None
 
         def __init__(self) -> None:
             self.full_to_swa_index_mapping: torch.Tensor | None = None
@@ -401,8 +403,8 @@ def probe() -> None:
         raise ImportError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "import failed")
 
 
-def target(argument: str | None) -> TargetInfo:
-    """``sglang-swa`` (the Python tree core) or ``sglang-swa:rust`` (the wheel's compiled one)."""
+def target(argument: str | None, name: str | None = None) -> TargetInfo:
+    """The Python tree core or ``rust`` (the wheel's compiled one); ``sglang-swa:legacy`` and ``:legacy-rust``."""
     core = argument or "python"
     if core not in ("python", "rust"):
         from .api import TargetError
@@ -413,7 +415,7 @@ def target(argument: str | None) -> TargetInfo:
         return SGLangSWAManager(page_size, windows, num_pages, core)
 
     return TargetInfo(
-        name=f"sglang-swa{'' if argument is None else ':' + argument}",
+        name=name or f"sglang-swa{'' if argument is None else ':' + argument}",
         description=f"SGLang {VERSION} UnifiedRadixCache, FULL + SWA components, {core} tree core, page size 1",
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,

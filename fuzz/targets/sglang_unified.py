@@ -32,6 +32,7 @@ import importlib
 import itertools
 import types
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,7 @@ ROWS, ROW_TOKENS = 256, 4096
 
 @dataclass
 class KVRecord:
-    """The part of SGLang's request kv record the cache reads and writes."""
+    """The part of SGLang's request kv record (``ReqKvInfo``) the cache and its components read and write."""
 
     req_pool_idx: int
     # tokens of the row that are the tree's (locked): the match, then each checkpoint's insert
@@ -83,6 +84,24 @@ class KVRecord:
     cache_inserted_len: int = 0
     # tokens allocated in the row
     kv_allocated_len: int = 0
+    # per component (SWA): the row's positions below this had their window slots freed
+    component_evicted_seqlens: dict[Any, int] = field(default_factory=dict)
+    swa_evict_floor: int = 0
+
+    @property
+    def holds_kv(self) -> bool:
+        return True
+
+    def get_evicted_seqlen(self, component: Any) -> int:
+        return self.component_evicted_seqlens.get(component, 0)
+
+    def set_evicted_seqlen(self, component: Any, length: int) -> None:
+        self.component_evicted_seqlens[component] = length
+
+    def swa_dead_lo(self, page_size: int) -> int:
+        """The lowest position whose window slot the request frees itself: above the tree's prefix."""
+        low = max(self.cache_protected_len, self.swa_evict_floor)
+        return -(-low // page_size) * page_size if low > self.cache_protected_len else low
 
 
 @dataclass
@@ -103,9 +122,17 @@ class Record:
     lock: Any = None
     last_node: Any = None
     done: bool = False
+    # the match's SWA branch point (SGLang's SWA component inserts a branch there)
+    swa_branching_seqlen: int | None = None
+    # where the last extend ended: the tokens whose KV is computed
+    extend_end: int = 0
 
     def finished(self) -> bool:
         return self.done
+
+    def get_fill_ids(self) -> array[int]:
+        """The tokens up to the end of the last extend (a chunked prefill's chunk), as SGLang's Req gives them."""
+        return self.full_untruncated_fill_ids[: self.extend_end]
 
 
 @dataclass
@@ -129,29 +156,21 @@ class SGLangUnifiedManager:
 
         self.torch = torch
         v = self.v = import_swa_cache()
-        paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
         self.windows: tuple[hy.Window, ...] = (None,)
         self.page_size, self.num_pages, self.core, self.eagle = page_size, num_pages, core, eagle
-        self.alloc = paged.PagedTokenToKVPoolAllocator(
-            size=num_pages * page_size,
-            page_size=page_size,
-            dtype=torch.float16,
-            device="cpu",
-            kvcache=mapping_pool(v),
-            need_sort=False,
-        )
         self.table = RequestTable(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
+        self.alloc = self.make_allocator()
         self.cache = v.urc.UnifiedRadixCache(
             v.params.CacheInitParams(
                 disable=False,
                 req_to_token_pool=self.table,
                 token_to_kv_pool_allocator=self.alloc,
                 page_size=page_size,
-                tree_components=(v.components.FULL,),
                 tree_core_backend=core,
                 eviction_policy=policy,
                 enable_kv_cache_events=True,
                 is_eagle=eagle,
+                **self.components(),
             )
         )
         self.records: dict[int, Record] = {}
@@ -160,6 +179,22 @@ class SGLangUnifiedManager:
         self.mirror = ev.Replayer(page_size, check_hashes=False)
         # slot -> (namespace, the tokens up to and including the one written there)
         self.shadow: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
+
+    def make_allocator(self) -> Any:
+        """SGLang's paged allocator over the pool (a mapping-only KV pool: no tensors)."""
+        paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+        return paged.PagedTokenToKVPoolAllocator(
+            size=self.num_pages * self.page_size,
+            page_size=self.page_size,
+            dtype=self.torch.float16,
+            device="cpu",
+            kvcache=mapping_pool(self.v),
+            need_sort=False,
+        )
+
+    def components(self) -> dict[str, Any]:
+        """The tree's components, as SGLang builds them for a dense model."""
+        return {"tree_components": (self.v.components.FULL,)}
 
     # ------------------------------------------------------------ reading SGLang's state
 
@@ -199,24 +234,12 @@ class SGLangUnifiedManager:
         )
         key = v.radix.RadixKey(array("q", tokens), None, is_bigram=self.eagle, cache_salt=record.cache_salt)
         cached = self.cached_pages()
-        result = self.cache.match_prefix(v.base.MatchPrefixParams(key=key))
+        result = self.cache.match_prefix(v.base.MatchPrefixParams(key=key, req=record))
         hit = int(result.device_prefix_len)
-        # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
-        rule = hr.HitRule(self.page_size, self.windows, self.page_size, lookahead=int(self.eagle))
-        units: list[Any] = list(itertools.pairwise(tokens)) if self.eagle else list(tokens)
-        expected = hr.compute_hit(
-            rule,
-            lambda group, end: pc.page_key(req.namespace, units[:end], self.page_size) in cached,
-            known=len(tokens),
-            limit=len(tokens),
-        )
-        if hit != expected:
-            raise IntegrityError(
-                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens;"
-                f" the cache's events say it holds {expected}"
-            )
+        self.judge_hit(req, key, hit, cached)
         if hit:
             STATS.record_rule("sglang.match[hit]")
+        record.swa_branching_seqlen = result.swa_branching_seqlen
         record.lock, record.last_node = self.cache.lock(result.last_device_node), result.last_device_node
         record.kv.cache_protected_len = record.kv.kv_allocated_len = hit
         if hit:
@@ -225,29 +248,53 @@ class SGLangUnifiedManager:
         self.records[req.uid] = record
         req.rows = self.page_rows(record, hit)
         req.handle, req.computed = types.SimpleNamespace(cached_len=hit), hit
+        record.extend_end = hit
+
+    def judge_hit(self, req: HybridReq, key: Any, hit: int, cached: dict[pc.PageKey, int]) -> None:
+        """The hit is the hit rule's longest valid match of the pages the events say the cache holds."""
+        tokens = req.input_ids[:-1]
+        # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
+        rule = hr.HitRule(self.page_size, self.windows, self.page_size, lookahead=int(self.eagle))
+        expected = hr.compute_hit(rule, self.event_pages(req, cached), len(tokens), len(tokens))
+        if hit != expected:
+            raise IntegrityError(
+                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens;"
+                f" the cache's events say it holds {expected}"
+            )
+
+    def event_pages(self, req: HybridReq, cached: dict[pc.PageKey, int]) -> hr.IsCached:
+        """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
+        tokens = req.input_ids[:-1]
+        units: list[Any] = list(itertools.pairwise(tokens)) if self.eagle else list(tokens)
+        return lambda group, end: pc.page_key(req.namespace, units[:end], self.page_size) in cached
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """alloc_paged_token_slots_extend for tokens up to ``length``: evict the shortfall, then alloc_extend."""
-        torch, v, record = self.torch, self.v, self.records[req.uid]
+        record = self.records[req.uid]
         start = record.kv.kv_allocated_len
         if length <= start:
             return
         if length > ROW_TOKENS:
             raise OutOfPagesError(f"request {req.uid}: {length} tokens, a row holds {ROW_TOKENS}")
-        prefix, seq = torch.tensor([start]), torch.tensor([length])
-        # the scheduler's conservative demand: a new page for the request beside its tokens
-        shortfall = length - start + self.page_size - self.alloc.available_size()
-        if shortfall > 0:
-            STATS.record_rule("sglang.evict_for_alloc")
-            self.cache.evict_for_alloc(v.base.EvictParams(num_tokens=shortfall))
-        last = torch.tensor([self.row(record, start)[-1] if start else -1])
-        out = self.alloc.alloc_extend(prefix, prefix, seq, seq, last, length - start)
+        out = self.allocate_slots(req, record, start, length)
         if out is None:
             STATS.record_rule("sglang.allocate[out of pages]")
             raise OutOfPagesError(f"request {req.uid}: {length - start} tokens, {self.alloc.available_size()} free")
         self.table.write((record.kv.req_pool_idx, slice(start, length)), out)
         record.kv.kv_allocated_len = length
         req.rows = self.page_rows(record, length)
+
+    def allocate_slots(self, req: HybridReq, record: Record, start: int, length: int) -> torch.Tensor | None:
+        """Evict what the scheduler's conservative demand (a new page beside the tokens) exceeds, then extend."""
+        tensor = self.torch.tensor
+        shortfall = length - start + self.page_size - self.alloc.available_size()
+        if shortfall > 0:
+            STATS.record_rule("sglang.evict_for_alloc")
+            self.cache.evict_for_alloc(self.v.base.EvictParams(num_tokens=shortfall))
+        prefix, seq = tensor([start]), tensor([length])
+        last = tensor([self.row(record, start)[-1] if start else -1])
+        out: torch.Tensor | None = self.alloc.alloc_extend(prefix, prefix, seq, seq, last, length - start)
+        return out
 
     def store(self, req: HybridReq, tokens: int) -> None:
         """KV written for ``tokens`` more tokens (the shadow records where)."""
@@ -256,7 +303,7 @@ class SGLangUnifiedManager:
         slots = self.row(record, end)
         for position in range(begin, end):
             self.shadow[slots[position]] = (req.namespace, tuple(req.input_ids[: position + 1]))
-        req.computed = end
+        req.computed = record.extend_end = end
         record.full_untruncated_fill_ids = array("q", req.input_ids)
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
@@ -291,9 +338,10 @@ class SGLangUnifiedManager:
         if checkpoint:
             self.cache.checkpoint(record, up_to=owned)
         protected = record.kv.cache_protected_len
-        # free_kv_row: the row past the protected prefix (the allocator frees whole pages)
+        # free_kv_row: the row past the protected prefix (the allocator frees whole pages; SWA slots the
+        # request freed already are given back on the full side only)
         if protected < owned:
-            self.alloc.free(torch.tensor(self.row(record, owned)[protected:], dtype=torch.int64))
+            self.cache.free_kv_row(record.kv, [(protected, owned)])
         self.cache.unlock(record.lock)
         record.lock = None
         # _release_overallocated_kv_indices: from the page after the stored tokens
@@ -309,36 +357,50 @@ class SGLangUnifiedManager:
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
         """The shadow of every attended slot, pages as runs, the events against the tree, conservation."""
         p = self.page_size
-        private = 0
         for req in live_reqs:
             record = self.records[req.uid]
             slots = self.row(record, record.kv.kv_allocated_len)
-            for position in range(req.computed):
-                seen = self.shadow.get(slots[position])
-                if seen != (req.namespace, tuple(req.input_ids[: position + 1])):
-                    held = "nothing" if seen is None else f"KV of {len(seen[1])} tokens"
-                    raise IntegrityError(
-                        f"attended_kv_is_the_requests: request {req.uid} attends slot {slots[position]} for"
-                        f" position {position}, which holds {held}"
-                    )
+            self.check_attended(req, record, slots)
             for first in range(0, len(slots), p):
                 page = slots[first : first + p]
                 if page != list(range(page[0], page[0] + len(page))) or page[0] % p:
                     raise IntegrityError(f"pages_are_runs: request {req.uid}'s page at {first} is slots {page}")
-            private += -(-record.kv.kv_allocated_len // p) - record.kv.cache_protected_len // p
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
         announced = len(self.cached_pages())
         if announced * p != tree:
             raise IntegrityError(
                 f"events_replay_to_the_cache: the events hold {announced} pages, the tree {tree} tokens"
             )
-        free = self.alloc.available_size() // p
-        if free + tree // p + private != self.num_pages:
-            raise IntegrityError(
-                f"pages_are_partitioned: free {free} + cached {tree // p} + private {private} != {self.num_pages}"
-            )
+        for pool, free, cached, private, size in self.pools(live_reqs):
+            if free + cached + private != size:
+                raise IntegrityError(
+                    f"{pool}pages_are_partitioned: free {free} + cached {cached} + private {private} != {size}"
+                )
         self.cache.sanity_check()
         STATS.record_reach(largest_tree_pages=tree // p)
+
+    def check_attended(self, req: HybridReq, record: Record, slots: list[int]) -> None:
+        """Every slot the request attends holds its own KV (full attention: every computed position)."""
+        for position in range(req.computed):
+            self.check_slot(req, "", self.shadow.get(slots[position]), slots[position], position)
+
+    def check_slot(self, req: HybridReq, pool: str, seen: Any, slot: int | None, position: int) -> None:
+        if seen != (req.namespace, tuple(req.input_ids[: position + 1])):
+            held = "nothing" if seen is None else f"KV of {len(seen[1])} tokens"
+            raise IntegrityError(
+                f"attended_kv_is_the_requests: request {req.uid} attends {pool}slot {slot} for position"
+                f" {position}, which holds {held}"
+            )
+
+    def pools(self, live_reqs: list[HybridReq]) -> list[tuple[str, int, int, int, int]]:
+        """Per pool, in pages: (name, free, cached, held privately by the live requests, size)."""
+        p = self.page_size
+        private = sum(
+            -(-self.records[r.uid].kv.kv_allocated_len // p) - self.records[r.uid].kv.cache_protected_len // p
+            for r in live_reqs
+        )
+        tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
+        return [("", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
 
     def cached_page_count(self) -> int:
         """Pages the tree holds (the reach of a campaign)."""
@@ -350,8 +412,8 @@ class BothCores:
 
     profile = PROFILE
 
-    def __init__(self, managers: list[SGLangUnifiedManager]) -> None:
-        self.managers = managers
+    def __init__(self, managers: Sequence[SGLangUnifiedManager]) -> None:
+        self.managers = list(managers)
         self.windows, self.page_size = managers[0].windows, managers[0].page_size
 
     def both(self, what: str, req: HybridReq, call: Any) -> None:

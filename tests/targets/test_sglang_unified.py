@@ -68,15 +68,18 @@ def short(self, params):
     return result
 urc.UnifiedRadixCache.match_prefix = short
 """,
-    # the allocator loses every third page it is given back
+    # the allocator loses every third set of pages it is given back (a row's segment, or the pages evicted)
     "pages_are_partitioned": """
 paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
-free, calls = paged.PagedTokenToKVPoolAllocator.free, [0]
-def leaky(self, index):
-    calls[0] += 1
-    if calls[0] % 3:
-        free(self, index)
-paged.PagedTokenToKVPoolAllocator.free = leaky
+calls = [0]
+def leaky(free):
+    def lose(self, index, **kwargs):
+        calls[0] += 1
+        if calls[0] % 3:
+            free(self, index, **kwargs)
+    return lose
+for name in ("free", "free_segment"):
+    setattr(paged.PagedTokenToKVPoolAllocator, name, leaky(getattr(paged.PagedTokenToKVPoolAllocator, name)))
 """,
     # the allocator hands out a page that another request still holds
     "attended_kv_is_the_requests": """

@@ -1,0 +1,115 @@
+"""The ``sglang-swa`` target: SGLang 0.5.23's UnifiedRadixCache with FULL and SWA over its SWA allocator, on
+both tree cores, through the scheduler's lifecycle at page sizes above and below the window. Each check is
+seen catching a bug planted by monkeypatch in the path it guards; each case runs in a process of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from .test_sglang_unified import CAMPAIGN, run
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+LIFECYCLE = """
+from radixspec.fuzz.targets.sglang_unified_swa import SGLangSWAUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+manager = SGLangSWAUnifiedManager(2, 64, {core!r}, "lru", 4, False, {out_of_window})
+prompt = list(range(100, 140))
+a = HybridReq(0, prompt + [1], None)
+manager.match_req(a)
+manager.allocate_paged(a, 16)
+manager.store(a, 16)
+manager.cache_req(a, False)            # a chunk of 16 tokens: checkpointed
+manager.check_integrity([a])
+print("chunk", sum(s is not None for s in a.rows[1]))
+manager.allocate_paged(a, 41)
+manager.store(a, 25)
+a.input_ids.append(5)                  # decoding: the window's passed slots are freed before the next token
+manager.allocate_paged(a, 42)
+manager.store(a, 1)
+manager.check_integrity([a])
+print("decode", sum(s is not None for s in a.rows[1]))
+manager.cache_req(a, True)
+b = HybridReq(1, prompt + [2], None)
+manager.match_req(b)
+manager.check_integrity([b])
+print("hit", b.cached_len)
+manager.cache_req(b, True)
+manager.check_integrity([])
+print("pools", *[x for pool in manager.pools([]) for x in pool[1:4]])
+"""
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+@pytest.mark.parametrize("out_of_window", [True, False])
+def test_a_running_request_frees_its_window_and_a_finished_one_is_matched_within_it(
+    core: str, out_of_window: bool
+) -> None:
+    """P = 2, W = 4: a checkpoint at 16 tokens keeps the SWA of the last 3 pages (the window rounded up to pages,
+    behind the key's last token), or all 8 with the switch off; decoding at 41 tokens frees what the window
+    passed since; the next request hits 40 tokens over the window the first left live."""
+    out = run(LIFECYCLE.format(core=core, out_of_window=out_of_window))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # SWA pages live: after the chunk; in decode (the tree's prefix and the request's own); free and cached after
+    chunk, decode, swa = ("3", "6", ["42", "6"]) if out_of_window else ("8", "11", ["37", "11"])
+    assert out.stdout.split() == ["chunk", chunk, "decode", decode, "hit", "40", "pools", "43", "21", "0", *swa, "0"]
+
+
+# bugs planted in SGLang's code, each in the path one check guards
+PLANTS = {
+    # the out-of-window free runs one window ahead: slots the next query attends are freed
+    "attended_pages_are_held": """
+common = importlib.import_module("sglang.srt.mem_cache.common")
+swa = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.swa")
+free = common.free_swa_out_of_window_slots
+def early(req, pre_len, **kwargs):
+    return free(req, pre_len + kwargs["sliding_window_size"], **kwargs)
+common.free_swa_out_of_window_slots = swa.free_swa_out_of_window_slots = early
+""",
+    # the match reports one page more than the tree holds
+    "hit_is_a_valid_match": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+match = urc.UnifiedRadixCache.match_prefix
+def long(self, params):
+    result = match(self, params)
+    if result.device_prefix_len + self.page_size <= len(params.key):
+        return result._replace(device_prefix_len=result.device_prefix_len + self.page_size)
+    return result
+urc.UnifiedRadixCache.match_prefix = long
+""",
+    # the SWA pool's own allocator keeps every third set of window slots it is given back
+    "SWA pages_are_partitioned": """
+swa = sys.modules["sglang.__radixspec_swa__"].swa
+init = swa.SWATokenToKVPoolAllocator.__init__
+def planted(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    inner, calls = self.swa_attn_allocator, [0]
+    for name in ("free", "free_page_ids"):
+        if hasattr(inner, name):
+            def leaky(indices, original=getattr(inner, name)):
+                calls[0] += 1
+                if calls[0] % 3:
+                    original(indices)
+            setattr(inner, name, leaky)
+swa.SWATokenToKVPoolAllocator.__init__ = planted
+""",
+}
+
+
+@pytest.mark.parametrize("law", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    out = run(CAMPAIGN.format(plant=PLANTS[law], target="sglang-swa:python", out=str(tmp_path)))
+    assert "exit 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert law in out.stdout + out.stderr, out.stdout[-3000:]
+    assert time.monotonic() - began < 300
+
+
+@pytest.mark.parametrize("target", ["sglang-swa", "sglang-swa:python"])
+def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
+    out = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path)))
+    assert "exit 0" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
