@@ -346,3 +346,58 @@ def test_sglang_swa_after_a_tombstone_a_match_needs_w_live_tokens_where_w_minus_
     # SGLang wants W live tokens after the tombstone and falls back to 8 until L = 16
     assert seen["spec"] == {"13": 8, "15": 15, "16": 16}
     assert seen["hits"] == {"13": 8, "15": 8, "16": 16}
+
+
+SGLANG_0522_SWA_DOUBLE_FREE = """
+import json
+from array import array
+from importlib.metadata import version
+from radixspec.fuzz.targets.sglang_unified_swa import SGLangSWAUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+
+# SGLang's unified cache, FULL + SWA, page size 4, window 5, over its SWA allocator (82 full pages)
+m = SGLangSWAUnifiedManager(4, 82, "rust", "lru", 5, False, True)
+v, cache, alloc = m.v, m.cache, m.alloc
+a = HybridReq(0, list(range(100, 110)), None)
+m.match_req(a)                         # nothing cached
+m.allocate_paged(a, 10)
+m.store(a, 10)                         # the prompt's 10 tokens computed
+a.input_ids.append(0)
+m.allocate_paged(a, 11)                # decoding: evict_sliding_windows(req, 10) first
+m.store(a, 1)
+req = m.records[0]
+evicted = req.kv.get_evicted_seqlen(v.components.SWA)
+# release_kv_cache(req, tree_cache, checkpoint=True), SGLang's own steps
+req.done = True
+req.full_untruncated_fill_ids = array("q", a.input_ids)
+cache.checkpoint(req, up_to=11)
+protected = req.kv.cache_protected_len
+cache.free_kv_row(req.kv, [(protected, 11)])
+cache.unlock(req.lock)
+tree = int(cache.full_evictable_size() + cache.full_protected_size()) // 4
+print(json.dumps({"release": version("sglang"), "evicted": evicted, "protected": protected, "tree": tree,
+                  "free": alloc.full_available_size() // 4}))
+"""
+
+
+@needs_sglang
+def test_sglang_0522_frees_the_pages_a_finished_request_just_cached_after_its_window_slid() -> None:
+    """Finding 13 (sglang-swa on SGLang 0.5.22): with W = 5 > P = 4, a decoding request frees its first page's
+    SWA (the frontier 10 - max(W, P) = 5, floored to 4); when it finishes, the checkpoint inserts 8 tokens and
+    repoints the request to a re-match of them, which stops at 0 (after the tombstone it wants W live tokens,
+    4 are); cache_protected_len stays 0, and release frees the whole row: the two pages the tree just took go
+    back to the free list while the tree maps them (the next allocation hands them out). 0.5.23 repoints from
+    the insert's own node (and keeps ceil_align(max(W, P), P) behind the frontier): no page is freed.
+    Run on the installed release; CI runs it on 0.5.22 too."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", SGLANG_0522_SWA_DOUBLE_FREE], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    if seen["release"] == "0.5.22":
+        assert seen == {"release": "0.5.22", "evicted": 4, "protected": 0, "tree": 2, "free": 82}
+        assert seen["free"] + seen["tree"] > 82  # two pages both free and cached
+    else:
+        assert seen == {"release": seen["release"], "evicted": 0, "protected": 8, "tree": 2, "free": 80}
