@@ -137,6 +137,7 @@ def import_swa_cache() -> types.ModuleType:
         KVCache=kv_cache,
         MHATokenToKVPool=named("MHATokenToKVPool", kv_cache),
         ReqToTokenPool=object,
+        HybridReqToTokenPool=named("HybridReqToTokenPool"),
     )
     stub("sglang.srt.mem_cache.swa_memory_pool", SWAKVPool=named("SWAKVPool"))
     stub("sglang.srt.mem_cache.allocator.hisparse", DeepSeekV4HiSparseTokenToKVPoolAllocator=named("HiSparse"))

@@ -70,6 +70,8 @@ PROFILE = Profile(
 # SGLang's tree cores, by our argument
 CORES = {None: ("rust",), "rust": ("rust",), "python": ("python",), "both": ("rust", "python")}
 POLICIES = ("lru", "priority")
+# what a KV slot (or a state) was written with: the request's namespace and its tokens up to there
+Written = tuple[Namespace, tuple[int, ...]]
 # rows of the request-to-token table, and tokens per row
 ROWS, ROW_TOKENS = 256, 4096
 
@@ -85,17 +87,27 @@ class KVRecord:
     # tokens allocated in the row
     kv_allocated_len: int = 0
     # per component (SWA): the row's positions below this had their window slots freed
-    component_evicted_seqlens: dict[Any, int] = field(default_factory=dict)
+    component_evicted_seqlens: dict[object, int] = field(default_factory=dict)
     swa_evict_floor: int = 0
+    # the request's recurrent-state slot (Mamba), and the tree's state a match copies into it
+    mamba_pool_idx: Any = None
+    mamba_cow_src_index: Any = None
+    mamba_needs_clear: bool = False
+    mamba_last_track_seqlen: int | None = None
+    mamba_prev_track_seqlen: int | None = None
+
+    @property
+    def holds_mamba(self) -> bool:
+        return self.mamba_pool_idx is not None
 
     @property
     def holds_kv(self) -> bool:
         return True
 
-    def get_evicted_seqlen(self, component: Any) -> int:
+    def get_evicted_seqlen(self, component: object) -> int:
         return self.component_evicted_seqlens.get(component, 0)
 
-    def set_evicted_seqlen(self, component: Any, length: int) -> None:
+    def set_evicted_seqlen(self, component: object, length: int) -> None:
         self.component_evicted_seqlens[component] = length
 
     def swa_dead_lo(self, page_size: int) -> int:
@@ -158,7 +170,7 @@ class SGLangUnifiedManager:
         v = self.v = import_swa_cache()
         self.windows: tuple[hy.Window, ...] = (None,)
         self.page_size, self.num_pages, self.core, self.eagle = page_size, num_pages, core, eagle
-        self.table = RequestTable(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
+        self.table = self.make_table()
         self.alloc = self.make_allocator()
         self.cache = v.urc.UnifiedRadixCache(
             v.params.CacheInitParams(
@@ -178,7 +190,10 @@ class SGLangUnifiedManager:
         self.salts: dict[str, Namespace] = {}
         self.mirror = ev.Replayer(page_size, check_hashes=False)
         # slot -> (namespace, the tokens up to and including the one written there)
-        self.shadow: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
+        self.shadow: dict[int, Written] = {}
+
+    def make_table(self) -> RequestTable:
+        return RequestTable(self.torch.zeros((ROWS, ROW_TOKENS), dtype=self.torch.int64), list(range(ROWS)))
 
     def make_allocator(self) -> Any:
         """SGLang's paged allocator over the pool (a mapping-only KV pool: no tensors)."""
@@ -192,7 +207,7 @@ class SGLangUnifiedManager:
             need_sort=False,
         )
 
-    def components(self) -> dict[str, Any]:
+    def components(self) -> dict[str, object]:
         """The tree's components, as SGLang builds them for a dense model."""
         return {"tree_components": (self.v.components.FULL,)}
 
@@ -234,9 +249,9 @@ class SGLangUnifiedManager:
         )
         key = v.radix.RadixKey(array("q", tokens), None, is_bigram=self.eagle, cache_salt=record.cache_salt)
         cached = self.cached_pages()
-        result = self.cache.match_prefix(v.base.MatchPrefixParams(key=key, req=record))
+        result = self.cache.match_prefix(self.match_params(key, record))
         hit = int(result.device_prefix_len)
-        self.judge_hit(req, key, hit, cached)
+        self.judge_hit(req, record, key, hit, cached)
         if hit:
             STATS.record_rule("sglang.match[hit]")
         record.swa_branching_seqlen = result.swa_branching_seqlen
@@ -246,11 +261,15 @@ class SGLangUnifiedManager:
             matched = self.cache.path_device_indices(result.last_device_node)[:hit]
             self.table.write((record.kv.req_pool_idx, slice(0, hit)), matched)
         self.records[req.uid] = record
+        record.extend_end = hit
         req.rows = self.page_rows(record, hit)
         req.handle, req.computed = types.SimpleNamespace(cached_len=hit), hit
-        record.extend_end = hit
 
-    def judge_hit(self, req: HybridReq, key: Any, hit: int, cached: dict[pc.PageKey, int]) -> None:
+    def match_params(self, key: object, record: Record) -> object:
+        """match_kv_cache's parameters: the key and the request."""
+        return self.v.base.MatchPrefixParams(key=key, req=record)
+
+    def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
         """The hit is the hit rule's longest valid match of the pages the events say the cache holds."""
         tokens = req.input_ids[:-1]
         # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
@@ -348,6 +367,8 @@ class SGLangUnifiedManager:
         tail = -(-owned // self.page_size) * self.page_size
         if tail < allocated:
             self.alloc.free(torch.tensor(self.row(record, allocated)[tail:], dtype=torch.int64))
+        # the components' cleanup of a request released without a checkpoint (Mamba: its state slot)
+        self.cache.on_release(record, checkpointed=checkpoint)
         self.table.free_rows.append(record.kv.req_pool_idx)
         del self.records[req.uid]
         req.rows, req.handle = [], None
@@ -384,7 +405,7 @@ class SGLangUnifiedManager:
         for position in range(req.computed):
             self.check_slot(req, "", self.shadow.get(slots[position]), slots[position], position)
 
-    def check_slot(self, req: HybridReq, pool: str, seen: Any, slot: int | None, position: int) -> None:
+    def check_slot(self, req: HybridReq, pool: str, seen: Written | None, slot: int | None, position: int) -> None:
         if seen != (req.namespace, tuple(req.input_ids[: position + 1])):
             held = "nothing" if seen is None else f"KV of {len(seen[1])} tokens"
             raise IntegrityError(

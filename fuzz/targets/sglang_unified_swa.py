@@ -39,7 +39,7 @@ from ..stats import STATS
 from .api import Profile, TargetError, TargetInfo
 from .sglang import VERSION
 from .sglang_swa import import_swa_cache, mapping_pool
-from .sglang_unified import CORES, POLICIES, BothCores, Record, SGLangUnifiedManager
+from .sglang_unified import CORES, POLICIES, BothCores, Record, SGLangUnifiedManager, Written
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +90,7 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
         super().__init__(page_size, num_pages, core, policy, eagle)
         self.windows = (None, window)
         # SWA slot -> what was written there
-        self.swa_shadow: dict[int, Any] = {}
+        self.swa_shadow: dict[int, Written] = {}
 
     def make_allocator(self) -> Any:
         p = self.page_size
@@ -105,7 +105,7 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
             req_to_token_pool=self.table,
         )
 
-    def components(self) -> dict[str, Any]:
+    def components(self) -> dict[str, object]:
         c = self.v.components
         return {"tree_components": (c.FULL, c.SWA), "sliding_window_size": self.window}
 
@@ -120,7 +120,7 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
         full = self.row(record, length)[:: self.page_size]
         return [list(full), [self.swa_slot(f) for f in full]]
 
-    def judge_hit(self, req: HybridReq, key: Any, hit: int, cached: dict[pc.PageKey, int]) -> None:
+    def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
         """A valid match of (full, window) over the events' full pages and the tree's live SWA, and no longer
         than the longest valid one."""
         tokens, p = req.input_ids[:-1], self.page_size

@@ -1,0 +1,116 @@
+"""The ``sglang-mamba`` target: SGLang 0.5.23's UnifiedRadixCache with FULL and MAMBA (recurrent states) on both
+tree cores, through the scheduler's lifecycle. Each check is seen catching a bug planted by monkeypatch in the
+path it guards; each case runs in a process of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import pytest
+
+from .test_sglang_unified import CAMPAIGN, run
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+LIFECYCLE = """
+from radixspec.fuzz.targets.sglang_unified_mamba import SGLangMambaUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+m = SGLangMambaUnifiedManager(64, {core!r}, "lru", 6, -1)
+prompt = list(range(100, 120))
+a = HybridReq(0, prompt + [1], None)
+m.match_req(a)
+m.allocate_paged(a, 10)
+m.store(a, 10)
+m.cache_req(a, False)                  # a chunk of 10: the tree keeps a copy of the state after 10 tokens
+m.check_integrity([a])
+m.allocate_paged(a, 21)
+m.store(a, 21 - 10)
+b = HybridReq(1, prompt[:15] + [7, 7], None)
+m.match_req(b)                         # shares 15 tokens; the only state on the way is after 10
+hits = [b.cached_len]
+m.check_integrity([a, b])
+m.cache_req(a, True)                   # finished: its state after 21 tokens goes to the tree
+c = HybridReq(2, prompt + [1, 9], None)
+m.match_req(c)
+hits.append(c.cached_len)
+m.check_integrity([b, c])
+for req in (b, c):
+    m.cache_req(req, True)
+m.check_integrity([])
+print("hits", *hits, "states", *m.pools([])[1][1:])
+"""
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_match_stops_at_the_deepest_state_and_copies_it(core: str) -> None:
+    out = run(LIFECYCLE.format(core=core))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # b: full KV for 15 tokens, a state only after 10; c: a's finished state after 21; two states cached
+    assert out.stdout.split() == ["hits", "10", "21", "states", "4", "2", "0", "6"]
+
+
+# bugs planted in SGLang's code, each in the path one check guards
+PLANTS = {
+    # the match reports one token less than the deepest state
+    "hit_is_the_longest_valid_match": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+match = urc.UnifiedRadixCache.match_prefix
+def short(self, params):
+    result = match(self, params)
+    if result.device_prefix_len:
+        return result._replace(device_prefix_len=result.device_prefix_len - 1)
+    return result
+urc.UnifiedRadixCache.match_prefix = short
+""",
+    # copy on match reads the state slot after the matched node's
+    "the_copied_state_is_the_hits": """
+mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+finalize = mamba.MambaComponent.finalize_match_result_in_cache
+def other(self, params, result):
+    result = finalize(self, params, result)
+    if params.req is not None and params.req.kv.mamba_cow_src_index is not None:
+        params.req.kv.mamba_cow_src_index = params.req.kv.mamba_cow_src_index + 1
+    return result
+mamba.MambaComponent.finalize_match_result_in_cache = other
+""",
+    # a checkpoint copies the state the wrong way round: from the tree's new slot into the request's
+    "the_requests_state_is_its_own": """
+mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+prepare = mamba.MambaComponent.prepare_for_caching_req
+def swapped(self, req, insert_params, token_ids_len, is_finished):
+    if is_finished:
+        return prepare(self, req, insert_params, token_ids_len, is_finished)
+    donated = self._alloc_mamba_slot(req)
+    self.cache.req_to_token_pool.mamba_pool.copy_from(donated, req.kv.mamba_pool_idx.unsqueeze(0))
+    insert_params.mamba_value = donated
+    return token_ids_len
+mamba.MambaComponent.prepare_for_caching_req = swapped
+""",
+    # the state allocator loses every third slot it is given back
+    "state pages_are_partitioned": """
+slots = importlib.import_module("sglang.srt.mem_cache.allocator.mamba")
+free, calls = slots.MambaSlotAllocator.free, [0]
+def leaky(self, index):
+    calls[0] += 1
+    if calls[0] % 3:
+        free(self, index)
+slots.MambaSlotAllocator.free = leaky
+""",
+}
+
+
+@pytest.mark.parametrize("law", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    out = run(CAMPAIGN.format(plant=PLANTS[law], target="sglang-mamba:python", out=str(tmp_path)))
+    assert "exit 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert law in out.stdout + out.stderr, out.stdout[-3000:]
+    assert time.monotonic() - began < 300
+
+
+@pytest.mark.parametrize("target", ["sglang-mamba", "sglang-mamba:python"])
+def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
+    out = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path)))
+    assert "exit 0" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
