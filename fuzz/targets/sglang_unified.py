@@ -421,7 +421,7 @@ class SGLangUnifiedManager:
             for r in live_reqs
         )
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
-        return [("", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
+        return [("full ", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
 
     def cached_page_count(self) -> int:
         """Pages the tree holds (the reach of a campaign)."""

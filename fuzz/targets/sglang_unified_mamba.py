@@ -8,7 +8,8 @@ stands in: the state tensors (a state slot records which prefix its state is of:
 request-to-token table with its state slots (``HybridReqToTokenPool``'s part the cache calls). The mode is
 SGLang's without the extra buffer (page size 1: a state exists for exactly the tokens computed so far).
 Drawn per configuration: the eviction policy, ``mamba_max_states_per_path`` (unlimited, or 2: the shallowest
-states on a path are dropped), the state pool's size.
+states on a path are dropped), the state pool's size, and in half the configurations an SWA component beside
+(FULL + SWA + MAMBA, ``SGLangSWAMambaManager``: the ``sglang-swa`` target's window lifecycle and checks too).
 
 The lifecycle's state part, from SGLang's code: the match copies the matched node's state into a slot of the
 request's own (``cow_mamba``: the scheduler copies it on the forward stream); a request with no state hit gets
@@ -52,6 +53,7 @@ from .sglang_unified import (
     SGLangUnifiedManager,
     Written,
 )
+from .sglang_unified_swa import SGLangSWAUnifiedManager
 from .shims import install
 
 if TYPE_CHECKING:
@@ -148,7 +150,8 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         if core == "rust":
             adapter: Any = importlib.import_module("sglang.srt.mem_cache.rust_tree_core.adapter")
             adapter.get_exec, adapter.mamba_cache_chunk_size = (lambda: settings), mamba.mamba_cache_chunk_size
-        super().__init__(1, num_pages, core, policy)
+        # the unified manager's own set-up (with SWA beside, the combined class sets the window's part)
+        SGLangUnifiedManager.__init__(self, 1, num_pages, core, policy)
         self.windows = (None, hr.STATE)
         # the prefixes of the states the tree holds, as last read before a match
         self.tree_states: set[StateOf] = set()
@@ -218,9 +221,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         full = self.event_pages(req, cached)
 
         def is_cached(group: int, end: int) -> bool:
-            if group == 0:
-                return full(0, end)
-            return (req.namespace, tuple(tokens[:end])) in self.tree_states
+            return full(0, end) if group == 0 else self.has_state(req, end)
 
         rule = hr.HitRule(1, self.windows, 1)
         expected = hr.compute_hit(rule, is_cached, len(tokens), len(tokens))
@@ -229,6 +230,15 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
                 f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens; with full KV"
                 f" and a cached state for exactly that prefix the longest is {expected}"
             )
+        self.adopt_state(req, record, hit)
+
+    def has_state(self, req: HybridReq, end: int) -> bool:
+        """The tree held, before the match, a state of exactly the prompt's first ``end`` tokens."""
+        return (req.namespace, tuple(req.input_ids[:end])) in self.tree_states
+
+    def adopt_state(self, req: HybridReq, record: Record, hit: int) -> None:
+        """The request's state after the match: the hit's, copied (checked), or a cleared one."""
+        tokens = req.input_ids[:-1]
         source = record.kv.mamba_cow_src_index
         if source is not None:
             # the scheduler's copy on the forward stream (copy on match)
@@ -272,10 +282,49 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
             )
 
     def pools(self, live_reqs: list[HybridReq]) -> list[tuple[str, int, int, int, int]]:
-        full = super().pools(live_reqs)[0]
         cached = int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size())
         held = len(self.request_slots())
-        return [("full ", *full[1:]), ("state ", self.slots.available_size(), cached, held, self.states)]
+        return [*super().pools(live_reqs), ("state ", self.slots.available_size(), cached, held, self.states)]
+
+
+class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
+    """FULL + SWA + MAMBA (a hybrid model with sliding-window and linear-attention layers), at page size 1."""
+
+    profile = PROFILE
+
+    def __init__(
+        self, num_pages: int, core: str, policy: str, states: int, max_states_per_path: int, window: int
+    ) -> None:
+        self.window, self.out_of_window, self.swa_pages = window, True, max(2, (3 * num_pages) // 4)
+        self.swa_shadow: dict[int, Written] = {}
+        super().__init__(num_pages, core, policy, states, max_states_per_path)
+        self.windows = (None, window, hr.STATE)
+
+    def components(self) -> dict[str, object]:
+        c = self.v.components
+        return {
+            "tree_components": (c.FULL, c.SWA, c.MAMBA),
+            "sliding_window_size": self.window,
+            "enable_mamba_extra_buffer": False,
+        }
+
+    def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
+        full, state = SGLangMambaUnifiedManager.page_rows(self, record, length)
+        return [full, SGLangSWAUnifiedManager.page_rows(self, record, length)[1], state]
+
+    def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
+        """Valid by the three groups (full KV, live SWA in the window, a state of exactly the prefix), never
+        longer than the longest valid match; then the state's copy."""
+        full, holes = self.event_pages(req, cached), self.swa_holes(key, len(req.input_ids) - 1)
+
+        def is_cached(group: int, end: int) -> bool:
+            kind = self.windows[group]
+            holds = self.has_state(req, end) if kind == hr.STATE else kind is None or self.window_holds(holes, end)
+            return full(0, end) and holds
+
+        why = f"the events' pages, the SWA tombstones {holes} and the tree's states"
+        self.judge_valid(req, hit, hr.HitRule(1, self.windows, 1), is_cached, why)
+        self.adopt_state(req, record, hit)
 
 
 def target(argument: str | None) -> TargetInfo:
@@ -288,8 +337,16 @@ def target(argument: str | None) -> TargetInfo:
         policy = POLICIES[num_pages % len(POLICIES)]
         per_path = 2 if (num_pages // len(POLICIES)) % 2 else -1
         states = 4 + num_pages // 4
-        STATS.record_rule(f"sglang-mamba.config[{policy},states per path {per_path}]")
-        managers = [SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path) for core in cores]
+        # FULL + SWA + MAMBA in half the configurations, with the drawn window
+        window = max(2, next((w for w in windows if isinstance(w, int)), 4)) if (num_pages // 4) % 2 else None
+        swa = "" if window is None else f",SWA W={'<=8' if window <= 8 else '>8'}"
+        STATS.record_rule(f"sglang-mamba.config[{policy},states per path {per_path}{swa}]")
+        managers = [
+            SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path)
+            if window is None
+            else SGLangSWAMambaManager(2 * num_pages, core, policy, states, per_path, window)
+            for core in cores
+        ]
         return managers[0] if len(managers) == 1 else BothCores(managers)
 
     return TargetInfo(

@@ -125,23 +125,33 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
         than the longest valid one."""
         tokens, p = req.input_ids[:-1], self.page_size
         full = self.event_pages(req, cached)
-        # the tree core's tombstones along the whole pages of the key (in key units: bigrams under EAGLE)
-        units = (len(tokens) - int(self.eagle)) // p * p
-        ranges = self.cache.tree_core.swa_tombstone_ranges(key, 0, units) if units > 0 else []
-        holes = [range(a, b) for a, b in ranges]
+        holes = self.swa_holes(key, len(tokens))
 
         def is_cached(group: int, end: int) -> bool:
-            page = range(max(0, end - p), end)
-            return full(0, end) and (
-                group == 0 or not any(h and page.start < h.stop and h.start < page.stop for h in holes)
-            )
+            return full(0, end) and (group == 0 or self.window_holds(holes, end))
 
         rule = hr.HitRule(p, self.windows, p, lookahead=int(self.eagle))
-        longest = hr.compute_hit(rule, is_cached, len(tokens), len(tokens))
+        self.judge_valid(req, hit, rule, is_cached, f"the events' pages and the tree's SWA tombstones {holes}")
+
+    def swa_holes(self, key: object, tokens: int) -> list[range]:
+        """The tree core's SWA tombstones along the whole pages of the key (key units: bigrams under EAGLE)."""
+        units = (tokens - int(self.eagle)) // self.page_size * self.page_size
+        ranges = self.cache.tree_core.swa_tombstone_ranges(key, 0, units) if units > 0 else []
+        return [range(a, b) for a, b in ranges]
+
+    def window_holds(self, holes: list[range], end: int) -> bool:
+        """The page ending at ``end`` has live SWA (no tombstone in it)."""
+        page = range(max(0, end - self.page_size), end)
+        return not any(h and page.start < h.stop and h.start < page.stop for h in holes)
+
+    def judge_valid(self, req: HybridReq, hit: int, rule: hr.HitRule, is_cached: hr.IsCached, why: str) -> None:
+        """SGLang's hit under a window: valid, never longer than the longest valid match (shorter: counted)."""
+        tokens = len(req.input_ids) - 1
+        longest = hr.compute_hit(rule, is_cached, tokens, tokens)
         if hit > longest or (hit and not hr.is_valid_length(rule, hit, is_cached)):
             raise IntegrityError(
-                f"hit_is_a_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens; by the events' pages"
-                f" and the tree's SWA tombstones {holes} the longest valid match is {longest}"
+                f"hit_is_a_valid_match: request {req.uid} hit {hit} of {tokens} tokens; by {why} the longest valid"
+                f" match is {longest}"
             )
         if hit < longest:
             STATS.record_rule("sglang-swa.hit_below_the_spec")

@@ -51,6 +51,26 @@ def test_a_match_stops_at_the_deepest_state_and_copies_it(core: str) -> None:
     assert out.stdout.split() == ["hits", "10", "21", "states", "4", "2", "0", "6"]
 
 
+# the same program with a window of 4 beside the states: SWA's pool printed before the states'
+WITH_SWA = (
+    LIFECYCLE.replace("import SGLangMambaUnifiedManager", "import SGLangSWAMambaManager")
+    .replace(
+        'SGLangMambaUnifiedManager(64, {core!r}, "lru", 6, -1)', 'SGLangSWAMambaManager(64, {core!r}, "lru", 6, -1, 4)'
+    )
+    .replace("*m.pools([])[1][1:]", "*m.pools([])[1][1:], *m.pools([])[2][1:]")
+)
+
+
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_with_a_window_beside_the_states_the_hits_are_the_same_and_the_window_is_kept(core: str) -> None:
+    """FULL + SWA + MAMBA, W = 4: the same hits (each state's window is live), and both the SWA pool and the
+    states add up (16 SWA slots cached: the windows behind the two states and the tails)."""
+    assert "SGLangSWAMambaManager(64" in WITH_SWA and "pools([])[2]" in WITH_SWA
+    out = run(WITH_SWA.format(core=core))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["hits", "10", "21", "states", "32", "16", "0", "48", "4", "2", "0", "6"]
+
+
 # bugs planted in SGLang's code, each in the path one check guards
 PLANTS = {
     # the match reports one token less than the deepest state
