@@ -52,19 +52,26 @@ from .sglang_swa import import_swa_cache, mapping_pool
 if TYPE_CHECKING:
     import torch
 
-PROFILE = Profile(
-    name=f"sglang {VERSION} UnifiedRadixCache FULL",
-    eviction_unit="node",
-    eviction_trigger="allocate",
-    clock="order",
-    errors="none",
-    slots="target",
-    notes=(
-        "the allocator hands out pages; a request's row is rewritten to the tree's pages at each checkpoint",
-        "a checkpoint frees the request's copies of pages another request cached meanwhile (SGLang's dedup)",
-        "a finished request's prompt becomes its own node, one priority above the output (split at the prompt)",
-        "namespaces are cache_salt values (their repr); the KV events carry them",
-    ),
+
+def unified_profile(components: str, *notes: str) -> Profile:
+    """The profile of SGLang's unified cache with ``components``: what every tree of it does, and ``notes``."""
+    return Profile(
+        name=f"sglang {VERSION} UnifiedRadixCache {components}",
+        eviction_unit="node",
+        eviction_trigger="allocate",
+        clock="order",
+        errors="none",
+        slots="target",
+        notes=notes,
+    )
+
+
+PROFILE = unified_profile(
+    "FULL",
+    "the allocator hands out pages; a request's row is rewritten to the tree's pages at each checkpoint",
+    "a checkpoint frees the request's copies of pages another request cached meanwhile (SGLang's dedup)",
+    "a finished request's prompt becomes its own node, one priority above the output (split at the prompt)",
+    "namespaces are cache_salt values (their repr); the KV events carry them",
 )
 
 # SGLang's tree cores, by our argument

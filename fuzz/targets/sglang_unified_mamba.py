@@ -39,7 +39,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..stats import STATS
-from .api import Profile, TargetError, TargetInfo
+from .api import TargetError, TargetInfo
 from .sglang import VERSION
 from .sglang_swa import import_swa_cache
 from .sglang_unified import (
@@ -52,6 +52,7 @@ from .sglang_unified import (
     RequestTable,
     SGLangUnifiedManager,
     Written,
+    unified_profile,
 )
 from .sglang_unified_swa import SGLangSWAUnifiedManager
 from .shims import install
@@ -59,19 +60,12 @@ from .shims import install
 if TYPE_CHECKING:
     import torch
 
-PROFILE = Profile(
-    name=f"sglang {VERSION} UnifiedRadixCache FULL + MAMBA",
-    eviction_unit="node",
-    eviction_trigger="allocate",
-    clock="order",
-    errors="none",
-    slots="target",
-    notes=(
-        "state_match: the deepest node on the path that holds a state",
-        "state_copy: the matched state is copied into the request's own slot (copy on match)",
-        "state_checkpoints: at each checkpoint and at the finish; mamba_max_states_per_path drops shallow ones",
-        "page size 1 (no extra buffer)",
-    ),
+PROFILE = unified_profile(
+    "FULL + MAMBA",
+    "state_match: the deepest node on the path that holds a state",
+    "state_copy: the matched state is copied into the request's own slot (copy on match)",
+    "state_checkpoints: at each checkpoint and at the finish; mamba_max_states_per_path drops shallow ones",
+    "page size 1 (no extra buffer)",
 )
 
 # a prefix a state is of: (namespace, its tokens)

@@ -36,27 +36,20 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError
 
 from ..stats import STATS
-from .api import Profile, TargetError, TargetInfo
+from .api import TargetError, TargetInfo
 from .sglang import VERSION
 from .sglang_swa import import_swa_cache, mapping_pool
-from .sglang_unified import CORES, POLICIES, BothCores, Record, SGLangUnifiedManager, Written
+from .sglang_unified import CORES, POLICIES, BothCores, Record, SGLangUnifiedManager, Written, unified_profile
 
 if TYPE_CHECKING:
     import torch
 
-PROFILE = Profile(
-    name=f"sglang {VERSION} UnifiedRadixCache FULL + SWA",
-    eviction_unit="node",
-    eviction_trigger="allocate",
-    clock="order",
-    errors="none",
-    slots="target",
-    notes=(
-        "window_tokens: after an SWA tombstone a match needs W live tokens, one more than the spec's W - 1",
-        "holes: SWA tombstones; an insert over a tombstone adopts the request's new slots (healing)",
-        "pools: one full pool and one SWA pool, tied by a full-to-SWA index mapping",
-        "a running request frees its out-of-window SWA slots at checkpoints (when on) and in decode",
-    ),
+PROFILE = unified_profile(
+    "FULL + SWA",
+    "window_tokens: after an SWA tombstone a match needs W live tokens, one more than the spec's W - 1",
+    "holes: SWA tombstones; an insert over a tombstone adopts the request's new slots (healing)",
+    "pools: one full pool and one SWA pool, tied by a full-to-SWA index mapping",
+    "a running request frees its out-of-window SWA slots at checkpoints (when on) and in decode",
 )
 
 OUT_OF_WINDOW = "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS"

@@ -107,13 +107,24 @@ print("exit", code, "after", round(time.monotonic() - began, 1))
 """
 
 
+def assert_caught(law: str, plant: str, target: str, out: Path) -> None:
+    """A campaign on ``target`` with ``plant`` in force fails on ``law`` within five minutes."""
+    began = time.monotonic()
+    done = run(CAMPAIGN.format(plant=plant, target=target, out=str(out)))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 300
+
+
+def assert_clean(target: str, out: Path) -> None:
+    """A campaign on ``target`` passes."""
+    done = run(CAMPAIGN.format(plant="", target=target, out=str(out)))
+    assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 @pytest.mark.parametrize("law", sorted(PLANTS))
 def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
-    began = time.monotonic()
-    out = run(CAMPAIGN.format(plant=PLANTS[law], target="sglang:python", out=str(tmp_path)))
-    assert "exit 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
-    assert law in out.stdout + out.stderr, out.stdout[-3000:]
-    assert time.monotonic() - began < 300
+    assert_caught(law, PLANTS[law], "sglang:python", tmp_path)
 
 
 def test_the_cores_must_agree(tmp_path: Path) -> None:
@@ -131,11 +142,12 @@ core.UnifiedTreeCore.full_evictable_size = lambda self: sizes(self) + (self.page
 
 @pytest.mark.parametrize("target", ["sglang", "sglang:python"])
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
-    out = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path)))
-    assert "exit 0" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_clean(target, tmp_path)
 
 
-EAGLE = """
+# P = 2 with EAGLE: request a computes 10 tokens of an 11-token prompt and checkpoints them (9 bigrams, 8 of
+# them in whole pages)
+EAGLE_SETUP = """
 from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
 from radixspec.reference.hybrid_manager import HybridReq
 manager = SGLangUnifiedManager(2, 32, {core!r}, "lru", eagle=True)
@@ -144,7 +156,12 @@ a = HybridReq(0, prompt + [1], None)
 manager.match_req(a)
 manager.allocate_paged(a, 10)
 manager.store(a, 10)
-manager.cache_req(a, False)      # 10 tokens stored: 9 bigrams, 8 of them in whole pages
+manager.cache_req(a, False)
+"""
+
+EAGLE = (
+    EAGLE_SETUP
+    + """
 b = HybridReq(1, prompt + [2], None)
 manager.match_req(b)             # the match reads 10 tokens, 9 bigrams: the KV of 8 tokens
 c = HybridReq(2, prompt[:9] + [3], None)
@@ -154,6 +171,7 @@ manager.match_req(d)
 print(a.cached_len, b.cached_len, c.cached_len, d.cached_len)
 manager.check_integrity([a, b, c, d])
 """
+)
 
 
 @pytest.mark.parametrize("core", ["rust", "python"])
@@ -163,16 +181,9 @@ def test_eagle_bigram_keys_reuse_at_most_n_minus_2_tokens(core: str) -> None:
     assert out.stdout.split() == ["8", "8", "8", "6"]
 
 
-NO_CHUNK = """
-from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
-from radixspec.reference.hybrid_manager import HybridReq
-manager = SGLangUnifiedManager(2, 32, {core!r}, "lru", eagle=True)
-prompt = list(range(100, 110))
-a = HybridReq(0, prompt + [1], None)
-manager.match_req(a)
-manager.allocate_paged(a, 10)
-manager.store(a, 10)
-manager.cache_req(a, False)
+NO_CHUNK = (
+    EAGLE_SETUP
+    + """
 b = HybridReq(1, prompt + [2], None)
 manager.match_req(b)             # 8 tokens protected, nothing computed since
 record = manager.records[1]
@@ -180,12 +191,10 @@ try:                             # what SGLang does when checkpointed with no ne
     manager.cache.checkpoint(record, up_to=8)
 except AssertionError as error:
     print("sglang asserts:", "cache_protected_len=8" in str(error))
-manager = SGLangUnifiedManager(2, 32, {core!r}, "lru", eagle=True)
-a, b = HybridReq(0, prompt + [1], None), HybridReq(1, prompt + [2], None)
-manager.match_req(a)
-manager.allocate_paged(a, 10)
-manager.store(a, 10)
-manager.cache_req(a, False)
+"""
+    + EAGLE_SETUP
+    + """
+b = HybridReq(1, prompt + [2], None)
 manager.match_req(b)
 manager.cache_req(b, False)      # no chunk since the match: the scheduler does not checkpoint
 manager.check_integrity([a, b])
@@ -194,6 +203,7 @@ manager.cache_req(a, True)
 manager.check_integrity([])
 print("pages", manager.cached_page_count(), "free", manager.alloc.available_size() // 2)
 """
+)
 
 
 @pytest.mark.parametrize("core", ["rust", "python"])

@@ -5,12 +5,11 @@ seen catching a bug planted by monkeypatch in the path it guards; each case runs
 from __future__ import annotations
 
 import importlib.util
-import time
 from pathlib import Path
 
 import pytest
 
-from .test_sglang_unified import CAMPAIGN, run
+from .test_sglang_unified import assert_caught, assert_clean, run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
 
@@ -102,14 +101,9 @@ swa.SWATokenToKVPoolAllocator.__init__ = planted
 
 @pytest.mark.parametrize("law", sorted(PLANTS))
 def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
-    began = time.monotonic()
-    out = run(CAMPAIGN.format(plant=PLANTS[law], target="sglang-swa:python", out=str(tmp_path)))
-    assert "exit 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
-    assert law in out.stdout + out.stderr, out.stdout[-3000:]
-    assert time.monotonic() - began < 300
+    assert_caught(law, PLANTS[law], "sglang-swa:python", tmp_path)
 
 
 @pytest.mark.parametrize("target", ["sglang-swa", "sglang-swa:python"])
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
-    out = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path)))
-    assert "exit 0" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+    assert_clean(target, tmp_path)
