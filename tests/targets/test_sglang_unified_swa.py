@@ -107,3 +107,60 @@ def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("target", ["sglang-swa", "sglang-swa:python"])
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
     assert_clean(target, tmp_path)
+
+
+# shrunk from a sglang-swa:python campaign (seed 1): P = 4, out-of-window freeing on; a running request's
+# checkpoint after a chunk of 31 tokens
+FILL_IDS = """
+from radixspec.fuzz.regression import build_machine
+state = build_machine('hybrid', targets=({target!r},), lru=None, device='cpu')()
+hybrid_seqs_0, hybrid_seqs_1 = state.setup(
+    page_size=4, windows=[None, None], num_pages=25, first=[([0], [0, 0, 0, 0]), ([0, 4, 0], [0])]
+)
+state.new_request(extra=[0, 0], namespace=('lora', 1), tokens=hybrid_seqs_1)
+hybrid_seqs_2 = state.long_seq(base=hybrid_seqs_1, salt=0, tokens=64)
+hybrid_seqs_3 = state.long_seq(base=hybrid_seqs_2, salt=0, tokens=64)
+hybrid_seqs_4 = state.prefix_of(base=hybrid_seqs_3, cut=99)
+hybrid_seqs_5 = state.long_seq(base=hybrid_seqs_4, salt=0, tokens=64)
+state.allocate_and_store(tokens=1, which=0)
+state.allocate_and_store(tokens=4, which=0)
+state.cache_req(finished=True, which=46)
+hybrid_seqs_7 = state.prefix_of(base=hybrid_seqs_3, cut=141)
+state.new_request(extra=[2], namespace=None, tokens=hybrid_seqs_5)
+state.allocate_and_store(tokens=38, which=51)
+hybrid_seqs_9 = state.long_seq(base=hybrid_seqs_7, salt=6, tokens=256)
+state.new_request(extra=[], namespace=('lora', 1), tokens=hybrid_seqs_9)
+state.allocate_and_store(tokens=31, which=5)
+state.cache_req(finished=False, which=43)
+state.teardown()
+print("replayed")
+"""
+
+
+@pytest.mark.parametrize("target", ["sglang-swa", "sglang-swa:python"])
+def test_the_out_of_window_free_reads_the_tokens_up_to_the_last_extend(target: str) -> None:
+    """Regression: the request record's get_fill_ids gave the whole prompt, where SGLang's Req gives the tokens
+    up to the last extend; SGLang's SWA component then freed out-of-window slots past the request's row, and its
+    allocator asserted (more SWA slots free than it has). Now the record gives what SGLang's does."""
+    out = run(FILL_IDS.format(target=target))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["replayed"]
+
+
+EMPTY_UNDER_EAGLE = """
+from radixspec.fuzz.targets.sglang_unified_swa import SGLangSWAUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+manager = SGLangSWAUnifiedManager(2, 32, "rust", "lru", 4, True, True)
+a = HybridReq(0, [5], None)      # the match reads no token: no bigram at all
+manager.match_req(a)
+manager.check_integrity([a])
+print("hit", a.cached_len)
+"""
+
+
+def test_a_one_token_prompt_under_eagle_has_no_key_to_look_tombstones_up_in() -> None:
+    """Regression (sglang-swa, seed 1): the hit check asked the Rust core for the SWA tombstones of the key's
+    first -1 units (no token, under EAGLE one bigram less), and PyO3 raised OverflowError."""
+    out = run(EMPTY_UNDER_EAGLE)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["hit", "0"]
