@@ -160,7 +160,9 @@ class Replayer:
         if event.page_hash in self.pages and self.count_repeats:
             key, _, parent_hash = self.pages[event.page_hash]
             if parent_hash != event.parent_hash or key[1].page != tuple(event.tokens):
-                raise EventStreamError(f"{where}: page {_name(event.page_hash)} is stored again with other tokens")
+                raise EventStreamError(
+                    f"{where}: page {describe_hash(event.page_hash)} is stored again with other tokens"
+                )
             self.repeats[event.page_hash] = self.repeats.get(event.page_hash, 0) + 1
             if parent_hash is not None:
                 self.children[parent_hash] = self.children.get(parent_hash, 0) + 1
@@ -168,7 +170,7 @@ class Replayer:
         if event.page_hash in self.pages:
             (namespace, prefix), _, _ = self.pages[event.page_hash]
             raise EventStreamError(
-                f"{where}: page {_name(event.page_hash)} is stored already"
+                f"{where}: page {describe_hash(event.page_hash)} is stored already"
                 f" (as {prefix.length} tokens in {namespace!r}; now {parent_length(self, event) + self.page_size}"
                 f" tokens in {event.namespace!r})"
             )
@@ -179,7 +181,7 @@ class Replayer:
             if parent_namespace != event.namespace:
                 raise EventStreamError(f"{where}: its parent lies in namespace {parent_namespace!r}")
         else:
-            raise EventStreamError(f"{where}: its parent {_name(event.parent_hash)} is not cached")
+            raise EventStreamError(f"{where}: its parent {describe_hash(event.parent_hash)} is not cached")
         if self.check_hashes and compute_page_hash(event.parent_hash, event.namespace, event.tokens) != event.page_hash:
             raise EventStreamError(f"{where}: its hash is not the hash of its parent and tokens")
         key = (event.namespace, Prefix.extend(parent_prefix, tuple(event.tokens)))
@@ -191,7 +193,7 @@ class Replayer:
         where = f"event {self.applied} ({kind})"
         found = self.pages.get(page_hash)
         if found is None:
-            raise EventStreamError(f"{where}: page {_name(page_hash)} is not cached")
+            raise EventStreamError(f"{where}: page {describe_hash(page_hash)} is not cached")
         _, _, parent_hash = found
         if self.repeats.get(page_hash):
             self.repeats[page_hash] -= 1
@@ -199,7 +201,7 @@ class Replayer:
                 self.children[parent_hash] -= 1
             return
         if self.children.get(page_hash):
-            raise EventStreamError(f"{where}: page {_name(page_hash)} is removed before the pages extending it")
+            raise EventStreamError(f"{where}: page {describe_hash(page_hash)} is removed before the pages extending it")
         del self.pages[page_hash]
         self.children.pop(page_hash, None)
         if parent_hash is not None:
@@ -212,14 +214,14 @@ class Replayer:
             raise EventStreamError(f"{where}: a page is listed twice")
         for page_hash in page_hashes:
             if page_hash not in self.pages:
-                raise EventStreamError(f"{where}: page {_name(page_hash)} is not cached")
+                raise EventStreamError(f"{where}: page {describe_hash(page_hash)} is not cached")
         # deepest first: a page's children in the batch go before it
         depth = {h: self.pages[h][0][1].length for h in page_hashes}
         for page_hash in sorted(page_hashes, key=depth.__getitem__, reverse=True):
             self._remove(page_hash, "PagesRemoved")
 
 
-def _name(page_hash: Any) -> str:
+def describe_hash(page_hash: Any) -> str:
     """A page hash for a message: hex for ints (ours, SGLang's), hex of the first bytes for vLLM's bytes."""
     if isinstance(page_hash, int):
         return f"{page_hash & (2**64 - 1):#x}"

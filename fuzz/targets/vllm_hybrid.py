@@ -1,12 +1,19 @@
-"""Target ``vllm-hybrid``: vLLM 0.33.0's ``HybridKVCacheCoordinator`` over one ``BlockPool``, a full-attention
-group and a sliding-window group, driven request by request as ``KVCacheManager`` drives it.
+"""Target ``vllm-hybrid``: vLLM 0.33.0's ``HybridKVCacheCoordinator`` over one ``BlockPool``, full-attention and
+sliding-window groups (two to four: a model's layers split into groups of one kind each, several of the same
+window too), driven request by request as ``KVCacheManager`` drives it.
 
 The calls and their order are ``KVCacheManager``'s (``vllm/v1/core/kv_cache_manager.py``, read, not
 imported: its module needs vLLM's metrics): ``find_longest_cache_hit`` on the request's block hashes
 with the last token left out; then, for every chunk, ``remove_skipped_blocks`` of the tokens already
 computed, ``get_num_blocks_to_allocate``, ``allocate_new_computed_blocks`` (first chunk, on a hit),
 ``allocate_new_blocks`` and, once the chunk's KV is stored, ``cache_blocks``; ``free`` when the request
-ends. Scheduling is synchronous (no tokens in flight); eagle is off; the block size is the page size.
+ends. Scheduling is synchronous (no tokens in flight); the block size is the page size.
+
+Each example draws a configuration, counted in the summary: EAGLE (off, the drop, lookahead hashes); the
+window groups' retention of prefix-cache checkpoints (``prefix_cache_retention_interval``: 0, vLLM's default,
+keeps only a prompt's replay boundary and the shared-prefix junctions; None keeps every block; k * P one tail
+per k blocks); the scheduler's deferred frees (``defer_block_free``: a finished request's blocks are popped
+and go back to the pool only when the step in flight completes, here the next chunk stored).
 
 The machine checks what holds whatever vLLM chooses (docs/hybrid.md):
 
@@ -15,8 +22,12 @@ The machine checks what holds whatever vLLM chooses (docs/hybrid.md):
 * the safety law: every page a live request still attends is a real block in its list;
 * each attended block holds the KV of the request's own tokens, in its group: a shadow of what was
   written where, by group, namespace and token prefix (a block reused while still attended fails);
-* the pool's accounting: a block's ``ref_cnt`` is the number of live requests' lists that hold it; a
-  block is in the free queue exactly when no one holds it; a block two requests share is a cached one.
+* the pool's accounting: a block's ``ref_cnt`` is the number of live requests' lists (and deferred frees)
+  that hold it; a block is in the free queue exactly when no one holds it; a block two requests share is a
+  cached one;
+* the KV events (vLLM's own event classes, when msgspec and pyzmq import): replayed from empty, per group,
+  they give exactly the pool's cached entries, with a block as many times as the pool caches it; a
+  full-attention group's stream also names each block's tokens and parent (``spec/events.py``'s replay).
 """
 
 from __future__ import annotations
@@ -25,20 +36,23 @@ import inspect
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import events as ev
 from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..stats import STATS
-from .api import Profile, TargetInfo
+from .api import PageKey, Profile, TargetInfo
 from .shims import install
 from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
 
 PROFILE = Profile(
-    name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding window)",
+    name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
     eviction_unit="node",
     eviction_trigger="allocate",
     clock="order",
@@ -46,11 +60,17 @@ PROFILE = Profile(
     slots="target",
     notes=(
         "one BlockPool for every group (one free queue): conservation holds for the pool, not per group",
+        "groups: two to four, full attention and windows (several of one window too), drawn",
         "window_pages: cdiv(W - 1, P) contiguous cached blocks end a hit, as the spec's window rule",
         "eagle: off, drop (use_eagle: one block more found, then dropped) or lookahead hashes (0.33.0), drawn",
+        "retention: window groups cache only the tails a later hit can use (prefix_cache_retention_interval:"
+        " 0, vLLM's default, the replay boundary and shared-prefix junctions; k * P; dense), drawn",
+        "deferred frees: a finished request's blocks go back to the pool after the step in flight, drawn",
         "alignment: one block size, so the hit aligns to P",
         "early_release: remove_skipped_blocks at each allocation frees private and cached window blocks alike",
         "duplicates: a prefix recomputed while its cached block sits free is cached twice (no dedup)",
+        "KV events: a window group's BlockStored under sparse retention names fewer hashes than the blocks its"
+        " tokens span, and no offsets (vllm#44451, fix open in #44488): replayed by count only",
     ),
 )
 
@@ -104,6 +124,82 @@ class HybridRequest(RequestStandIn):
         self.block_hashes.extend(self.hasher(self))
 
 
+class GroupReplay:
+    """The pool's KV events replayed from empty, group by group, as a router reads them.
+
+    Every group: how many blocks the stream says hold each hash. A full-attention group's stream is also
+    replayed by ``spec/events.py`` (each block's tokens and parent; a block removed after the blocks that
+    extend it). A window group's is not: under sparse retention its ``BlockStored`` names one hash for a
+    range of many blocks' tokens (vllm#44451, known upstream), and early frees leave no prefix order.
+    """
+
+    def __init__(self, kinds: tuple[hy.Window, ...], page_size: int, utils: types.ModuleType) -> None:
+        self.utils = utils
+        self.full = {
+            group: ev.Replayer(page_size, check_hashes=False, count_repeats=True)
+            for group, kind in enumerate(kinds)
+            if kind is None
+        }
+        self.counts: list[Counter[object]] = [Counter() for _ in kinds]
+        # a block hash (as the events name it) -> the page it keys, learnt from each request's hashes
+        self.keys: dict[object, PageKey] = {}
+
+    def learn(self, request: RequestStandIn, namespace: Namespace, page_size: int) -> None:
+        """The pages ``request``'s block hashes key."""
+        prefixes = pc.compute_page_prefixes(request.all_token_ids, page_size)
+        for block_hash, prefix in zip(request.block_hashes, prefixes, strict=False):
+            self.keys.setdefault(self.utils.maybe_convert_block_hash(block_hash), (namespace, prefix))
+
+    def apply(self, events: list[Any], namespace: Namespace) -> None:
+        """One operation's events (a stored block is in ``namespace``, the operation's)."""
+        STATS.events_replayed += len(events)
+        for event in events:
+            kind, group = type(event).__name__, getattr(event, "group_idx", None) or 0
+            if kind == "AllBlocksCleared":
+                for counts in self.counts:
+                    counts.clear()
+            elif kind == "BlockStored":
+                blocks = len(event.token_ids) // max(1, event.block_size)
+                if blocks != len(event.block_hashes):
+                    if group in self.full:
+                        raise IntegrityError(
+                            f"events_replay_to_the_pool: a full-attention BlockStored of {blocks} blocks' tokens"
+                            f" names {len(event.block_hashes)} hashes"
+                        )
+                    STATS.record_rule("vllm-hybrid.events[a window BlockStored sparser than its tokens]")
+                self.counts[group].update(event.block_hashes)
+            elif kind == "BlockRemoved":
+                for block_hash in event.block_hashes:
+                    if self.counts[group][block_hash] <= 0:
+                        raise IntegrityError(
+                            f"events_replay_to_the_pool: group {group} removes {ev.describe_hash(block_hash)},"
+                            " which its stream does not hold"
+                        )
+                    self.counts[group][block_hash] -= 1
+            if kind == "AllBlocksCleared" or group in self.full:
+                for g in self.full if kind == "AllBlocksCleared" else (group,):
+                    self.full[g].apply(ev.from_block_events([event], lambda extra: namespace))
+
+    def check(self, pool: Any) -> None:
+        """The replay holds exactly the pool's cached entries, per group, as many times as the pool holds each."""
+        held: list[Counter[object]] = [Counter() for _ in self.counts]
+        for block in pool.blocks[1:]:
+            keys = [] if block.block_hash is None else [block.block_hash]
+            keys += pool.cached_block_hashes_by_block.get(block.block_id, ())
+            for key in keys:
+                block_hash = self.utils.maybe_convert_block_hash(self.utils.get_block_hash(key))
+                held[self.utils.get_group_id(key)][block_hash] += 1
+        for group, (counts, cached) in enumerate(zip(self.counts, held, strict=True)):
+            if +counts != cached:
+                stale, unseen = counts - cached, cached - counts
+                raise IntegrityError(
+                    f"events_replay_to_the_pool: group {group}: {sum(stale.values())} blocks stored and never"
+                    f" removed, {sum(unseen.values())} cached blocks never announced"
+                )
+            if group in self.full:
+                ev.events_match_cache(self.full[group].cached(), {self.keys[h]: ev.UNKNOWN_SLOT for h in cached})
+
+
 class Match:
     """The request's hit, in the place of a handle (``cached_len``)."""
 
@@ -116,51 +212,56 @@ class VllmHybridManager:
 
     profile = PROFILE
 
-    def __init__(self, page_size: int, windows: tuple[hy.Window, ...], num_pages: int, eagle: str = "off") -> None:
+    def __init__(
+        self,
+        page_size: int,
+        windows: tuple[hy.Window, ...],
+        num_pages: int,
+        eagle: str = "off",
+        retention: int | None = None,
+        defer_free: bool = False,
+    ) -> None:
         v = import_hybrid()
         # EAGLE as the scheduler configures it: off; "drop" (no lookahead hashes: a KV connector, or
         # disable_lookahead_block_hashes; the coordinator finds one block more and drops it); "lookahead"
         # (0.33.0's default: each block hash also covers the next token, nothing dropped)
         if eagle == "lookahead" and not lookahead_hashes(v):
             eagle = "drop"
-        self.eagle = eagle
+        self.eagle, self.retention, self.defer_free = eagle, retention, defer_free
         lookahead = int(eagle == "lookahead")
-        # one full group and one window group; a drawn window below 2 tokens attends to nothing before itself,
-        # which vLLM's SlidingWindowSpec does not take
-        window = next((w for w in windows if w is not None), 2 * page_size + 1)
-        self.windows: tuple[hy.Window, ...] = (None, max(2, window))
+        self.windows = group_kinds(windows, page_size)
         self.page_size, self.num_pages = page_size, num_pages
         torch = v.torch
         specs = [
-            v.full_spec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=torch.float32),
-            v.window_spec(
-                block_size=page_size, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=self.windows[1]
-            ),
+            v.full_spec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+            if window is None
+            else v.window_spec(
+                block_size=page_size, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
+            )
+            for window in self.windows
         ]
+        layers = [f"layer{group}" for group in range(len(specs))]
         page_bytes = page_size * 2 * 4
         config = v.config(
             num_blocks=num_pages + 1,  # block 0 is the null block
             kv_cache_tensors=[
-                v.tensor(
-                    size=page_bytes * (num_pages + 1),
-                    layers=["full", "window"],
-                    layer_stride=0,
-                    block_stride=page_bytes,
-                )
+                v.tensor(size=page_bytes * (num_pages + 1), layers=layers, layer_stride=0, block_stride=page_bytes)
             ],
             kv_cache_groups=[
-                v.group_spec(layer_names=["full"], kv_cache_spec=specs[0]),
-                v.group_spec(layer_names=["window"], kv_cache_spec=specs[1]),
+                v.group_spec(layer_names=[layer], kv_cache_spec=spec) for layer, spec in zip(layers, specs, strict=True)
             ],
+            prefix_cache_retention_interval=retention,
         )
         self.max_len = 1 << 16
+        # the pool's KV events, replayed as a router would (vLLM's event classes import with msgspec and pyzmq)
+        self.events = v.kv_events is not None
         self.coordinator = v.coordinator.get_kv_cache_coordinator(
             kv_cache_config=config,
             max_model_len=self.max_len,
             max_in_flight_tokens=self.max_len,
             use_eagle=eagle == "drop",
             enable_caching=True,
-            enable_kv_cache_events=False,
+            enable_kv_cache_events=self.events,
             dcp_world_size=1,
             pcp_world_size=1,
             scheduler_block_size=page_size,
@@ -177,6 +278,10 @@ class VllmHybridManager:
         self.namespaces: dict[int, Namespace] = {}
         # block id -> (group, namespace, the tokens up to the end of what was written into it)
         self.shadow: dict[int, tuple[int, Namespace, tuple[int, ...]]] = {}
+        # finished requests' blocks the scheduler has not given back yet: (the chunk count that frees them, blocks)
+        self.deferred: list[tuple[int, list[BlockView]]] = []
+        self.chunks = 0
+        self.replay = GroupReplay(self.windows, page_size, self.utils) if self.events else None
 
     # ------------------------------------------------------------ what the pool caches
 
@@ -231,6 +336,14 @@ class VllmHybridManager:
         self.allocate(request, hit, blocks if any(blocks) else self.empty, hit)
         request.num_computed_tokens = hit
         req.handle, req.computed, req.rows = Match(hit), hit, self.rows(req.uid)
+        self.take_events(request, req.namespace)
+
+    def take_events(self, request: HybridRequest | None, namespace: Namespace) -> None:
+        """The pool's events of one operation, into the replay (``namespace``: the operation's request's)."""
+        if self.replay is not None:
+            if request is not None:
+                self.replay.learn(request, namespace, self.page_size)
+            self.replay.apply(self.pool.take_events(), namespace)
 
     def allocate(
         self,
@@ -275,7 +388,11 @@ class VllmHybridManager:
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """The blocks for the request's tokens up to ``length``."""
-        self.allocate(self.sync(req), length)
+        request = self.sync(req)
+        try:
+            self.allocate(request, length)
+        finally:
+            self.take_events(request, req.namespace)
         req.rows = self.rows(req.uid)
 
     def store(self, req: HybridReq, tokens: int) -> None:
@@ -291,13 +408,23 @@ class VllmHybridManager:
         request.num_computed_tokens = end
         self.coordinator.cache_blocks(request, min(end, request.num_tokens))
         req.computed, req.rows = end, self.rows(req.uid)
+        # the step completes: the blocks whose free waited for it go back to the pool, tail first
+        self.chunks += 1
+        while self.deferred and self.deferred[0][0] <= self.chunks:
+            self.pool.free_blocks(reversed(self.deferred.pop(0)[1]))
+        self.take_events(request, req.namespace)
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         """A running request's full blocks are cached as they are stored; a finished one frees its blocks."""
         if finished:
-            self.coordinator.free(str(req.uid))
+            if self.defer_free:
+                # Scheduler._free_request_blocks: a step in flight may still write them (async scheduling)
+                self.deferred.append((self.chunks + 1, self.coordinator.pop_blocks_for_free(str(req.uid))))
+            else:
+                self.coordinator.free(str(req.uid))
             del self.requests[req.uid], self.namespaces[req.uid]
             req.rows, req.handle = [], None
+            self.take_events(None, req.namespace)
 
     # ------------------------------------------------------------ universal checks
 
@@ -310,6 +437,8 @@ class VllmHybridManager:
         for req in live_reqs:
             self.check_attended_kv(req)
         self.check_pool(live_reqs)
+        if self.replay is not None:
+            self.replay.check(self.pool)
 
     def check_attended_kv(self, req: HybridReq) -> None:
         """Every block the request attends holds what it wrote there, or what another wrote for the same prefix."""
@@ -339,13 +468,16 @@ class VllmHybridManager:
         for req in live_reqs:
             for blocks in self.coordinator.get_blocks(str(req.uid)):
                 holders.update(block.block_id for block in blocks if not block.is_null)
+        for _, blocks in self.deferred:
+            holders.update(block.block_id for block in blocks if not block.is_null)
         free = {block.block_id for block in self.pool.free_block_queue.get_all_free_blocks()}
         for block in self.pool.blocks[1:]:
             held = holders[block.block_id]
             if block.ref_cnt != held or (held == 0) != (block.block_id in free):
                 raise IntegrityError(
                     f"pool_counts_its_holders: block {block.block_id} has ref_cnt {block.ref_cnt}, {held} request"
-                    f" lists hold it, {'in' if block.block_id in free else 'not in'} the free queue"
+                    f" lists (and deferred frees) hold it, {'in' if block.block_id in free else 'not in'} the free"
+                    " queue"
                 )
             if held > 1 and block.block_hash is None:
                 raise IntegrityError(f"shared_blocks_are_cached: block {block.block_id} is held {held} times, uncached")
@@ -359,16 +491,47 @@ def lookahead_hashes(v: types.ModuleType) -> bool:
 EAGLE_MODES = ("off", "drop", "lookahead")
 
 
+# prefix_cache_retention_interval, in blocks: 0 (vLLM's default: the replay boundary and the shared-prefix
+# junctions only), None (every block), a tail every k blocks
+RETENTIONS: tuple[int | None, ...] = (0, 0, None, 2, 3)
+
+
+def group_kinds(windows: Sequence[hy.Window], page_size: int) -> tuple[hy.Window, ...]:
+    """The groups of a model with the drawn layers: one per drawn window (several may share one), full attention
+    among them, a window among them (else a full group and a window of 2P + 1). A window below 2 tokens attends
+    to nothing before itself, which vLLM's SlidingWindowSpec does not take."""
+    kinds = [None if window is None else max(2, int(window)) for window in windows if window != hr.STATE]
+    if None not in kinds:
+        kinds.insert(0, None)
+    if all(kind is None for kind in kinds):
+        kinds.append(2 * page_size + 1)
+    return tuple(kinds)
+
+
 def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmHybridManager:
-    """The coordinator with an EAGLE mode drawn from the pool size (the summary counts each)."""
-    manager = VllmHybridManager(page_size, windows, num_pages, EAGLE_MODES[num_pages % len(EAGLE_MODES)])
-    STATS.record_rule(f"vllm-hybrid.config[eagle={manager.eagle}]")
+    """The coordinator with a configuration drawn from the pool size (the summary counts each)."""
+    retention = RETENTIONS[num_pages // len(EAGLE_MODES) % len(RETENTIONS)]
+    manager = VllmHybridManager(
+        page_size,
+        windows,
+        num_pages,
+        eagle=EAGLE_MODES[num_pages % len(EAGLE_MODES)],
+        retention=retention if not retention else retention * page_size,
+        defer_free=num_pages // (len(EAGLE_MODES) * len(RETENTIONS)) % 2 == 1,
+    )
+    sized = [kind for kind in manager.windows if kind is not None]
+    groups = f"{len(manager.windows) - len(sized)} full, {len(sized)} window ({len(set(sized))} sizes)"
+    retained = "dense" if retention is None else f"{retention}P"
+    STATS.record_rule(
+        f"vllm-hybrid.config[eagle={manager.eagle}, retention={retained}, defer_free={manager.defer_free}]"
+    )
+    STATS.record_rule(f"vllm-hybrid.groups[{groups}]")
     return manager
 
 
 TARGET = TargetInfo(
     name="vllm-hybrid",
-    description=f"vLLM {VERSION} HybridKVCacheCoordinator: a full-attention and a sliding-window group, one BlockPool",
+    description=f"vLLM {VERSION} HybridKVCacheCoordinator: full-attention and sliding-window groups, one BlockPool",
     requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
     hybrid_factory=factory,
     profile=PROFILE,

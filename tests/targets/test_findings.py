@@ -401,3 +401,60 @@ def test_sglang_0522_frees_the_pages_a_finished_request_just_cached_after_its_wi
         assert seen["free"] + seen["tree"] > 82  # two pages both free and cached
     else:
         assert seen == {"release": seen["release"], "evicted": 0, "protected": 8, "tree": 2, "free": 80}
+
+
+VLLM_SPARSE_STORED_EVENT = """
+import json
+from types import SimpleNamespace
+from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
+
+v = import_hybrid()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, maybe_convert_block_hash
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
+                                        SlidingWindowSpec)
+import torch
+
+# a model with full-attention and sliding-window (W = 5) layers, block size 4, vLLM's default retention (0)
+specs = [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32),
+         SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=5)]
+tensor = KVCacheTensor(size=64 * 32, layers=["f", "w"], layer_stride=0, block_stride=32)
+config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[tensor],
+                       kv_cache_groups=[KVCacheGroupSpec(["f"], specs[0]), KVCacheGroupSpec(["w"], specs[1])],
+                       prefix_cache_retention_interval=0)
+coordinator = get_kv_cache_coordinator(config, max_model_len=4096, max_in_flight_tokens=4096, use_eagle=False,
+                                       enable_caching=True, enable_kv_cache_events=True, dcp_world_size=1,
+                                       pcp_world_size=1, scheduler_block_size=4, hash_block_size=4)
+tokens = list(range(100, 122))  # 22 tokens: 5 whole blocks
+request = SimpleNamespace(request_id="0", all_token_ids=tokens, num_tokens=22, num_prompt_tokens=22,
+                          num_computed_tokens=0, block_hashes=[], lora_request=None, cache_salt=None,
+                          mm_features=[], prompt_embeds=None, session_id=None, shared_prefix_boundary=0)
+request.block_hashes = get_request_block_hasher(4, sha256)(request)
+# KVCacheManager.allocate_slots for the whole prompt (no hit), then its blocks are cached
+coordinator.allocate_new_blocks("0", 22, 22)
+coordinator.cache_blocks(request, 22)
+events = coordinator.block_pool.take_events()
+wire = [maybe_convert_block_hash(h) for h in request.block_hashes]  # the hashes as the events carry them
+print(json.dumps([{"group": e.group_idx, "hashes": [wire.index(h) for h in e.block_hashes],
+                   "tokens": len(e.token_ids), "block_size": e.block_size, "parent": e.parent_block_hash}
+                  for e in events]))
+"""
+
+
+@needs_vllm
+def test_vllm_window_block_stored_under_default_retention_names_one_hash_for_five_blocks_of_tokens() -> None:
+    """Finding 14 (vllm-hybrid, vLLM's default retention 0): the window group caches only the tail a resend can
+    hit (the replay boundary 21, aligned to 20: with W = 5 the one block [16, 20)), and its BlockStored carries
+    that one hash with the tokens of all five blocks, block_size 4 and no parent: a consumer that pairs the
+    i-th hash with the i-th block of tokens (Dynamo's relay, llm-d) files block 4's hash under tokens [0, 4).
+    Known upstream: vllm#44451 (reported for Mamba align), fix open in PR #44488 (block_offsets)."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_SPARSE_STORED_EVENT], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    full, window = json.loads(run.stdout.strip().splitlines()[-1])
+    assert full == {"group": 0, "hashes": [0, 1, 2, 3, 4], "tokens": 20, "block_size": 4, "parent": None}
+    assert window == {"group": 1, "hashes": [4], "tokens": 20, "block_size": 4, "parent": None}

@@ -1,0 +1,157 @@
+"""The ``vllm-hybrid`` target as vLLM 0.33.0 is configured today: two to four groups (several windows, several
+full-attention groups), sparse retention of the window groups' checkpoints (vLLM's default), the scheduler's
+deferred frees and the KV events. A lifecycle pins what each does; each new check is seen catching a bug
+planted by monkeypatch in the path it guards."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+def run_prompts(
+    prompts: list[list[int]], retention: int | None, windows: tuple[int | None, ...] = (None, 8)
+) -> tuple[list[int], Any]:
+    """Requests one after another (P = 4), each run to its end and freed; their hits and the manager."""
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.reference.hybrid_manager import HybridReq
+
+    manager = VllmHybridManager(4, windows, 64, retention=retention)
+    hits = []
+    for uid, prompt in enumerate(prompts):
+        req = HybridReq(uid, list(prompt))
+        manager.match_req(req)
+        hits.append(req.cached_len)
+        manager.allocate_paged(req, len(prompt))
+        manager.store(req, len(prompt) - req.computed)
+        manager.check_integrity([req])
+        manager.cache_req(req, finished=True)
+    manager.check_integrity([])
+    return hits, manager
+
+
+def window_blocks(manager: Any) -> int:
+    """Blocks the pool caches for group 1."""
+    keys = [block.block_hash for block in manager.pool.blocks[1:] if block.block_hash is not None]
+    return sum(1 for key in keys if manager.utils.get_group_id(key) == 1)
+
+
+def test_sparse_retention_keeps_the_replay_boundary_and_the_junction() -> None:
+    prompt = list(range(100, 122))
+    sibling = prompt[:14] + [7] * 8
+    # dense: every window block is cached, the resend hits 20 and the sibling its shared 12
+    assert run_prompts([prompt, prompt, sibling], None)[0] == [0, 20, 12]
+    # vLLM's default (0): the window group keeps only the tail of the replay boundary (21 -> 20: pages 3, 4),
+    # so the resend hits 20 and the sibling, sharing 14 tokens, misses. Its full-attention hit (12) is longer
+    # than the reconciled one (0), which pins the junction: it keeps pages 1 and 2 too, and a request sharing
+    # 13 tokens with it hits 12; with neither kept (the junction not pinned), it would miss
+    hits, manager = run_prompts([prompt, prompt, sibling, sibling[:13] + [5] * 9], 0)
+    assert hits == [0, 20, 0, 12]
+    # the window blocks: the prompt's pages 3, 4; the sibling's 1 to 4; the last request's boundary pages 3, 4
+    assert window_blocks(manager) == 8
+
+
+def test_groups_of_one_window_and_of_two_windows_hit_where_every_group_can() -> None:
+    prompt = list(range(100, 134))
+    # a window of 5 (one page before a hit) and of 13 (three pages): the longest hit valid for both
+    hits, manager = run_prompts([prompt, [*prompt[:30], 1, 2, 3, 4]], None, (None, 5, 13, None))
+    assert hits == [0, 28] and len(manager.coordinator.single_type_managers) == 4
+
+
+def test_deferred_frees_hold_a_finished_requests_blocks_until_the_step_completes() -> None:
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.reference.hybrid_manager import HybridReq
+
+    manager = VllmHybridManager(4, (None, 8), 16, defer_free=True)
+    a, b = HybridReq(0, list(range(100, 110))), HybridReq(1, list(range(200, 203)))
+    for req in (a, b):
+        manager.match_req(req)
+        manager.allocate_paged(req, len(req.input_ids))
+        manager.store(req, len(req.input_ids))
+    free = manager.pool.get_num_free_blocks()
+    manager.cache_req(a, finished=True)
+    manager.check_integrity([b])
+    # a's blocks wait (the step in flight may still write them), and a prefix of a still hits them
+    assert manager.pool.get_num_free_blocks() == free and len(manager.deferred) == 1
+    b.input_ids.append(7)  # b decodes a token: the next step
+    manager.allocate_paged(b, 4)
+    manager.store(b, 1)
+    manager.check_integrity([b])
+    assert manager.deferred == [] and manager.pool.get_num_free_blocks() > free
+
+
+# bugs planted in vLLM's code, each in a path the new configurations reach
+PLANTS = {
+    # the pool forgets to announce every other removal of a window group's block
+    "events_replay_to_the_pool": """
+bp = importlib.import_module("vllm.v1.core.block_pool")
+emit, calls = bp.BlockPool._emit_block_removed_events, [0]
+def forgetful(self, hashes):
+    calls[0] += 1
+    kept = [h for h in hashes if calls[0] % 2 or bp.get_group_id(h) == 0]
+    return emit(self, kept)
+bp.BlockPool._emit_block_removed_events = forgetful
+""",
+    # a deferred free gives back all of a request's blocks but its last one
+    "pool_counts_its_holders": """
+st = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+pop = st.SingleTypeKVCacheManager.pop_blocks_for_free
+def short(self, request_id):
+    blocks = pop(self, request_id)
+    return blocks[:-1] if len(blocks) > 2 else blocks
+st.SingleTypeKVCacheManager.pop_blocks_for_free = short
+""",
+    # sparse retention keys a retained window block's hash on the block before it
+    "attended_pages_are_held": """
+bp = importlib.import_module("vllm.v1.core.block_pool")
+cache = bp.BlockPool.cache_full_blocks
+def shifted(self, request, blocks, num_cached_blocks, num_full_blocks, block_size, group, block_mask=None):
+    if block_mask is not None and not all(block_mask):
+        blocks = list(blocks)
+        for i, keep in enumerate(block_mask):
+            j = num_cached_blocks + i
+            if keep and j > 0 and not blocks[j - 1].is_null and blocks[j - 1].block_hash is None:
+                blocks[j] = blocks[j - 1]
+    return cache(self, request, blocks, num_cached_blocks, num_full_blocks, block_size, group, block_mask)
+bp.BlockPool.cache_full_blocks = shifted
+""",
+}
+
+CAMPAIGN = """
+import importlib, sys, time
+from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
+import_hybrid()
+{plant}
+from radixspec.fuzz.campaign import main
+began = time.monotonic()
+code = main(["--target", "vllm-hybrid", "--seed", "0", "--examples", "{examples}", "--workers", "0", "--quiet",
+             "--no-shrink", "--out", {out!r}])
+print("exit", code, "after", round(time.monotonic() - began, 1))
+"""
+
+
+def campaign(plant: str, out: Path, examples: int = 400) -> subprocess.CompletedProcess[str]:
+    script = CAMPAIGN.format(plant=plant, out=str(out), examples=examples)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("law", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    done = campaign(PLANTS[law], tmp_path)
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 300
+
+
+def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
+    done = campaign("", tmp_path)
+    assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
