@@ -133,20 +133,21 @@ class GroupReplay:
     range of many blocks' tokens (vllm#44451, known upstream), and early frees leave no prefix order.
     """
 
-    def __init__(self, kinds: tuple[hy.Window, ...], page_size: int, utils: types.ModuleType) -> None:
-        self.utils = utils
+    def __init__(self, kinds: tuple[hy.Window, ...], page_size: int, unit: int, utils: types.ModuleType) -> None:
+        self.utils, self.unit = utils, unit
+        # a stream with entries inside a block (a hash unit below the block) is counted only
         self.full = {
             group: ev.Replayer(page_size, check_hashes=False, count_repeats=True)
             for group, kind in enumerate(kinds)
-            if kind is None
+            if kind is None and unit == page_size
         }
         self.counts: list[Counter[object]] = [Counter() for _ in kinds]
         # a block hash (as the events name it) -> the page it keys, learnt from each request's hashes
         self.keys: dict[object, PageKey] = {}
 
-    def learn(self, request: RequestStandIn, namespace: Namespace, page_size: int) -> None:
-        """The pages ``request``'s block hashes key."""
-        prefixes = pc.compute_page_prefixes(request.all_token_ids, page_size)
+    def learn(self, request: RequestStandIn, namespace: Namespace) -> None:
+        """The prefixes ``request``'s block hashes key (one every hash unit)."""
+        prefixes = pc.compute_page_prefixes(request.all_token_ids, self.unit)
         for block_hash, prefix in zip(request.block_hashes, prefixes, strict=False):
             self.keys.setdefault(self.utils.maybe_convert_block_hash(block_hash), (namespace, prefix))
 
@@ -220,6 +221,7 @@ class VllmHybridManager:
         eagle: str = "off",
         retention: int | None = None,
         defer_free: bool = False,
+        unit: int | None = None,
     ) -> None:
         v = import_hybrid()
         # EAGLE as the scheduler configures it: off; "drop" (no lookahead hashes: a KV connector, or
@@ -229,17 +231,11 @@ class VllmHybridManager:
             eagle = "drop"
         self.eagle, self.retention, self.defer_free = eagle, retention, defer_free
         lookahead = int(eagle == "lookahead")
-        self.windows = group_kinds(windows, page_size)
         self.page_size, self.num_pages = page_size, num_pages
-        torch = v.torch
-        specs = [
-            v.full_spec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-            if window is None
-            else v.window_spec(
-                block_size=page_size, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
-            )
-            for window in self.windows
-        ]
+        # the hash unit (prefix_match_unit, a divisor of P): block hashes are computed every unit tokens
+        self.unit = page_size if unit is None else unit
+        self.windows = self.group_kinds(windows)
+        specs = [self.group_spec(v, kind) for kind in self.windows]
         layers = [f"layer{group}" for group in range(len(specs))]
         page_bytes = page_size * 2 * 4
         config = v.config(
@@ -265,14 +261,16 @@ class VllmHybridManager:
             dcp_world_size=1,
             pcp_world_size=1,
             scheduler_block_size=page_size,
-            hash_block_size=page_size,
+            hash_block_size=self.unit,
             **({"num_hash_lookahead_tokens": lookahead} if lookahead else {}),
         )
         self.pool = self.coordinator.block_pool
         self.utils = v.utils
-        self.hasher = v.utils.get_request_block_hasher(page_size, v.hash_fn, *([lookahead] if lookahead else []))
-        # the hit rule: one unit is the block; with the drop, the coordinator looks one block past the limit
-        self.rule = hr.HitRule(page_size, self.windows, page_size, lookahead=lookahead, drop=int(eagle == "drop"))
+        self.hasher = v.utils.get_request_block_hasher(self.unit, v.hash_fn, *([lookahead] if lookahead else []))
+        # the hit rule: hits land on the coordinator's alignment (the hash unit where partial hits are on, else
+        # the block); with the drop, the coordinator looks one unit past the limit
+        alignment = getattr(self.coordinator, "_cache_hit_alignment_tokens", page_size)
+        self.rule = hr.HitRule(page_size, self.windows, alignment, lookahead=lookahead, drop=int(eagle == "drop"))
         self.empty = tuple(() for _ in specs)
         self.requests: dict[int, HybridRequest] = {}
         self.namespaces: dict[int, Namespace] = {}
@@ -281,24 +279,45 @@ class VllmHybridManager:
         # finished requests' blocks the scheduler has not given back yet: (the chunk count that frees them, blocks)
         self.deferred: list[tuple[int, list[BlockView]]] = []
         self.chunks = 0
-        self.replay = GroupReplay(self.windows, page_size, self.utils) if self.events else None
+        self.replay = GroupReplay(self.windows, page_size, self.unit, self.utils) if self.events else None
+
+    def group_kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
+        """The groups this coordinator is built with, from the drawn windows."""
+        return group_kinds(windows, self.page_size)
+
+    def group_spec(self, v: types.ModuleType, kind: hy.Window) -> object:
+        """vLLM's KV cache spec of a group of ``kind``."""
+        common = {"block_size": self.page_size, "num_kv_heads": 1, "head_size": 1, "dtype": v.torch.float32}
+        return v.full_spec(**common) if kind is None else v.window_spec(**common, sliding_window=kind)
 
     # ------------------------------------------------------------ what the pool caches
 
-    def is_cached(self, request: HybridRequest, page: int, group: int) -> bool:
-        """True when the pool caches, for ``group``, the block of ``request``'s page ``page``."""
-        return bool(self.pool.get_cached_block(request.block_hashes[page], [group]))
+    def is_cached(self, request: HybridRequest, group: int, end: int, bound: int) -> bool:
+        """True when the pool caches, for ``group``, the entry of ``request``'s first ``end`` tokens. A
+        full-attention group's KV is positional: a length inside a page is served by any entry of that page
+        ending at or after it, up to ``bound`` (the coordinator's lookup limit): vLLM copies the page's first
+        tokens (named choice ``inner_hits``)."""
+        ends = [end]
+        if self.windows[group] is None and end % self.page_size:
+            page_end = end - end % self.page_size + self.page_size
+            ends = list(range(end, min(page_end, bound) + 1, self.unit))
+        return any(
+            0 < e <= len(request.block_hashes) * self.unit
+            and bool(self.pool.get_cached_block(request.block_hashes[e // self.unit - 1], [group]))
+            for e in ends
+        )
 
     def expected_hit(self, request: HybridRequest) -> int:
         """The hit rule's longest valid match of what the pool caches now, at most the prompt less its last token
-        (``spec/hit_rules.py``: with EAGLE's drop, one block more found, then dropped)."""
-        p = self.page_size
+        (``spec/hit_rules.py``: with EAGLE's drop, one unit more found, then dropped)."""
+        limit = request.num_tokens - 1
+        margin = self.rule.unit if self.rule.drop else 0
         return hr.compute_hit(
             self.rule,
-            lambda group, end: end // p <= len(request.block_hashes) and self.is_cached(request, end // p - 1, group),
+            lambda group, end: self.is_cached(request, group, end, limit + margin),
             known=request.num_tokens,
-            limit=request.num_tokens - 1,
-            margin=p if self.rule.drop else 0,
+            limit=limit,
+            margin=margin,
         )
 
     def hasher_for(self, tokens: list[int], namespace: Namespace = None) -> list[bytes]:
@@ -333,7 +352,10 @@ class VllmHybridManager:
         request.shared_prefix_boundary = hit + uncached if uncached else 0
         self.requests[req.uid] = request
         self.namespaces[req.uid] = req.namespace
-        self.allocate(request, hit, blocks if any(blocks) else self.empty, hit)
+        if hit:
+            # the hit's blocks are the request's at once (vLLM allocates its first chunk in the same call; a
+            # request with no hit has nothing to adopt, and allocate_slots of no token is refused)
+            self.allocate(request, hit, blocks, hit)
         request.num_computed_tokens = hit
         req.handle, req.computed, req.rows = Match(hit), hit, self.rows(req.uid)
         self.take_events(request, req.namespace)
@@ -342,7 +364,7 @@ class VllmHybridManager:
         """The pool's events of one operation, into the replay (``namespace``: the operation's request's)."""
         if self.replay is not None:
             if request is not None:
-                self.replay.learn(request, namespace, self.page_size)
+                self.replay.learn(request, namespace)
             self.replay.apply(self.pool.take_events(), namespace)
 
     def allocate(
@@ -377,6 +399,27 @@ class VllmHybridManager:
                 num_external_computed_tokens=0,
             )
         coordinator.allocate_new_blocks(request.request_id, length, length, 0)
+        self.take_copies()
+
+    def take_copies(self) -> None:
+        """take_kv_cache_block_copies: the copy-on-write copies of partial hits run before the step's forward
+        (the shadows copy), and their retained ends go back to the pool (after the step, if frees wait)."""
+        retained: list[BlockView] = []
+        for group, manager in enumerate(self.coordinator.single_type_managers):
+            for source, copy in manager.take_pending_cow_copies():
+                self.copy_block(group, source, copy)
+                retained += [source, copy]
+        if retained and self.defer_free:
+            self.deferred.append((self.chunks + 1, retained))
+        elif retained:
+            self.pool.free_blocks(retained)
+
+    def copy_block(self, group: int, source: BlockView, copy: BlockView) -> None:
+        """What the worker copies from ``source`` into ``copy`` (the KV shadow)."""
+        if source.block_id in self.shadow:
+            self.shadow[copy.block_id] = self.shadow[source.block_id]
+        else:
+            self.shadow.pop(copy.block_id, None)
 
     def sync(self, req: HybridReq) -> HybridRequest:
         """The request, with the tokens it decoded since (hashed as Request.append_output_token_ids does)."""
@@ -396,23 +439,30 @@ class VllmHybridManager:
         req.rows = self.rows(req.uid)
 
     def store(self, req: HybridReq, tokens: int) -> None:
-        """The chunk's KV is written (the shadow records where), then cache_blocks."""
+        """The chunk's KV is written (the shadow records where), then cache_blocks (allocate_slots caches the
+        chunk's blocks before the request's computed tokens advance)."""
         request = self.sync(req)
         begin, end, p = request.num_computed_tokens, request.num_computed_tokens + tokens, self.page_size
+        self.write_states(request, req.namespace, begin, end)
         for group, blocks in enumerate(self.coordinator.get_blocks(request.request_id)):
+            if self.windows[group] == hr.STATE:
+                continue
             for page in range(begin // p, -(-end // p)):
                 block = blocks[page]
                 assert not block.is_null, "a block written this chunk is a real one"
                 written = tuple(request.all_token_ids[: min(end, (page + 1) * p)])
                 self.shadow[block.block_id] = (group, req.namespace, written)
-        request.num_computed_tokens = end
         self.coordinator.cache_blocks(request, min(end, request.num_tokens))
+        request.num_computed_tokens = end
         req.computed, req.rows = end, self.rows(req.uid)
         # the step completes: the blocks whose free waited for it go back to the pool, tail first
         self.chunks += 1
         while self.deferred and self.deferred[0][0] <= self.chunks:
             self.pool.free_blocks(reversed(self.deferred.pop(0)[1]))
         self.take_events(request, req.namespace)
+
+    def write_states(self, request: HybridRequest, namespace: Namespace, begin: int, end: int) -> None:
+        """A state group's forward over [begin, end) (none here)."""
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         """A running request's full blocks are cached as they are stored; a finished one frees its blocks."""
@@ -446,6 +496,8 @@ class VllmHybridManager:
         for group, (window, blocks) in enumerate(
             zip(self.windows, self.coordinator.get_blocks(str(req.uid)), strict=True)
         ):
+            if window == hr.STATE:
+                continue  # a state, not KV: the state group's own check
             for page in hy.compute_used_pages(req.computed, window, p):
                 block = blocks[page].block_id
                 seen = self.shadow.get(block)

@@ -88,10 +88,12 @@ def test_deferred_frees_hold_a_finished_requests_blocks_until_the_step_completes
     assert manager.deferred == [] and manager.pool.get_num_free_blocks() > free
 
 
-# bugs planted in vLLM's code, each in a path the new configurations reach
+# bugs planted in vLLM's code, each in a path the new configurations reach: (the law that catches it, the plant)
 PLANTS = {
     # the pool forgets to announce every other removal of a window group's block
-    "events_replay_to_the_pool": """
+    "lost_removals": (
+        "events_replay_to_the_pool",
+        """
 bp = importlib.import_module("vllm.v1.core.block_pool")
 emit, calls = bp.BlockPool._emit_block_removed_events, [0]
 def forgetful(self, hashes):
@@ -100,8 +102,11 @@ def forgetful(self, hashes):
     return emit(self, kept)
 bp.BlockPool._emit_block_removed_events = forgetful
 """,
+    ),
     # a deferred free gives back all of a request's blocks but its last one
-    "pool_counts_its_holders": """
+    "deferred_leak": (
+        "pool_counts_its_holders",
+        """
 st = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
 pop = st.SingleTypeKVCacheManager.pop_blocks_for_free
 def short(self, request_id):
@@ -109,20 +114,27 @@ def short(self, request_id):
     return blocks[:-1] if len(blocks) > 2 else blocks
 st.SingleTypeKVCacheManager.pop_blocks_for_free = short
 """,
-    # sparse retention keys a retained window block's hash on the block before it
-    "attended_pages_are_held": """
+    ),
+    # sparse retention keys a retained window block's hash on the block before it: the stored event names
+    # the block the pool does not cache it on
+    "retention_shift": (
+        "events_replay_to_the_pool",
+        """
 bp = importlib.import_module("vllm.v1.core.block_pool")
 cache = bp.BlockPool.cache_full_blocks
-def shifted(self, request, blocks, num_cached_blocks, num_full_blocks, block_size, group, block_mask=None):
+def shifted(self, request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id,
+            block_mask=None):
     if block_mask is not None and not all(block_mask):
         blocks = list(blocks)
         for i, keep in enumerate(block_mask):
             j = num_cached_blocks + i
             if keep and j > 0 and not blocks[j - 1].is_null and blocks[j - 1].block_hash is None:
                 blocks[j] = blocks[j - 1]
-    return cache(self, request, blocks, num_cached_blocks, num_full_blocks, block_size, group, block_mask)
+    return cache(self, request, blocks, num_cached_blocks, num_full_blocks, block_size, kv_cache_group_id,
+                 block_mask)
 bp.BlockPool.cache_full_blocks = shifted
 """,
+    ),
 }
 
 CAMPAIGN = """
@@ -143,10 +155,11 @@ def campaign(plant: str, out: Path, examples: int = 400) -> subprocess.Completed
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("law", sorted(PLANTS))
-def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
+    law, code = PLANTS[plant]
     began = time.monotonic()
-    done = campaign(PLANTS[law], tmp_path)
+    done = campaign(code, tmp_path)
     assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert law in done.stdout + done.stderr, done.stdout[-3000:]
     assert time.monotonic() - began < 300
