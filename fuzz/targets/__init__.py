@@ -40,7 +40,16 @@ ENTRY_POINT_GROUP = "radixspec.targets"
 
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
-    from . import minisgl, ours, sglang_unified, sglang_unified_mamba, sglang_unified_swa, vllm, vllm_hybrid
+    from . import (
+        minisgl,
+        ours,
+        sglang_unified,
+        sglang_unified_mamba,
+        sglang_unified_swa,
+        vllm,
+        vllm_hybrid,
+        vllm_mamba,
+    )
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
         def make(argument: str | None) -> TargetInfo:
@@ -56,6 +65,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "sglang": sglang_unified.target,
         "vllm": no_argument(vllm.TARGET),
         "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
+        "vllm-mamba": no_argument(vllm_mamba.TARGET),
         "minisgl": minisgl.target,
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,

@@ -340,6 +340,7 @@ class VllmHybridManager:
 
     def match_req(self, req: HybridReq) -> None:
         """get_computed_blocks, then the first allocate_slots of no new token: the hit's blocks are the request's."""
+        self.coordinator.new_step_starts()  # each operation is a step of its own: the stores before it are done
         salt = None if req.namespace is None else repr(req.namespace)
         request = HybridRequest(req.input_ids, salt, req.uid, self.hasher)
         expected = self.expected_hit(request)
@@ -432,6 +433,7 @@ class VllmHybridManager:
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """The blocks for the request's tokens up to ``length``."""
         request = self.sync(req)
+        self.coordinator.new_step_starts()
         try:
             self.allocate(request, length)
         finally:
@@ -515,24 +517,29 @@ class VllmHybridManager:
                     )
 
     def check_pool(self, live_reqs: list[HybridReq]) -> None:
-        """ref_cnt == holders; free exactly when unheld; a block two requests hold is cached."""
+        """ref_cnt == holders (request lists, and blocks whose free waits: a finished request's, a copy's ends);
+        free exactly when unheld; a block two requests' lists hold is cached."""
         holders: Counter[int] = Counter()
         for req in live_reqs:
             for blocks in self.coordinator.get_blocks(str(req.uid)):
                 holders.update(block.block_id for block in blocks if not block.is_null)
+        waiting: Counter[int] = Counter()
         for _, blocks in self.deferred:
-            holders.update(block.block_id for block in blocks if not block.is_null)
+            waiting.update(block.block_id for block in blocks if not block.is_null)
         free = {block.block_id for block in self.pool.free_block_queue.get_all_free_blocks()}
         for block in self.pool.blocks[1:]:
-            held = holders[block.block_id]
+            held = holders[block.block_id] + waiting[block.block_id]
             if block.ref_cnt != held or (held == 0) != (block.block_id in free):
                 raise IntegrityError(
                     f"pool_counts_its_holders: block {block.block_id} has ref_cnt {block.ref_cnt}, {held} request"
-                    f" lists (and deferred frees) hold it, {'in' if block.block_id in free else 'not in'} the free"
+                    f" lists and deferred frees hold it, {'in' if block.block_id in free else 'not in'} the free"
                     " queue"
                 )
-            if held > 1 and block.block_hash is None:
-                raise IntegrityError(f"shared_blocks_are_cached: block {block.block_id} is held {held} times, uncached")
+            if holders[block.block_id] > 1 and block.block_hash is None:
+                raise IntegrityError(
+                    f"shared_blocks_are_cached: block {block.block_id} is held by {holders[block.block_id]}"
+                    " request lists, uncached"
+                )
 
 
 def lookahead_hashes(v: types.ModuleType) -> bool:

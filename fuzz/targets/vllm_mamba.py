@@ -1,0 +1,353 @@
+"""Target ``vllm-mamba``: vLLM 0.33.0's ``HybridKVCacheCoordinator`` with a Mamba group in ``align`` mode beside
+full attention (and, in some examples, a sliding window), as a hybrid linear-attention model runs it, driven as
+``vllm-hybrid`` drives its groups (``fuzz/targets/vllm_hybrid.py``), plus what the Mamba group needs.
+
+Written from vLLM's code (read, not imported where it needs a GPU):
+
+* the hash unit (``prefix_match_unit``) is drawn below the block: with a Mamba group in ``align`` mode and no
+  window group, a hit may end inside a block (the full-attention group's tail block and the Mamba state are
+  copied on write into blocks of the request's own, ``take_kv_cache_block_copies``), and a prompt registers a
+  *partial* entry at its last hash boundary, promoted to a full one when the block fills;
+* the scheduler splits prefill chunks where Mamba states must be cached (``_mamba_block_aligned_split``);
+* the worker's side of ``align`` mode: before a step the running state is copied from the block of the step
+  before to the step's last block (``preprocess_mamba``), the forward advances it there, and with prefill
+  checkpoints on, the state at the checkpoint position is exported into the block before
+  (``compute_mamba_prefill_checkpoints``).
+
+Checks, beside ``vllm-hybrid``'s (the hit is the hit rule's longest valid match, with a state group; the
+safety law; the KV shadow; the pool's accounting; the event replay, by count where entries sit inside
+blocks): a shadow of which state every Mamba block holds (the namespace and tokens it is the state of), and
+
+* ``cached_states_are_their_prefix``: every entry the Mamba group caches is a block holding the state of
+  exactly the prefix its hash names;
+* ``state_resumes_from_its_prefix``: a step starts from the state of the tokens the request computed (after
+  a hit: the hit's), never from another prefix's or a freed block's.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Sequence
+
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hit_rules as hr
+from radixspec.spec import hybrid as hy
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import IntegrityError
+
+from ..stats import STATS
+from .api import Profile, TargetInfo
+from .shims import install
+from .vllm import VERSION, BlockView
+from .vllm_hybrid import EAGLE_MODES, RETENTIONS, HybridRequest, VllmHybridManager, import_hybrid
+
+PROFILE = Profile(
+    name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + Mamba, align mode)",
+    eviction_unit="node",
+    eviction_trigger="allocate",
+    clock="order",
+    errors="none",
+    slots="target",
+    notes=(
+        "one BlockPool for every group; a Mamba block holds one state, of the prefix its entry names",
+        "state groups: a hit needs the state of exactly its prefix (spec STATE); states are sparse",
+        "unit: prefix_match_unit below the block (drawn); partial hits only without a window group",
+        "inner_hits: a full-attention page's entry serves every length inside the page up to where it ends",
+        "copy on write: a hit inside a block copies the tail block and the state into the request's own",
+        "chunks: the scheduler's block-aligned split (prefill ends at block boundaries and at the prompt's"
+        " last hash boundary)",
+        "eagle, retention, deferred frees, prefill checkpoints: drawn",
+    ),
+)
+
+
+def import_mamba() -> types.ModuleType:
+    """vLLM's coordinator with its Mamba manager registered, and the checkpoint rules the worker follows."""
+    v = import_hybrid()
+    if hasattr(v, "mamba_spec"):
+        return v
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    from vllm.v1.kv_cache_interface import (
+        MambaSpec,
+        get_mamba_prefill_checkpoint_position,
+        is_mamba_prefill_checkpoint_valid,
+    )
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    KVCacheSpecRegistry.register(MambaSpec, MambaManager, uniform_type_base_spec=MambaSpec)
+    # vLLM's warning_once asks the distributed state for its rank (psutil, torch.distributed): said plainly here
+    v.utils.logger.warning_once = v.utils.logger.warning
+    install(v, mamba_spec=MambaSpec, checkpoint_at=get_mamba_prefill_checkpoint_position)
+    install(v, checkpoint_valid=is_mamba_prefill_checkpoint_valid)
+    return v
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class VllmMambaManager(VllmHybridManager):
+    """vLLM's coordinator with full attention and a Mamba group in align mode (see the module docstring)."""
+
+    profile = PROFILE
+
+    def __init__(
+        self,
+        page_size: int,
+        windows: tuple[hy.Window, ...],
+        num_pages: int,
+        eagle: str = "off",
+        retention: int | None = None,
+        defer_free: bool = False,
+        unit: int | None = None,
+        checkpoints: bool = False,
+    ) -> None:
+        self.v = import_mamba()
+        # the backend exports a state inside a chunk (num_prefill_checkpoint_blocks, at the hash unit's grid)
+        self.checkpoints = checkpoints
+        super().__init__(page_size, windows, num_pages, eagle, retention, defer_free, unit)
+        self.state_group = self.windows.index(hr.STATE)
+        # block id -> (namespace, tokens): the state it holds is of these tokens
+        self.state: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
+        # request -> the block index of its running state (the worker's mamba_state_idx)
+        self.state_at: dict[int, int] = {}
+        # request -> where the scheduler's split ends the chunk allocated last
+        self.chunk_end: dict[int, int] = {}
+        # a hash (as the pool keys it) -> (namespace, tokens) of the prefix it names
+        self.prefix_of: dict[bytes, tuple[Namespace, tuple[int, ...]]] = {}
+
+    def group_kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
+        """Full attention, a window where one was drawn, the Mamba group."""
+        window = next((max(2, int(w)) for w in windows if w is not None and w != hr.STATE), None)
+        return (None, hr.STATE) if window is None else (None, window, hr.STATE)
+
+    def group_spec(self, v: types.ModuleType, kind: hy.Window) -> object:
+        if kind != hr.STATE:
+            return super().group_spec(v, kind)
+        return self.v.mamba_spec(
+            block_size=self.page_size,
+            shapes=((1,),),
+            dtypes=(v.torch.float32,),
+            mamba_cache_mode="align",
+            num_prefill_checkpoint_blocks=int(self.checkpoints),
+            prefill_checkpoint_alignment=self.unit if self.checkpoints else None,
+        )
+
+    @property
+    def partial_hits(self) -> bool:
+        """Hits inside a block are on (the coordinator found every group able to look them up)."""
+        return bool(self.coordinator.enable_partial_hash_hits)
+
+    def learn(self, request: HybridRequest, namespace: Namespace) -> None:
+        """The prefix each of ``request``'s hashes names."""
+        tokens = tuple(request.all_token_ids)
+        for index, block_hash in enumerate(request.block_hashes):
+            self.prefix_of.setdefault(block_hash, (namespace, tokens[: (index + 1) * self.unit]))
+
+    # ------------------------------------------------------------ the scheduler's chunks
+
+    def aligned_split(self, request: HybridRequest, start: int, end: int) -> int:
+        """Scheduler._mamba_block_aligned_split: where the chunk [start, end) ends (the budget is never short)."""
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return end
+        p, u, v = self.page_size, self.unit, self.v
+        drop, lookahead = self.eagle == "drop", int(self.eagle == "lookahead")
+        last_cache_position = v.checkpoint_at(request.num_tokens, p, drop, num_hash_lookahead_tokens=lookahead)
+        ckpt_block = u if self.partial_hits else p
+        checkpoint_position = v.checkpoint_at(prefill_end, ckpt_block, drop, num_hash_lookahead_tokens=lookahead)
+        internal = (
+            self.checkpoints
+            and end >= prefill_end
+            and v.checkpoint_valid(
+                query_start=start,
+                query_end=end,
+                checkpoint_position=checkpoint_position,
+                hash_block_size=u,
+                mamba_block_size=p,
+                checkpoint_alignment=u,
+            )
+        )
+        if internal:
+            last_cache_position = 0
+        if end < prefill_end:
+            end = end // p * p
+        tail = 0
+        if self.partial_hits and not internal:
+            tail = v.checkpoint_at(request.num_prompt_tokens, u, drop, num_hash_lookahead_tokens=lookahead)
+        junction = request.shared_prefix_boundary
+        stops = (
+            (start // p + 1) * p if start % p and not internal else 0,
+            last_cache_position,
+            tail if last_cache_position < tail < request.num_prompt_tokens else 0,
+            start + (junction - start) // p * p if start < junction < end else 0,
+        )
+        return min((s for s in stops if start < s < end), default=end)
+
+    def allocate_paged(self, req: HybridReq, length: int) -> None:
+        """The blocks for the chunk the scheduler's split leaves of [computed, length) (none when it leaves none)."""
+        request = self.sync(req)
+        start = request.num_computed_tokens
+        end = self.aligned_split(request, start, length) if length > start else length
+        self.chunk_end[req.uid] = end
+        if end > start:
+            STATS.record_rule(f"vllm-mamba.chunk[{'split' if end < length else 'whole'}]")
+            super().allocate_paged(req, end)
+
+    def store(self, req: HybridReq, tokens: int) -> None:
+        """The chunk as the split left it."""
+        tokens = min(tokens, self.chunk_end.get(req.uid, 0) - req.computed)
+        if tokens > 0:
+            super().store(req, tokens)
+
+    # ------------------------------------------------------------ the worker's states
+
+    def copy_block(self, group: int, source: BlockView, copy: BlockView) -> None:
+        if group != self.state_group:
+            super().copy_block(group, source, copy)
+            return
+        STATS.record_rule("vllm-mamba.copy_on_write[state]")
+        if source.block_id in self.state:
+            self.state[copy.block_id] = self.state[source.block_id]
+        else:
+            self.state.pop(copy.block_id, None)
+
+    def write_states(self, request: HybridRequest, namespace: Namespace, begin: int, end: int) -> None:
+        """preprocess_mamba, the forward and the prefill checkpoint of [begin, end)."""
+        uid, p = int(request.request_id), self.page_size
+        blocks = self.coordinator.get_blocks(request.request_id)[self.state_group]
+        tokens = tuple(request.all_token_ids)
+        previous = self.state_at.get(uid, (begin - 1) // p)
+        current = cdiv(end, p) - 1
+        if previous != -1 and previous != current:
+            if blocks[previous].is_null:
+                raise IntegrityError(
+                    f"state_resumes_from_its_prefix: request {uid} at {begin} tokens copies its running state"
+                    f" from block index {previous}, a null block"
+                )
+            self.copy_state(blocks[previous], blocks[current])
+        if begin:
+            self.check_state(uid, blocks[current], namespace, tokens[:begin], "state_resumes_from_its_prefix")
+        if self.checkpoints:
+            self.export_checkpoint(blocks, namespace, tokens, begin, end)
+        self.state[blocks[current].block_id] = (namespace, tokens[:end])
+        self.state_at[uid] = current
+        for manager in self.coordinator.single_type_managers:
+            manager.take_pending_boundary_state_offloads()  # a KV connector's; none here
+
+    def copy_state(self, source: BlockView, target: BlockView) -> None:
+        if source.block_id in self.state:
+            self.state[target.block_id] = self.state[source.block_id]
+        else:
+            self.state.pop(target.block_id, None)
+
+    def export_checkpoint(
+        self, blocks: Sequence[BlockView], namespace: Namespace, tokens: tuple[int, ...], begin: int, end: int
+    ) -> None:
+        """compute_mamba_prefill_checkpoints: the state at the checkpoint position, into the block before."""
+        v, drop = self.v, self.eagle == "drop"
+        position = v.checkpoint_at(end, self.rule.unit, drop, num_hash_lookahead_tokens=int(self.eagle == "lookahead"))
+        valid = v.checkpoint_valid(
+            query_start=begin,
+            query_end=end,
+            checkpoint_position=position,
+            hash_block_size=self.unit,
+            mamba_block_size=self.page_size,
+            checkpoint_alignment=self.unit,
+        )
+        column = cdiv(end, self.page_size) - 2
+        if valid and 0 <= column < len(blocks) and not blocks[column].is_null:
+            STATS.record_rule("vllm-mamba.prefill_checkpoint")
+            self.state[blocks[column].block_id] = (namespace, tokens[:position])
+
+    def check_state(self, uid: int, block: BlockView, namespace: Namespace, tokens: tuple[int, ...], law: str) -> None:
+        held = self.state.get(block.block_id)
+        if held != (namespace, tokens):
+            what = "no state" if held is None else f"the state of {len(held[1])} tokens in {held[0]!r}"
+            raise IntegrityError(
+                f"{law}: request {uid} starts from block {block.block_id}, which holds {what}, not the state of"
+                f" its first {len(tokens)} tokens"
+            )
+
+    # ------------------------------------------------------------ the operations and checks
+
+    def match_req(self, req: HybridReq) -> None:
+        super().match_req(req)
+        request = self.requests[req.uid]
+        self.learn(request, req.namespace)
+        self.state_at.pop(req.uid, None)
+        if req.computed % self.page_size:
+            STATS.record_rule("vllm-mamba.hit[inside a block]")
+
+    def sync(self, req: HybridReq) -> HybridRequest:
+        request = super().sync(req)
+        self.learn(request, req.namespace)
+        return request
+
+    def cache_req(self, req: HybridReq, finished: bool) -> None:
+        super().cache_req(req, finished)
+        if finished:
+            self.state_at.pop(req.uid, None)
+            self.chunk_end.pop(req.uid, None)
+
+    def check_integrity(self, live_reqs: list[HybridReq]) -> None:
+        super().check_integrity(live_reqs)
+        utils = self.utils
+        for block in self.pool.blocks[1:]:
+            keys = [] if block.block_hash is None else [block.block_hash]
+            keys += self.pool.cached_block_hashes_by_block.get(block.block_id, ())
+            for key in keys:
+                if utils.get_group_id(key) == self.state_group:
+                    namespace, tokens = self.prefix_of[utils.get_block_hash(key)]
+                    self.check_state(-1, block, namespace, tokens, "cached_states_are_their_prefix")
+        for req in live_reqs:
+            if req.computed:
+                blocks = self.coordinator.get_blocks(str(req.uid))[self.state_group]
+                tokens = tuple(self.requests[req.uid].all_token_ids[: req.computed])
+                block = blocks[(req.computed - 1) // self.page_size]
+                self.check_state(req.uid, block, req.namespace, tokens, "state_resumes_from_its_prefix")
+
+
+def mix(n: int) -> int:
+    """A pool size's bits spread over the configuration's choices (Knuth's multiplicative hash)."""
+    return (n * 2654435761) % 2**32
+
+
+def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmMambaManager:
+    """The coordinator with a configuration drawn from the pool size (the summary counts each)."""
+    bits = mix(num_pages)
+    units = [u for u in range(1, page_size + 1) if (page_size % u == 0 and u > 1) or page_size == 1]
+    unit = units[bits % len(units)]
+    retention = RETENTIONS[bits // 7 % len(RETENTIONS)]
+    manager = VllmMambaManager(
+        page_size,
+        windows,
+        num_pages,
+        eagle=EAGLE_MODES[bits // 3 % len(EAGLE_MODES)],
+        retention=retention if not retention else retention * page_size,
+        defer_free=bits // 41 % 2 == 1,
+        unit=unit,
+        checkpoints=bits // 83 % 2 == 1,
+    )
+    groups = "+".join("F" if kind is None else "M" if kind == hr.STATE else "W" for kind in manager.windows)
+    retained = "dense" if retention is None else f"{retention}P"
+    STATS.record_rule(
+        f"vllm-mamba.config[{groups}, unit={'P' if unit == page_size else 'below P'},"
+        f" partial_hits={manager.partial_hits}, checkpoints={manager.checkpoints}]"
+    )
+    STATS.record_rule(
+        f"vllm-mamba.config[eagle={manager.eagle}, retention={retained}, defer_free={manager.defer_free}]"
+    )
+    return manager
+
+
+TARGET = TargetInfo(
+    name="vllm-mamba",
+    description=f"vLLM {VERSION} HybridKVCacheCoordinator: full attention and a Mamba group in align mode",
+    requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
+    hybrid_factory=factory,
+    profile=PROFILE,
+    how="the hybrid machine: requests as KVCacheManager and the scheduler's Mamba split drive them",
+    probe=import_mamba,
+    page_sizes=(2, 4, 8, 16),
+)

@@ -1,0 +1,141 @@
+"""The ``vllm-mamba`` target: vLLM 0.33.0's coordinator with full attention and a Mamba group in align mode, a
+hash unit below the block. A lifecycle pins the scheduler's chunk split, a hit inside a block (the tail block and
+the state copied on write) and the state shadow; each check is seen catching a bug planted in vLLM's code."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+def run(manager: Any, uid: int, prompt: list[int], chunk: int = 100) -> tuple[int, list[int]]:
+    """One request to its end (chunks of at most ``chunk`` tokens, as the split leaves them): its hit, its chunk
+    ends."""
+    from radixspec.reference.hybrid_manager import HybridReq
+
+    req = HybridReq(uid, list(prompt))
+    manager.match_req(req)
+    manager.check_integrity([req])
+    hit, ends = req.computed, []
+    while req.computed < len(prompt):
+        manager.allocate_paged(req, min(len(prompt), req.computed + chunk))
+        manager.store(req, chunk)
+        manager.check_integrity([req])
+        ends.append(req.computed)
+    manager.cache_req(req, finished=True)
+    manager.check_integrity([])
+    return hit, ends
+
+
+def test_a_resend_hits_inside_a_block_and_copies_the_tail_and_the_state() -> None:
+    from radixspec.fuzz.targets.vllm_mamba import VllmMambaManager
+
+    manager = VllmMambaManager(8, (None,), 64, unit=2)
+    assert manager.partial_hits and manager.rule.unit == 2
+    prompt = list(range(100, 130))  # 30 tokens, blocks of 8, hashes every 2
+    # the split: the last block boundary before the prompt's end (24), the prompt's last hash boundary (28)
+    assert run(manager, 0, prompt) == (0, [24, 28, 30])
+    # the resend hits the partial entry at 28 in both groups: block 3's first 4 tokens and the state, copied
+    copies = manager.pool.get_num_free_blocks()
+    assert run(manager, 1, prompt) == (28, [30])
+    assert manager.pool.get_num_free_blocks() == copies
+    # a sibling sharing 27 tokens: no state at 26, the hit falls back to the block boundary's (24)
+    assert run(manager, 2, [*prompt[:27], 1, 2, 3]) == (24, [28, 30])
+
+
+def test_a_window_group_turns_hits_inside_a_block_off() -> None:
+    from radixspec.fuzz.targets.vllm_mamba import VllmMambaManager
+
+    manager = VllmMambaManager(8, (None, 5), 64, unit=2)
+    assert manager.windows == (None, 5, "state") and not manager.partial_hits and manager.rule.unit == 8
+    prompt = list(range(100, 130))
+    assert run(manager, 0, prompt) == (0, [24, 30])
+    assert run(manager, 1, prompt) == (24, [30])
+
+
+# bugs planted in vLLM's code, each in a path only this target reaches: (the law that catches it, the plant)
+PLANTS = {
+    # a partial entry is keyed one hash unit short of the state its block holds
+    "partial_short": (
+        "cached_states_are_their_prefix",
+        """
+bp = importlib.import_module("vllm.v1.core.block_pool")
+partial = bp.BlockPool.cache_partial_block
+def short(self, request, block, num_tokens, kv_cache_group_id, block_size, replace_existing_hashes=False):
+    if num_tokens > self.hash_block_size and kv_cache_group_id == 1:  # the Mamba group beside full attention
+        num_tokens -= self.hash_block_size
+    return partial(self, request, block, num_tokens, kv_cache_group_id, block_size, replace_existing_hashes)
+bp.BlockPool.cache_partial_block = short
+""",
+    ),
+    # a hit inside a block hands the request a fresh Mamba block, the state never copied into it
+    "state_not_copied": (
+        "state_resumes_from_its_prefix",
+        """
+st = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+apply = st.SingleTypeKVCacheManager._apply_cow
+def uncopied(self, request_id, block_idx, source_block, cow_block):
+    apply(self, request_id, block_idx, source_block, cow_block)
+    if isinstance(self, st.MambaManager):
+        source, cow = self._pending_cow_copies.pop()
+        self.block_pool.free_blocks([source, cow])
+st.SingleTypeKVCacheManager._apply_cow = uncopied
+""",
+    ),
+    # the Mamba group's lookup ignores the entries inside blocks: hits fall back to block boundaries
+    "no_fine_lookup": (
+        "hit_is_the_longest_valid_match",
+        """
+st = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+find = st.MambaManager.find_longest_cache_hit.__func__
+def coarse(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec, drop_eagle_block,
+           alignment_tokens, dcp_world_size=1, pcp_world_size=1):
+    blocks, hit = find(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+                       drop_eagle_block, alignment_tokens, dcp_world_size, pcp_world_size)
+    if hit % kv_cache_spec.block_size:
+        return tuple([] for _ in blocks), 0
+    return blocks, hit
+st.MambaManager.find_longest_cache_hit = classmethod(coarse)
+""",
+    ),
+}
+
+CAMPAIGN = """
+import importlib, sys, time
+from radixspec.fuzz.targets.vllm_mamba import import_mamba
+import_mamba()
+{plant}
+from radixspec.fuzz.campaign import main
+began = time.monotonic()
+code = main(["--target", "vllm-mamba", "--seed", "0", "--examples", "{examples}", "--workers", "0", "--quiet",
+             "--no-shrink", "--out", {out!r}])
+print("exit", code, "after", round(time.monotonic() - began, 1))
+"""
+
+
+def campaign(plant: str, out: Path, examples: int = 600) -> subprocess.CompletedProcess[str]:
+    script = CAMPAIGN.format(plant=plant, out=str(out), examples=examples)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
+    law, code = PLANTS[plant]
+    began = time.monotonic()
+    done = campaign(code, tmp_path)
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 300
+
+
+def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
+    done = campaign("", tmp_path)
+    assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
