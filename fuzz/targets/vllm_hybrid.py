@@ -212,6 +212,9 @@ class VllmHybridManager:
     """vLLM's hybrid coordinator behind the hybrid manager's methods (``reference/hybrid_manager.py``)."""
 
     profile = PROFILE
+    # the driver checks every allocation against the free blocks first (OutOfPagesError): anything else that
+    # escapes vLLM's calls is a crash, not a refusal
+    raises_only_cache_errors = True
 
     def __init__(
         self,

@@ -75,8 +75,9 @@ def import_mamba() -> types.ModuleType:
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
     KVCacheSpecRegistry.register(MambaSpec, MambaManager, uniform_type_base_spec=MambaSpec)
-    # vLLM's warning_once asks the distributed state for its rank (psutil, torch.distributed): said plainly here
-    v.utils.logger.warning_once = v.utils.logger.warning
+    # vLLM's warning_once asks the distributed state for its rank (psutil, torch.distributed); its one warning
+    # here (a window group turns hits inside blocks off) is the summary's partial_hits=False
+    v.utils.logger.warning_once = lambda *args, **kwargs: None
     install(v, mamba_spec=MambaSpec, checkpoint_at=get_mamba_prefill_checkpoint_position)
     install(v, checkpoint_valid=is_mamba_prefill_checkpoint_valid)
     return v

@@ -137,6 +137,22 @@ bp.BlockPool.cache_full_blocks = shifted
     ),
 }
 
+# vLLM's pool raising where the driver checked the free blocks first: a crash, never taken for a refusal (before,
+# any exception of a foreign target's was one, and a TypeError inside vLLM went by unseen)
+PLANTS["crash"] = (
+    "raised builtins.ValueError",
+    """
+bp = importlib.import_module("vllm.v1.core.block_pool")
+get, calls = bp.BlockPool.get_new_blocks, [0]
+def failing(self, num_blocks):
+    calls[0] += 1
+    if calls[0] % 50 == 0:
+        raise ValueError("the pool failed")
+    return get(self, num_blocks)
+bp.BlockPool.get_new_blocks = failing
+""",
+)
+
 CAMPAIGN = """
 import importlib, sys, time
 from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
