@@ -279,6 +279,8 @@ class VllmHybridManager:
         self.namespaces: dict[int, Namespace] = {}
         # block id -> (group, namespace, the tokens up to the end of what was written into it)
         self.shadow: dict[int, tuple[int, Namespace, tuple[int, ...]]] = {}
+        # a block hash -> (namespace, tokens, length): the prefix it names is tokens[:length]
+        self.prefix_of: dict[bytes, tuple[Namespace, tuple[int, ...], int]] = {}
         # finished requests' blocks the scheduler has not given back yet: (the chunk count that frees them, blocks)
         self.deferred: list[tuple[int, list[BlockView]]] = []
         self.chunks = 0
@@ -362,7 +364,14 @@ class VllmHybridManager:
             self.allocate(request, hit, blocks, hit)
         request.num_computed_tokens = hit
         req.handle, req.computed, req.rows = Match(hit), hit, self.rows(req.uid)
+        self.learn(request, req.namespace)
         self.take_events(request, req.namespace)
+
+    def learn(self, request: HybridRequest, namespace: Namespace) -> None:
+        """The prefix each of ``request``'s hashes names (one tuple of its tokens shared by all)."""
+        tokens = tuple(request.all_token_ids)
+        for index, block_hash in enumerate(request.block_hashes):
+            self.prefix_of.setdefault(block_hash, (namespace, tokens, (index + 1) * self.unit))
 
     def take_events(self, request: HybridRequest | None, namespace: Namespace) -> None:
         """The pool's events of one operation, into the replay (``namespace``: the operation's request's)."""
@@ -431,6 +440,7 @@ class VllmHybridManager:
         if len(request.all_token_ids) < len(req.input_ids):
             request.all_token_ids[:] = req.input_ids
             request.rehash()
+            self.learn(request, req.namespace)
         return request
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
@@ -492,8 +502,34 @@ class VllmHybridManager:
         for req in live_reqs:
             self.check_attended_kv(req)
         self.check_pool(live_reqs)
+        self.check_cached_blocks()
         if self.replay is not None:
             self.replay.check(self.pool)
+
+    def entries(self) -> list[tuple[BlockView, int, Namespace, tuple[int, ...]]]:
+        """Every entry the pool caches: (its block, its group, the namespace and tokens of the prefix it names)."""
+        found = []
+        for block in self.pool.blocks[1:]:
+            keys = [] if block.block_hash is None else [block.block_hash]
+            keys += self.pool.cached_block_hashes_by_block.get(block.block_id, ())
+            for key in keys:
+                namespace, tokens, length = self.prefix_of[self.utils.get_block_hash(key)]
+                found.append((block, self.utils.get_group_id(key), namespace, tokens[:length]))
+        return found
+
+    def check_cached_blocks(self) -> None:
+        """cached_blocks_hold_their_prefix: every entry of a full or window group is a block holding the KV of
+        the prefix its hash names, in its group (a stale hash on a block written since: vLLM #44237, #49125)."""
+        for block, group, namespace, tokens in self.entries():
+            if self.windows[group] == hr.STATE:
+                continue
+            seen = self.shadow.get(block.block_id)
+            if seen is None or seen[:2] != (group, namespace) or seen[2][: len(tokens)] != tokens:
+                held = "nothing" if seen is None else f"group {seen[0]}'s KV of {len(seen[2])} tokens"
+                raise IntegrityError(
+                    f"cached_blocks_hold_their_prefix: block {block.block_id} is cached in group {group} for a"
+                    f" prefix of {len(tokens)} tokens and holds {held}, not that prefix's"
+                )
 
     def check_attended_kv(self, req: HybridReq) -> None:
         """Every block the request attends holds what it wrote there, or what another wrote for the same prefix."""

@@ -114,8 +114,6 @@ class VllmMambaManager(VllmHybridManager):
         self.state_at: dict[int, int] = {}
         # request -> where the scheduler's split ends the chunk allocated last
         self.chunk_end: dict[int, int] = {}
-        # a hash (as the pool keys it) -> (namespace, tokens) of the prefix it names
-        self.prefix_of: dict[bytes, tuple[Namespace, tuple[int, ...]]] = {}
 
     def group_kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
         """Full attention, a window where one was drawn, the Mamba group."""
@@ -138,12 +136,6 @@ class VllmMambaManager(VllmHybridManager):
     def partial_hits(self) -> bool:
         """Hits inside a block are on (the coordinator found every group able to look them up)."""
         return bool(self.coordinator.enable_partial_hash_hits)
-
-    def learn(self, request: HybridRequest, namespace: Namespace) -> None:
-        """The prefix each of ``request``'s hashes names."""
-        tokens = tuple(request.all_token_ids)
-        for index, block_hash in enumerate(request.block_hashes):
-            self.prefix_of.setdefault(block_hash, (namespace, tokens[: (index + 1) * self.unit]))
 
     # ------------------------------------------------------------ the scheduler's chunks
 
@@ -274,16 +266,9 @@ class VllmMambaManager(VllmHybridManager):
 
     def match_req(self, req: HybridReq) -> None:
         super().match_req(req)
-        request = self.requests[req.uid]
-        self.learn(request, req.namespace)
         self.state_at.pop(req.uid, None)
         if req.computed % self.page_size:
             STATS.record_rule("vllm-mamba.hit[inside a block]")
-
-    def sync(self, req: HybridReq) -> HybridRequest:
-        request = super().sync(req)
-        self.learn(request, req.namespace)
-        return request
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         super().cache_req(req, finished)
@@ -293,14 +278,9 @@ class VllmMambaManager(VllmHybridManager):
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
         super().check_integrity(live_reqs)
-        utils = self.utils
-        for block in self.pool.blocks[1:]:
-            keys = [] if block.block_hash is None else [block.block_hash]
-            keys += self.pool.cached_block_hashes_by_block.get(block.block_id, ())
-            for key in keys:
-                if utils.get_group_id(key) == self.state_group:
-                    namespace, tokens = self.prefix_of[utils.get_block_hash(key)]
-                    self.check_state(-1, block, namespace, tokens, "cached_states_are_their_prefix")
+        for block, group, namespace, tokens in self.entries():
+            if group == self.state_group:
+                self.check_state(-1, block, namespace, tokens, "cached_states_are_their_prefix")
         for req in live_reqs:
             if req.computed:
                 blocks = self.coordinator.get_blocks(str(req.uid))[self.state_group]

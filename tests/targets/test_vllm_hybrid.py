@@ -6,13 +6,12 @@ planted by monkeypatch in the path it guards."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .campaigns import assert_caught, assert_clean
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
@@ -137,6 +136,25 @@ bp.BlockPool.cache_full_blocks = shifted
     ),
 }
 
+# the pool hands out every fifth cached block again without dropping its hash (vLLM #44237's class): the block is
+# rewritten while the hash still names the old prefix. With the KV events on, their replay sees it first; off (a
+# deployment without events), the KV shadow of the cached blocks does
+PLANTS["stale_hash"] = (
+    "cached_blocks_hold_their_prefix",
+    """
+sys.modules["vllm.__radixspec__"].kv_events = None
+bp = importlib.import_module("vllm.v1.core.block_pool")
+evict, calls = bp.BlockPool._maybe_evict_cached_block, [0]
+def sticky(self, block):
+    if block.block_hash is not None:
+        calls[0] += 1
+        if calls[0] % 5 == 0:
+            return False
+    return evict(self, block)
+bp.BlockPool._maybe_evict_cached_block = sticky
+""",
+)
+
 # vLLM's pool raising where the driver checked the free blocks first: a crash, never taken for a refusal (before,
 # any exception of a foreign target's was one, and a TypeError inside vLLM went by unseen)
 PLANTS["crash"] = (
@@ -153,34 +171,12 @@ bp.BlockPool.get_new_blocks = failing
 """,
 )
 
-CAMPAIGN = """
-import importlib, sys, time
-from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
-import_hybrid()
-{plant}
-from radixspec.fuzz.campaign import main
-began = time.monotonic()
-code = main(["--target", "vllm-hybrid", "--seed", "0", "--examples", "{examples}", "--workers", "0", "--quiet",
-             "--no-shrink", "--out", {out!r}])
-print("exit", code, "after", round(time.monotonic() - began, 1))
-"""
-
-
-def campaign(plant: str, out: Path, examples: int = 400) -> subprocess.CompletedProcess[str]:
-    script = CAMPAIGN.format(plant=plant, out=str(out), examples=examples)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_each_check_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
     law, code = PLANTS[plant]
-    began = time.monotonic()
-    done = campaign(code, tmp_path)
-    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
-    assert law in done.stdout + done.stderr, done.stdout[-3000:]
-    assert time.monotonic() - began < 300
+    assert_caught("vllm-hybrid", law, code, tmp_path, examples=400)
 
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
-    done = campaign("", tmp_path)
-    assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_clean("vllm-hybrid", tmp_path, examples=400)
