@@ -53,6 +53,7 @@ PROFILE = Profile(
         "state groups: a hit needs the state of exactly its prefix (spec STATE); states are sparse",
         "unit: prefix_match_unit below the block (drawn); partial hits only without a window group",
         "inner_hits: a full-attention page's entry serves every length inside the page up to where it ends",
+        "promotion: a full page keeps its partial entry until its full hash is known (lookahead lags a token)",
         "copy on write: a hit inside a block copies the tail block and the state into the request's own",
         "chunks: the scheduler's block-aligned split (prefill ends at block boundaries and at the prompt's"
         " last hash boundary)",
