@@ -458,3 +458,66 @@ def test_vllm_window_block_stored_under_default_retention_names_one_hash_for_fiv
     full, window = json.loads(run.stdout.strip().splitlines()[-1])
     assert full == {"group": 0, "hashes": [0, 1, 2, 3, 4], "tokens": 20, "block_size": 4, "parent": None}
     assert window == {"group": 1, "hashes": [4], "tokens": 20, "block_size": 4, "parent": None}
+
+
+VLLM_EAGLE_VERIFIED_STALE = """import json
+from types import SimpleNamespace
+from radixspec.fuzz.targets.vllm_mamba import import_mamba
+
+import_mamba()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+import torch
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
+                                        MambaSpec, SlidingWindowSpec)
+
+P = 4
+common = dict(block_size=P, num_kv_heads=1, head_size=1, dtype=torch.float32)
+specs = [FullAttentionSpec(**common), SlidingWindowSpec(**common, sliding_window=3),
+         MambaSpec(block_size=P, shapes=((1,),), dtypes=(torch.float32,), mamba_cache_mode="align")]
+names = ["full", "window", "mamba"]
+config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[KVCacheTensor(size=64 * 32, layers=names, layer_stride=0,
+                                                                       block_stride=32)],
+                       kv_cache_groups=[KVCacheGroupSpec([n], s) for n, s in zip(names, specs)])
+# EAGLE's block drop (use_eagle, no lookahead hashes); no group annotated as a draft group: all are flagged
+coordinator = get_kv_cache_coordinator(config, max_model_len=4096, max_in_flight_tokens=4096, use_eagle=True,
+                                       enable_caching=True, enable_kv_cache_events=False, dcp_world_size=1,
+                                       pcp_world_size=1, scheduler_block_size=P, hash_block_size=P)
+pool = coordinator.block_pool
+tokens = list(range(100, 117))  # 17 tokens: blocks [0,4) [4,8) [8,12) [12,16)
+request = SimpleNamespace(request_id="a", all_token_ids=tokens, num_tokens=17, num_prompt_tokens=17,
+                          num_computed_tokens=0, block_hashes=[], lora_request=None, cache_salt=None,
+                          mm_features=[], prompt_embeds=None, session_id=None, shared_prefix_boundary=0)
+request.block_hashes = get_request_block_hasher(P, sha256)(request)
+# the cache: full attention holds blocks 0-3, the window blocks 0, 2 and 3, Mamba the state after block 0 only
+blocks = [pool.get_new_blocks(4) for _ in range(3)]
+for group, keep in ((0, [0, 1, 2, 3]), (1, [0, 2, 3]), (2, [0])):
+    for i in keep:
+        pool.cache_full_blocks(request, blocks[group], i, i + 1, P, group)
+for group in blocks:
+    pool.free_blocks(reversed(group))
+found, hit, _ = coordinator.find_longest_cache_hit(request.block_hashes, 16)
+# the window group's own EAGLE rule at that length (one contiguous block more, then dropped): no hit
+from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+_, own = SlidingWindowManager.find_longest_cache_hit(request.block_hashes, hit + P, [1], pool, specs[1], True, P)
+print(json.dumps({"hit": hit, "cached_window_blocks": [i for i in range(4)
+                  if pool.get_cached_block(request.block_hashes[i], [1])], "window_rule_at_hit": own}))
+"""
+
+
+@needs_vllm
+def test_vllm_eagle_hit_keeps_a_window_proof_made_at_a_longer_length_after_mamba_cuts_it() -> None:
+    """Finding 15 (vllm-mamba, seed 21, after 505 s): full attention, a window (W = 3) and Mamba, EAGLE's block
+    drop, every group flagged for EAGLE. The first pass proves the window's drop at 12 (blocks 2, 3); Mamba, whose
+    finder never drops but is marked verified all the same, cuts the length to 4; the window group is not asked
+    again with the drop, so the hit is 4 though the window group holds block 0 and not block 1, which its EAGLE
+    rule needs for a hit of 4 (that rule alone gives 0)."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_EAGLE_VERIFIED_STALE], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {"hit": 4, "cached_window_blocks": [0, 2, 3], "window_rule_at_hit": 0}
