@@ -146,10 +146,8 @@ class VllmMambaManager(VllmHybridManager):
         if start >= prefill_end:
             return end
         p, u, v = self.page_size, self.unit, self.v
-        drop, lookahead = self.eagle == "drop", int(self.eagle == "lookahead")
-        last_cache_position = v.checkpoint_at(request.num_tokens, p, drop, num_hash_lookahead_tokens=lookahead)
-        ckpt_block = u if self.partial_hits else p
-        checkpoint_position = v.checkpoint_at(prefill_end, ckpt_block, drop, num_hash_lookahead_tokens=lookahead)
+        last_cache_position = self.checkpoint_at(request.num_tokens, p)
+        checkpoint_position = self.checkpoint_at(prefill_end, u if self.partial_hits else p)
         internal = (
             self.checkpoints
             and end >= prefill_end
@@ -168,7 +166,7 @@ class VllmMambaManager(VllmHybridManager):
             end = end // p * p
         tail = 0
         if self.partial_hits and not internal:
-            tail = v.checkpoint_at(request.num_prompt_tokens, u, drop, num_hash_lookahead_tokens=lookahead)
+            tail = self.checkpoint_at(request.num_prompt_tokens, u)
         junction = request.shared_prefix_boundary
         stops = (
             (start // p + 1) * p if start % p and not internal else 0,
@@ -177,6 +175,11 @@ class VllmMambaManager(VllmHybridManager):
             start + (junction - start) // p * p if start < junction < end else 0,
         )
         return min((s for s in stops if start < s < end), default=end)
+
+    def checkpoint_at(self, tokens: int, unit: int) -> int:
+        """get_mamba_prefill_checkpoint_position with this coordinator's EAGLE (0.32.0 has no lookahead hashes)."""
+        lookahead = {"num_hash_lookahead_tokens": 1} if self.eagle == "lookahead" else {}
+        return int(self.v.checkpoint_at(tokens, unit, self.eagle == "drop", **lookahead))
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """The blocks for the chunk the scheduler's split leaves of [computed, length) (none when it leaves none)."""
@@ -239,9 +242,8 @@ class VllmMambaManager(VllmHybridManager):
         self, blocks: Sequence[BlockView], namespace: Namespace, tokens: tuple[int, ...], begin: int, end: int
     ) -> None:
         """compute_mamba_prefill_checkpoints: the state at the checkpoint position, into the block before."""
-        v, drop = self.v, self.eagle == "drop"
-        position = v.checkpoint_at(end, self.rule.unit, drop, num_hash_lookahead_tokens=int(self.eagle == "lookahead"))
-        valid = v.checkpoint_valid(
+        position = self.checkpoint_at(end, self.rule.unit)
+        valid = self.v.checkpoint_valid(
             query_start=begin,
             query_end=end,
             checkpoint_position=position,

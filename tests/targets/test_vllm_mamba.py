@@ -116,3 +116,15 @@ def test_each_check_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
     assert_clean("vllm-mamba", tmp_path, examples=600)
+
+
+@pytest.mark.parametrize("eagle", ["off", "drop", "lookahead"])
+def test_the_split_and_the_checkpoints_follow_each_eagle_mode(eagle: str) -> None:
+    """Each mode reaches vLLM's checkpoint rule with its own arguments (0.32.0 takes no lookahead tokens: the
+    campaign on it raised TypeError before), and a resend still hits."""
+    from radixspec.fuzz.targets.vllm_mamba import VllmMambaManager
+
+    manager = VllmMambaManager(8, (None,), 64, eagle=eagle, unit=2, checkpoints=True)
+    prompt = list(range(100, 130))
+    assert run(manager, 0, prompt)[0] == 0
+    assert run(manager, 1, prompt)[0] > 0
