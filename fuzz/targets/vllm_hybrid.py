@@ -124,6 +124,16 @@ class HybridRequest(RequestStandIn):
         self.block_hashes.extend(self.hasher(self))
 
 
+def cached_keys(pool: Any) -> list[tuple[BlockView, bytes]]:
+    """Every (block, hash key with group) the pool caches: a block's primary key and its partial entries."""
+    found = []
+    for block in pool.blocks[1:]:
+        keys = [] if block.block_hash is None else [block.block_hash]
+        keys += pool.cached_block_hashes_by_block.get(block.block_id, ())
+        found += [(block, key) for key in keys]
+    return found
+
+
 class GroupReplay:
     """The pool's KV events replayed from empty, group by group, as a router reads them.
 
@@ -184,12 +194,9 @@ class GroupReplay:
     def check(self, pool: Any) -> None:
         """The replay holds exactly the pool's cached entries, per group, as many times as the pool holds each."""
         held: list[Counter[object]] = [Counter() for _ in self.counts]
-        for block in pool.blocks[1:]:
-            keys = [] if block.block_hash is None else [block.block_hash]
-            keys += pool.cached_block_hashes_by_block.get(block.block_id, ())
-            for key in keys:
-                block_hash = self.utils.maybe_convert_block_hash(self.utils.get_block_hash(key))
-                held[self.utils.get_group_id(key)][block_hash] += 1
+        for _, key in cached_keys(pool):
+            block_hash = self.utils.maybe_convert_block_hash(self.utils.get_block_hash(key))
+            held[self.utils.get_group_id(key)][block_hash] += 1
         for group, (counts, cached) in enumerate(zip(self.counts, held, strict=True)):
             if +counts != cached:
                 stale, unseen = counts - cached, cached - counts
@@ -509,12 +516,9 @@ class VllmHybridManager:
     def entries(self) -> list[tuple[BlockView, int, Namespace, tuple[int, ...]]]:
         """Every entry the pool caches: (its block, its group, the namespace and tokens of the prefix it names)."""
         found = []
-        for block in self.pool.blocks[1:]:
-            keys = [] if block.block_hash is None else [block.block_hash]
-            keys += self.pool.cached_block_hashes_by_block.get(block.block_id, ())
-            for key in keys:
-                namespace, tokens, length = self.prefix_of[self.utils.get_block_hash(key)]
-                found.append((block, self.utils.get_group_id(key), namespace, tokens[:length]))
+        for block, key in cached_keys(self.pool):
+            namespace, tokens, length = self.prefix_of[self.utils.get_block_hash(key)]
+            found.append((block, self.utils.get_group_id(key), namespace, tokens[:length]))
         return found
 
     def check_cached_blocks(self) -> None:

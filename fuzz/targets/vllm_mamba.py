@@ -204,10 +204,7 @@ class VllmMambaManager(VllmHybridManager):
             super().copy_block(group, source, copy)
             return
         STATS.record_rule("vllm-mamba.copy_on_write[state]")
-        if source.block_id in self.state:
-            self.state[copy.block_id] = self.state[source.block_id]
-        else:
-            self.state.pop(copy.block_id, None)
+        self.copy_state(source, copy)
 
     def write_states(self, request: HybridRequest, namespace: Namespace, begin: int, end: int) -> None:
         """preprocess_mamba, the forward and the prefill checkpoint of [begin, end)."""
