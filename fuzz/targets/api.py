@@ -409,5 +409,10 @@ class TargetInfo:
     probe: Callable[[], object] | None = field(default=None, compare=False)
 
 
+def mix(n: int) -> int:
+    """A pool size's bits spread over a hybrid target's configuration choices (Knuth's multiplicative hash)."""
+    return (n * 2654435761) % 2**32
+
+
 class TargetError(Exception):
     """A target cannot be used: unknown name, missing package, bad factory. The message says what to do."""

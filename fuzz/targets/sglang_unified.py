@@ -100,6 +100,12 @@ class KVRecord:
     mamba_pool_idx: Any = None
     mamba_cow_src_index: Any = None
     mamba_needs_clear: bool = False
+    # the extra buffer's tracking slots (ping-pong): which one the next track writes, which holds the latest
+    mamba_ping_pong_track_buffer: Any = None
+    mamba_ping_pong_empty: list[bool] | None = None
+    mamba_next_track_idx: int | None = None
+    mamba_last_track_idx: int | None = None
+    # the lengths whose states the latest and the one before are of
     mamba_last_track_seqlen: int | None = None
     mamba_prev_track_seqlen: int | None = None
 
@@ -143,6 +149,8 @@ class Record:
     done: bool = False
     # the match's SWA branch point (SGLang's SWA component inserts a branch there)
     swa_branching_seqlen: int | None = None
+    # the match's Mamba branch point: the extra buffer tracks the state there in the next prefill chunk
+    mamba_branching_seqlen: int | None = None
     # where the last extend ended: the tokens whose KV is computed
     extend_end: int = 0
 
@@ -262,6 +270,7 @@ class SGLangUnifiedManager:
         if hit:
             STATS.record_rule("sglang.match[hit]")
         record.swa_branching_seqlen = result.swa_branching_seqlen
+        record.mamba_branching_seqlen = result.mamba_branching_seqlen
         record.lock, record.last_node = self.cache.lock(result.last_device_node), result.last_device_node
         record.kv.cache_protected_len = record.kv.kv_allocated_len = hit
         if hit:
@@ -297,7 +306,7 @@ class SGLangUnifiedManager:
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """alloc_paged_token_slots_extend for tokens up to ``length``: evict the shortfall, then alloc_extend."""
         record = self.records[req.uid]
-        start = record.kv.kv_allocated_len
+        start, length = record.kv.kv_allocated_len, self.chunk_end(req, length)
         if length <= start:
             return
         if length > ROW_TOKENS:
@@ -309,6 +318,10 @@ class SGLangUnifiedManager:
         self.table.write((record.kv.req_pool_idx, slice(start, length)), out)
         record.kv.kv_allocated_len = length
         req.rows = self.page_rows(record, length)
+
+    def chunk_end(self, req: HybridReq, length: int) -> int:
+        """Where the scheduler's chunk that asks for tokens up to ``length`` ends (here: there)."""
+        return length
 
     def allocate_slots(self, req: HybridReq, record: Record, start: int, length: int) -> torch.Tensor | None:
         """Evict what the scheduler's conservative demand (a new page beside the tokens) exceeds, then extend."""
@@ -325,7 +338,7 @@ class SGLangUnifiedManager:
     def store(self, req: HybridReq, tokens: int) -> None:
         """KV written for ``tokens`` more tokens (the shadow records where)."""
         record = self.records[req.uid]
-        begin, end = req.computed, req.computed + tokens
+        begin, end = req.computed, self.chunk_end(req, req.computed + tokens)
         slots = self.row(record, end)
         for position in range(begin, end):
             self.shadow[slots[position]] = (req.namespace, tuple(req.input_ids[: position + 1]))

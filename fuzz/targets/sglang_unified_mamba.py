@@ -5,23 +5,30 @@ through the ``sglang`` target's lifecycle (``sglang_unified.py``). ``sglang-mamb
 
 What is real: the cache, both components, the paged KV allocator and SGLang's ``MambaSlotAllocator``. What
 stands in: the state tensors (a state slot records which prefix its state is of: the shadow) and the
-request-to-token table with its state slots (``HybridReqToTokenPool``'s part the cache calls). The mode is
-SGLang's without the extra buffer (page size 1: a state exists for exactly the tokens computed so far).
-Drawn per configuration: the eviction policy, ``mamba_max_states_per_path`` (unlimited, or 2: the shallowest
-states on a path are dropped), the state pool's size, and in half the configurations an SWA component beside
-(FULL + SWA + MAMBA, ``SGLangSWAMambaManager``: the ``sglang-swa`` target's window lifecycle and checks too).
+request-to-token table with its state slots (``HybridReqToTokenPool``'s part the cache calls, written from
+SGLang's code). Drawn per configuration: the page size (1 to 8), the mode (SGLang's extra buffer, which ``auto``
+picks with the overlap scheduler or pages above 1, with one or two tracking slots, or at page size 1 no buffer:
+a state exists for exactly the tokens computed so far), the eviction policy, ``mamba_max_states_per_path``
+(unlimited, or 2: the shallowest states on a path are dropped), the state pool's size, and in half the
+configurations an SWA component beside (FULL + SWA + MAMBA, ``SGLangSWAMambaManager``: the ``sglang-swa``
+target's window lifecycle and checks too).
 
 The lifecycle's state part, from SGLang's code: the match copies the matched node's state into a slot of the
 request's own (``cow_mamba``: the scheduler copies it on the forward stream); a request with no state hit gets
 a cleared slot (``HybridReqToTokenPool.alloc``); each chunk advances the request's state; a checkpoint copies
 it into a new slot the tree keeps; a finished request donates its slot to the tree, or frees it
 (``on_release``). The scheduler admits a request only with a state slot free, evicting a cached state if it
-must, and the same before a checkpoint.
+must, and the same before a checkpoint. With the extra buffer (``ExtraBuffer``) a request also holds tracking
+slots: a prefill chunk at least a grid long snapshots its state at the chunk's start plus whole grids (or at
+the match's branch point), a decode step when the sequence reaches the track grid; a checkpoint donates the
+latest snapshot's slot to the tree and takes a fresh one; a finished request gives the tree its latest
+snapshot and frees the rest. A chunk that does not finish the prompt ends on a page.
 
 Checks beside the ``sglang`` target's: the hit is the hit rule's longest valid match with a state group (full
 KV for every token before it, a cached state for exactly that prefix); the state a match copies is that of the
 hit prefix; every request's state is that of the tokens it computed; the state slots' conservation (free +
-cached + held by requests = pool).
+cached + held by requests = pool); with the buffer, the latest snapshot is the state of the length the
+request records for it.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..stats import STATS
-from .api import TargetError, TargetInfo
+from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
 from .sglang_swa import import_swa_cache
 from .sglang_unified import (
@@ -65,7 +72,8 @@ PROFILE = unified_profile(
     "state_match: the deepest node on the path that holds a state",
     "state_copy: the matched state is copied into the request's own slot (copy on match)",
     "state_checkpoints: at each checkpoint and at the finish; mamba_max_states_per_path drops shallow ones",
-    "page size 1 (no extra buffer)",
+    "extra_buffer: snapshots on a grid from each chunk's start and every track interval of decode, donated at"
+    " checkpoints (pages 1 to 8); no buffer at page size 1",
 )
 
 # a prefix a state is of: (namespace, its tokens)
@@ -87,22 +95,69 @@ class StatePool:
 
 
 def state_table(base: type) -> type:
-    """The request-to-token table with state slots, a subclass of SGLang's ``HybridReqToTokenPool`` name
-    (the MAMBA component checks it)."""
+    """The request-to-token table with state slots, a subclass of SGLang's ``HybridReqToTokenPool`` name (the
+    MAMBA component checks it). Its module holds the state tensors and does not load on a CPU, so the methods
+    the component calls are written here from SGLang's: the extra buffer's tracking slots taken, donated to the
+    tree (replaced by a fresh slot) and freed with the request (but the one the tree took)."""
 
     @dataclass
     class StateTable(RequestTable, base):  # type: ignore[misc,valid-type]
         mamba_allocator: Any = None
         mamba_pool: StatePool = field(default_factory=StatePool)
         enable_mamba_extra_buffer: bool = False
+        enable_mamba_extra_buffer_lazy: bool = False
+        # the extra buffer: tracking slots per request (2 with the overlap scheduler), all taken at admission
+        mamba_ping_pong_track_buffer_size: int = 0
+        mamba_initial_tracking_slots: int = 0
+        req_index_to_mamba_ping_pong_track_buffer_mapping: Any = None
 
         def translate_mamba_indices(self, indices: torch.Tensor) -> torch.Tensor:
             return indices
 
+        def get_mamba_ping_pong_other_idx(self, index: int) -> int:
+            return 1 - index if self.mamba_ping_pong_track_buffer_size == 2 else index
+
+        def get_mamba_ping_pong_keep_idx(self, req: Record) -> int:
+            """The tracking slot holding the latest snapshot."""
+            return cast(int, req.kv.mamba_last_track_idx)
+
+        def alloc_tracking_slots(self, req: Record) -> None:
+            """``_alloc_ping_pong_buffer``: all the tracking slots at once (not the lazy mode)."""
+            n = self.mamba_initial_tracking_slots
+            slots = self.mamba_allocator.alloc(n)
+            assert slots is not None, "Not enough space for mamba ping pong idx"
+            req.kv.mamba_ping_pong_track_buffer = slots.clone()
+            req.kv.mamba_ping_pong_empty = [False] * n
+            req.kv.mamba_prev_track_seqlen = None
+            req.kv.mamba_next_track_idx = 0
+            req.kv.mamba_last_track_idx = self.get_mamba_ping_pong_other_idx(0)
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping[req.kv.req_pool_idx] = slots
+
+        def donate_mamba_ping_pong_slot(self, req: Record, new_slot: torch.Tensor) -> torch.Tensor:
+            """The latest snapshot's slot goes to the tree; a fresh one takes its place."""
+            keep = self.get_mamba_ping_pong_keep_idx(req)
+            donated = req.kv.mamba_ping_pong_track_buffer[keep].unsqueeze(-1).clone()
+            req.kv.mamba_ping_pong_track_buffer[keep] = new_slot[0]
+            self.req_index_to_mamba_ping_pong_track_buffer_mapping[req.kv.req_pool_idx] = (
+                req.kv.mamba_ping_pong_track_buffer
+            )
+            return cast("torch.Tensor", donated)
+
         def free_mamba_cache(self, req: Record, mamba_ping_pong_track_buffer_to_keep: int | None = None) -> None:
+            """The request's state slot, and its tracking slots but the one kept (the tree took it)."""
             assert req.kv.mamba_pool_idx is not None, "double free? mamba_index is None"
             self.mamba_allocator.free(req.kv.mamba_pool_idx.view(1))
             req.kv.mamba_pool_idx = None
+            if self.enable_mamba_extra_buffer:
+                keep, empty = mamba_ping_pong_track_buffer_to_keep, req.kv.mamba_ping_pong_empty or []
+                row = req.kv.mamba_ping_pong_track_buffer
+                for position in range(self.mamba_ping_pong_track_buffer_size):
+                    if position != keep and not empty[position]:
+                        self.mamba_allocator.free(row[position : position + 1])
+                req.kv.mamba_ping_pong_track_buffer = req.kv.mamba_ping_pong_empty = None
+                req.kv.mamba_next_track_idx = req.kv.mamba_last_track_idx = None
+                req.kv.mamba_last_track_seqlen = req.kv.mamba_prev_track_seqlen = None
+                req.kv.mamba_cow_src_index = None
 
     return StateTable
 
@@ -111,19 +166,40 @@ def import_mamba_cache() -> types.ModuleType:
     """The unified cache's modules, with the run-time settings the MAMBA component reads set for a CPU run."""
     v = import_swa_cache()
     if not hasattr(v, "mamba"):
-        mamba: Any = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
-        # no extra buffer, page size 1: the state grid is the FLA chunk size SGLang falls back to
-        chunk = 64
-        mamba.mamba_cache_chunk_size = lambda: chunk
-        mamba.mamba_checkpoint_grid = lambda page: math.lcm(chunk, page)
         pools: Any = importlib.import_module("sglang.srt.mem_cache.memory_pool")
         install(
             v,
-            mamba=mamba,
+            mamba=importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba"),
             slots=importlib.import_module("sglang.srt.mem_cache.allocator.mamba"),
             table=state_table(pools.HybridReqToTokenPool),
         )
     return v
+
+
+@dataclass(frozen=True)
+class ExtraBuffer:
+    """SGLang's extra buffer (``--mamba-radix-cache-strategy extra_buffer``, what ``auto`` picks with the overlap
+    scheduler or pages above 1): the kernel snapshots a request's state on a grid into its tracking slots, and
+    a checkpoint donates the latest snapshot to the tree."""
+
+    # tracking slots per request: 2 with the overlap scheduler (ping-pong), else 1
+    tracking_slots: int
+    # the model's chunk (the kernel's grid; SGLang's FLA default is 64: small here, so that grids are reached)
+    model_chunk: int
+    # mamba_track_interval: a decoding request is snapshot every this many tokens (a multiple of the page)
+    interval: int
+
+    def cache_chunk(self, page: int) -> int:
+        """``mamba_cache_chunk_size``: the model's chunk, at least a page."""
+        return max(self.model_chunk, page)
+
+    def grid(self, page: int) -> int:
+        """``mamba_checkpoint_grid``: where a prefill snapshot lands, from the chunk's start."""
+        return math.lcm(self.cache_chunk(page), page)
+
+    def track_grid(self, page: int) -> int:
+        """``mamba_track_grid``: where a decode snapshot lands."""
+        return math.lcm(self.grid(page), self.interval)
 
 
 class SGLangMambaUnifiedManager(SGLangUnifiedManager):
@@ -131,34 +207,53 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
 
     profile = PROFILE
 
-    def __init__(self, num_pages: int, core: str, policy: str, states: int, max_states_per_path: int) -> None:
-        self.states, self.max_states_per_path = states, max_states_per_path
+    def __init__(
+        self,
+        num_pages: int,
+        core: str,
+        policy: str,
+        states: int,
+        max_states_per_path: int,
+        page_size: int = 1,
+        buffer: ExtraBuffer | None = None,
+    ) -> None:
+        self.states, self.max_states_per_path, self.buffer = states, max_states_per_path, buffer
         settings = types.SimpleNamespace(
             mamba=types.SimpleNamespace(
                 mamba_max_states_per_path=max_states_per_path, enable_mamba_extra_buffer_lazy=False
             )
         )
-        # the settings SGLang's server publishes, read by the component and the Rust core's adapter
+        # the settings SGLang's server publishes, read by the component and the Rust core's adapter; without
+        # the extra buffer (page size 1) the chunk is the FLA chunk size SGLang falls back to
+        chunk = 64 if buffer is None else buffer.cache_chunk(page_size)
         mamba: Any = import_mamba_cache().mamba
         mamba.get_exec = lambda: settings
+        mamba.mamba_cache_chunk_size = lambda: chunk
+        mamba.mamba_checkpoint_grid = lambda page: math.lcm(chunk, page)
         if core == "rust":
             adapter: Any = importlib.import_module("sglang.srt.mem_cache.rust_tree_core.adapter")
             adapter.get_exec, adapter.mamba_cache_chunk_size = (lambda: settings), mamba.mamba_cache_chunk_size
         # the unified manager's own set-up (with SWA beside, the combined class sets the window's part)
-        SGLangUnifiedManager.__init__(self, 1, num_pages, core, policy)
+        SGLangUnifiedManager.__init__(self, page_size, num_pages, core, policy)
         self.windows = (None, hr.STATE)
         # the prefixes of the states the tree holds, as last read before a match
         self.tree_states: set[StateOf] = set()
 
     def make_table(self) -> RequestTable:
-        table: Any = self.v.table(self.torch.zeros((ROWS, ROW_TOKENS), dtype=self.torch.int64), list(range(ROWS)))
+        torch = self.torch
+        table: Any = self.v.table(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
         table.mamba_allocator = self.v.slots.MambaSlotAllocator(self.states, "cpu")
         table.mamba_pool.states = {}
+        if self.buffer is not None:
+            table.enable_mamba_extra_buffer = True
+            n = self.buffer.tracking_slots
+            table.mamba_ping_pong_track_buffer_size = table.mamba_initial_tracking_slots = n
+            table.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros((ROWS, n), dtype=torch.int64)
         return cast(RequestTable, table)
 
     def components(self) -> dict[str, object]:
         c = self.v.components
-        return {"tree_components": (c.FULL, c.MAMBA), "enable_mamba_extra_buffer": False}
+        return {"tree_components": (c.FULL, c.MAMBA), "enable_mamba_extra_buffer": self.buffer is not None}
 
     # ------------------------------------------------------------ reading SGLang's state
 
@@ -172,35 +267,46 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         table: Any = self.table
         return table.mamba_allocator
 
-    def request_slots(self) -> dict[int, int]:
-        """The state slot of each live request."""
-        return {uid: int(r.kv.mamba_pool_idx) for uid, r in self.records.items() if r.kv.mamba_pool_idx is not None}
+    def request_slots(self) -> set[int]:
+        """The state slots the live requests hold: each its own state, and with the extra buffer its tracking
+        slots."""
+        held: set[int] = set()
+        for r in self.records.values():
+            if r.kv.mamba_pool_idx is not None:
+                held.add(int(r.kv.mamba_pool_idx))
+            if r.kv.mamba_ping_pong_track_buffer is not None:
+                empty = r.kv.mamba_ping_pong_empty or []
+                buffer = r.kv.mamba_ping_pong_track_buffer.tolist()
+                held.update(int(s) for s, e in zip(buffer, empty, strict=True) if not e)
+        return held
 
     def tree_slots(self) -> set[int]:
         """The state slots the tree holds: neither free nor a request's."""
         free = {int(s) for s in self.slots.free_slots.tolist()}
-        return set(range(1, self.states + 1)) - free - set(self.request_slots().values())
+        return set(range(1, self.states + 1)) - free - self.request_slots()
 
-    def make_room(self) -> bool:
-        """A free state slot, evicting a cached state if none is (the scheduler's admission check)."""
-        if self.slots.available_size() == 0:
+    def make_room(self, needed: int = 1) -> bool:
+        """``needed`` free state slots, evicting cached states if there are fewer (the scheduler's check)."""
+        short = needed - self.slots.available_size()
+        if short > 0:
             STATS.record_rule("sglang-mamba.evict_state")
-            self.cache.evict_for_alloc(self.v.base.EvictParams(num_tokens=0, mamba_num=1))
-        return bool(self.slots.available_size())
+            self.cache.evict_for_alloc(self.v.base.EvictParams(num_tokens=0, mamba_num=short))
+        return bool(self.slots.available_size() >= needed)
 
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
-        """The full row, and the state group's: the request's state slot at its last computed token."""
-        full = self.row(record, length)
+        """The full row, and the state group's: the request's state slot at the page of its last computed token."""
+        full = SGLangUnifiedManager.page_rows(self, record, length)[0]
         state: list[int | None] = [None] * len(full)
         if record.extend_end and record.kv.mamba_pool_idx is not None:
-            state[record.extend_end - 1] = int(record.kv.mamba_pool_idx)
-        return [list(full), state]
+            state[(record.extend_end - 1) // self.page_size] = int(record.kv.mamba_pool_idx)
+        return [full, state]
 
     # ------------------------------------------------------------ the state's lifecycle
 
     def match_req(self, req: HybridReq) -> None:
-        """Admitted only with a state slot free (nothing changes when none can be made)."""
-        if not self.make_room():
+        """Admitted only with a state slot free, and the extra buffer's tracking slots (nothing changes when
+        they cannot be made)."""
+        if not self.make_room(1 + (0 if self.buffer is None else self.buffer.tracking_slots)):
             STATS.record_rule("sglang-mamba.match[no state slot: not admitted]")
             raise OutOfPagesError(f"request {req.uid}: no free state slot")
         super().match_req(req)
@@ -217,7 +323,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         def is_cached(group: int, end: int) -> bool:
             return full(0, end) if group == 0 else self.has_state(req, end)
 
-        rule = hr.HitRule(1, self.windows, 1)
+        rule = hr.HitRule(self.page_size, self.windows, self.page_size)
         expected = hr.compute_hit(rule, is_cached, len(tokens), len(tokens))
         if hit != expected:
             raise IntegrityError(
@@ -250,12 +356,65 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
             assert slot is not None, "make_room left a slot"
             record.kv.mamba_pool_idx = slot[0]
         self.pool.states[int(record.kv.mamba_pool_idx)] = (req.namespace, tuple(tokens[:hit]))
+        if self.buffer is not None:
+            # HybridReqToTokenPool.alloc: the tracking slots, nothing written in them yet
+            table: Any = self.table
+            table.alloc_tracking_slots(record)
+            for slot in record.kv.mamba_ping_pong_track_buffer.tolist():
+                self.pool.states[int(slot)] = None
+
+    def chunk_end(self, req: HybridReq, length: int) -> int:
+        """With pages above 1, a chunk that does not finish the prompt ends on a page (SGLang's PrefillAdder
+        leaves exact chunk fill off for a Mamba cache: its checkpoints land on page-aligned chunk ends)."""
+        if self.page_size == 1 or length >= len(self.records[req.uid].origin_input_ids):
+            return length
+        end = length // self.page_size * self.page_size
+        if end <= req.computed:
+            STATS.record_rule("sglang-mamba.chunk[inside a page: not cut]")
+            raise OutOfPagesError(f"request {req.uid}: a chunk to {length} ends inside a page; SGLang cuts on pages")
+        return end
 
     def store(self, req: HybridReq, tokens: int) -> None:
-        super().store(req, tokens)
         record = self.records[req.uid]
+        begin = req.computed
+        super().store(req, tokens)
         self.pool.states[int(record.kv.mamba_pool_idx)] = (req.namespace, tuple(req.input_ids[: req.computed]))
+        if self.buffer is not None:
+            self.track(req, record, begin, req.computed)
         req.rows = self.page_rows(record, record.kv.kv_allocated_len)
+
+    def track(self, req: HybridReq, record: Record, begin: int, end: int) -> None:
+        """The extra buffer's snapshot of the forward that computed ``[begin, end)``, and the scheduler's
+        bookkeeping of it, written from SGLang's code: a prefill chunk at least a grid long snapshots the state
+        at the chunk's start plus whole grids, or at the match's branch point when it lies in the chunk on the
+        chunk grid (``ScheduleBatch``'s track entry); a decode step snapshots when the sequence reaches the
+        track grid (``BatchResultProcessor``). The snapshot goes to the next tracking slot, which becomes the
+        latest, and the next one is the other."""
+        kv, buffer, page = record.kv, cast(ExtraBuffer, self.buffer), self.page_size
+        table: Any = self.table
+        if begin >= len(record.origin_input_ids):
+            if end % buffer.track_grid(page):
+                return
+            STATS.record_rule("sglang-mamba.track[decode]")
+            kv.mamba_prev_track_seqlen, length = kv.mamba_last_track_seqlen, end
+        else:
+            grid, extend = buffer.grid(page), end - begin
+            if extend < grid:
+                return
+            length = begin + extend // grid * grid
+            # the position the kernel is asked for: the chunk's end, or one past a snapshot inside it
+            asked = end if begin + extend // buffer.model_chunk * buffer.model_chunk == length else length + 1
+            branch = record.mamba_branching_seqlen
+            if branch is not None and begin < branch < asked and (branch - begin) % buffer.cache_chunk(page) == 0:
+                STATS.record_rule("sglang-mamba.track[prefill, branch point]")
+                length = branch
+            else:
+                STATS.record_rule("sglang-mamba.track[prefill]")
+        position = kv.mamba_next_track_idx
+        kv.mamba_last_track_idx, kv.mamba_last_track_seqlen = position, length
+        kv.mamba_next_track_idx = table.get_mamba_ping_pong_other_idx(position)
+        snapshot = int(kv.mamba_ping_pong_track_buffer[position])
+        self.pool.states[snapshot] = (req.namespace, tuple(req.input_ids[:length]))
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         if not finished and not self.make_room():
@@ -274,6 +433,16 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
                 f" {int(record.kv.mamba_pool_idx)} holds that of"
                 f" {'nothing' if state is None else f'{len(state[1])} tokens'}"
             )
+        length = record.kv.mamba_last_track_seqlen
+        if self.buffer is not None and length is not None:
+            slot = int(record.kv.mamba_ping_pong_track_buffer[record.kv.mamba_last_track_idx])
+            tracked = self.pool.states.get(slot)
+            if tracked != (req.namespace, tuple(req.input_ids[:length])):
+                raise IntegrityError(
+                    f"the_latest_snapshot_is_of_its_length: request {req.uid}'s latest tracked length is {length};"
+                    f" its tracking slot {slot} holds the state of"
+                    f" {'nothing' if tracked is None else f'{len(tracked[1])} tokens'}"
+                )
 
     def pools(self, live_reqs: list[HybridReq]) -> list[tuple[str, int, int, int, int]]:
         cached = int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size())
@@ -282,16 +451,24 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
 
 
 class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
-    """FULL + SWA + MAMBA (a hybrid model with sliding-window and linear-attention layers), at page size 1."""
+    """FULL + SWA + MAMBA (a hybrid model with sliding-window and linear-attention layers)."""
 
     profile = PROFILE
 
     def __init__(
-        self, num_pages: int, core: str, policy: str, states: int, max_states_per_path: int, window: int
+        self,
+        num_pages: int,
+        core: str,
+        policy: str,
+        states: int,
+        max_states_per_path: int,
+        window: int,
+        page_size: int = 1,
+        buffer: ExtraBuffer | None = None,
     ) -> None:
         self.window, self.out_of_window, self.swa_pages = window, True, max(2, (3 * num_pages) // 4)
         self.swa_shadow: dict[int, Written] = {}
-        super().__init__(num_pages, core, policy, states, max_states_per_path)
+        super().__init__(num_pages, core, policy, states, max_states_per_path, page_size, buffer)
         self.windows = (None, window, hr.STATE)
 
     def components(self) -> dict[str, object]:
@@ -299,7 +476,7 @@ class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
         return {
             "tree_components": (c.FULL, c.SWA, c.MAMBA),
             "sliding_window_size": self.window,
-            "enable_mamba_extra_buffer": False,
+            "enable_mamba_extra_buffer": self.buffer is not None,
         }
 
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
@@ -317,7 +494,7 @@ class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
             return full(0, end) and holds
 
         why = f"the events' pages, the SWA tombstones {holes} and the tree's states"
-        self.judge_valid(req, hit, hr.HitRule(1, self.windows, 1), is_cached, why)
+        self.judge_valid(req, hit, hr.HitRule(self.page_size, self.windows, self.page_size), is_cached, why)
         self.adopt_state(req, record, hit)
 
 
@@ -330,26 +507,33 @@ def target(argument: str | None) -> TargetInfo:
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> Any:
         policy = POLICIES[num_pages % len(POLICIES)]
         per_path = 2 if (num_pages // len(POLICIES)) % 2 else -1
-        states = 4 + num_pages // 4
         # FULL + SWA + MAMBA in half the configurations, with the drawn window
         window = max(2, next((w for w in windows if isinstance(w, int)), 4)) if (num_pages // 4) % 2 else None
+        # the extra buffer: always with pages above 1; at page size 1 in two thirds (the overlap scheduler's
+        # default), else no buffer (SGLang's choice with the overlap scheduler off)
+        bits, buffer = mix(num_pages), None
+        if page_size > 1 or bits % 3:
+            buffer = ExtraBuffer(1 + (bits >> 4) % 2, 1 << (bits >> 6) % 3, page_size * (1 + (bits >> 9) % 2))
+        # state slots: a request holds its own and, with the buffer, its tracking slots
+        states = (4 + num_pages // 4) * (1 + (0 if buffer is None else buffer.tracking_slots))
         swa = "" if window is None else f",SWA W={'<=8' if window <= 8 else '>8'}"
-        STATS.record_rule(f"sglang-mamba.config[{policy},states per path {per_path}{swa}]")
+        mode = "no buffer" if buffer is None else f"extra buffer x{buffer.tracking_slots}"
+        STATS.record_rule(f"sglang-mamba.config[P={page_size},{mode},{policy},states per path {per_path}{swa}]")
         managers = [
-            SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path)
+            SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path, page_size, buffer)
             if window is None
-            else SGLangSWAMambaManager(2 * num_pages, core, policy, states, per_path, window)
+            else SGLangSWAMambaManager(2 * num_pages, core, policy, states, per_path, window, page_size, buffer)
             for core in cores
         ]
         return managers[0] if len(managers) == 1 else BothCores(managers)
 
     return TargetInfo(
         name="sglang-mamba" if argument is None else f"sglang-mamba:{argument}",
-        description=f"SGLang {VERSION} UnifiedRadixCache FULL + MAMBA, {' and '.join(cores)} tree core, page size 1",
+        description=f"SGLang {VERSION} UnifiedRadixCache FULL + MAMBA, {' and '.join(cores)} tree core, extra buffer",
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         profile=PROFILE,
-        page_sizes=(1,),
+        page_sizes=(1, 2, 4, 8),
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the states, the pools",
         probe=import_mamba_cache,
     )

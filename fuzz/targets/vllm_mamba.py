@@ -36,7 +36,7 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
 
 from ..stats import STATS
-from .api import Profile, TargetInfo
+from .api import Profile, TargetInfo, mix
 from .shims import install
 from .vllm import VERSION, BlockView
 from .vllm_hybrid import EAGLE_MODES, RETENTIONS, HybridRequest, VllmHybridManager, import_hybrid
@@ -287,11 +287,6 @@ class VllmMambaManager(VllmHybridManager):
                 tokens = tuple(self.requests[req.uid].all_token_ids[: req.computed])
                 block = blocks[(req.computed - 1) // self.page_size]
                 self.check_state(req.uid, block, req.namespace, tokens, "state_resumes_from_its_prefix")
-
-
-def mix(n: int) -> int:
-    """A pool size's bits spread over the configuration's choices (Knuth's multiplicative hash)."""
-    return (n * 2654435761) % 2**32
 
 
 def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmMambaManager:
