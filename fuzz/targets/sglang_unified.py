@@ -177,6 +177,8 @@ class SGLangUnifiedManager:
     """SGLang's unified cache (FULL) and paged allocator behind the hybrid manager's methods, on one tree core."""
 
     profile = PROFILE
+    # a refusal is an OutOfPagesError of ours (the scheduler's checks); anything else escaping SGLang is a crash
+    raises_only_cache_errors = True
 
     def __init__(self, page_size: int, num_pages: int, core: str, policy: str, eagle: bool = False) -> None:
         import torch
@@ -238,6 +240,11 @@ class SGLangUnifiedManager:
     def cached_pages(self) -> dict[pc.PageKey, int]:
         """The pages the cache's KV events say it holds, every event so far replayed from empty."""
         events = ev.from_block_events(self.cache.take_events(), lambda salt: self.salts.get(salt) if salt else None)
+        STATS.events_replayed += len(events)
+        # pages leave SGLang's tree only when it evicts them
+        STATS.evicted_pages += sum(
+            len(e.page_hashes) if isinstance(e, ev.PagesRemoved) else isinstance(e, ev.PageRemoved) for e in events
+        )
         return self.mirror.apply(events).cached()
 
     def row(self, record: Record, length: int) -> list[int]:
@@ -452,6 +459,7 @@ class BothCores:
     """The same program on SGLang's Rust and Python tree cores: every result, row and page count must agree."""
 
     profile = PROFILE
+    raises_only_cache_errors = True
 
     def __init__(self, managers: Sequence[SGLangUnifiedManager]) -> None:
         self.managers = list(managers)

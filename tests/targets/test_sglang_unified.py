@@ -92,6 +92,17 @@ def reused(self, *args, **kwargs):
     return out
 paged.PagedTokenToKVPoolAllocator.alloc_extend = reused
 """,
+    # the allocator raises where the scheduler checked the free pages: not a refusal, a crash
+    "raised builtins.ValueError": """
+paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
+extend, calls = paged.PagedTokenToKVPoolAllocator.alloc_extend, [0]
+def raising(self, *args, **kwargs):
+    calls[0] += 1
+    if calls[0] % 5 == 0:
+        raise ValueError("planted")
+    return extend(self, *args, **kwargs)
+paged.PagedTokenToKVPoolAllocator.alloc_extend = raising
+""",
 }
 
 CAMPAIGN = """
