@@ -179,6 +179,8 @@ class SGLangUnifiedManager:
     profile = PROFILE
     # a refusal is an OutOfPagesError of ours (the scheduler's checks); anything else escaping SGLang is a crash
     raises_only_cache_errors = True
+    # whether the tree keys by bigrams when the server runs EAGLE (SGLang: not with a MAMBA component)
+    bigram_keys_under_eagle = True
 
     def __init__(self, page_size: int, num_pages: int, core: str, policy: str, eagle: bool = False) -> None:
         import torch
@@ -186,7 +188,9 @@ class SGLangUnifiedManager:
         self.torch = torch
         v = self.v = import_swa_cache()
         self.windows: tuple[hy.Window, ...] = (None,)
-        self.page_size, self.num_pages, self.core, self.eagle = page_size, num_pages, core, eagle
+        self.page_size, self.num_pages, self.core = page_size, num_pages, core
+        # the tree's keys are bigrams: EAGLE's (``is_eagle``), where the components take them
+        self.eagle = eagle and self.bigram_keys_under_eagle
         self.table = self.make_table()
         self.alloc = self.make_allocator()
         self.cache = v.urc.UnifiedRadixCache(
@@ -269,7 +273,8 @@ class SGLangUnifiedManager:
             priority=req.uid % 3,
             kv=KVRecord(self.table.free_rows.pop()),
         )
-        key = v.radix.RadixKey(array("q", tokens), None, is_bigram=self.eagle, cache_salt=record.cache_salt)
+        # the scheduler's key is raw (_req_radix_key); the tree takes its bigram view when it keys by bigrams
+        key = v.radix.RadixKey(array("q", tokens), None, cache_salt=record.cache_salt)
         cached = self.cached_pages()
         result = self.cache.match_prefix(self.match_params(key, record))
         hit = int(result.device_prefix_len)

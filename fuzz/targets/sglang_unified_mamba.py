@@ -206,6 +206,8 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
     """SGLang's unified cache with FULL and MAMBA, on one tree core."""
 
     profile = PROFILE
+    # under EAGLE the tree keeps raw keys with a MAMBA component (unified_tree_core.py, the Rust adapter)
+    bigram_keys_under_eagle = False
 
     def __init__(
         self,
@@ -216,6 +218,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         max_states_per_path: int,
         page_size: int = 1,
         buffer: ExtraBuffer | None = None,
+        eagle: bool = False,
     ) -> None:
         self.states, self.max_states_per_path, self.buffer = states, max_states_per_path, buffer
         settings = types.SimpleNamespace(
@@ -234,7 +237,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
             adapter: Any = importlib.import_module("sglang.srt.mem_cache.rust_tree_core.adapter")
             adapter.get_exec, adapter.mamba_cache_chunk_size = (lambda: settings), mamba.mamba_cache_chunk_size
         # the unified manager's own set-up (with SWA beside, the combined class sets the window's part)
-        SGLangUnifiedManager.__init__(self, page_size, num_pages, core, policy)
+        SGLangUnifiedManager.__init__(self, page_size, num_pages, core, policy, eagle)
         self.windows = (None, hr.STATE)
         # the prefixes of the states the tree holds, as last read before a match
         self.tree_states: set[StateOf] = set()
@@ -465,10 +468,11 @@ class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
         window: int,
         page_size: int = 1,
         buffer: ExtraBuffer | None = None,
+        eagle: bool = False,
     ) -> None:
         self.window, self.out_of_window, self.swa_pages = window, True, max(2, (3 * num_pages) // 4)
         self.swa_shadow: dict[int, Written] = {}
-        super().__init__(num_pages, core, policy, states, max_states_per_path, page_size, buffer)
+        super().__init__(num_pages, core, policy, states, max_states_per_path, page_size, buffer, eagle)
         self.windows = (None, window, hr.STATE)
 
     def components(self) -> dict[str, object]:
@@ -518,11 +522,16 @@ def target(argument: str | None) -> TargetInfo:
         states = (4 + num_pages // 4) * (1 + (0 if buffer is None else buffer.tracking_slots))
         swa = "" if window is None else f",SWA W={'<=8' if window <= 8 else '>8'}"
         mode = "no buffer" if buffer is None else f"extra buffer x{buffer.tracking_slots}"
-        STATS.record_rule(f"sglang-mamba.config[P={page_size},{mode},{policy},states per path {per_path}{swa}]")
+        # the server runs EAGLE (MTP) in half: SGLang keeps raw keys with a MAMBA component, so the cache is
+        # the same (what EAGLE changes is the scheduler's speculative tracking, not driven)
+        eagle = bool((bits >> 11) % 2)
+        STATS.record_rule(
+            f"sglang-mamba.config[P={page_size},{mode},{policy},states per path {per_path}{swa}{',eagle' * eagle}]"
+        )
         managers = [
-            SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path, page_size, buffer)
+            SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path, page_size, buffer, eagle)
             if window is None
-            else SGLangSWAMambaManager(2 * num_pages, core, policy, states, per_path, window, page_size, buffer)
+            else SGLangSWAMambaManager(2 * num_pages, core, policy, states, per_path, window, page_size, buffer, eagle)
             for core in cores
         ]
         return managers[0] if len(managers) == 1 else BothCores(managers)
