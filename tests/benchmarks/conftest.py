@@ -43,8 +43,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
         return
     groups: dict[str, dict[str, dict[str, Any]]] = {}
     for bench in session.benchmarks:
-        if bench.stats is None:
-            continue
+        if bench.stats is None or not bench.stats.data:
+            continue  # it failed before a round ended
         impl = str(bench.params.get("impl", bench.name)) if bench.params else bench.name
         extra = dict(bench.extra_info)
         entry = {"seconds": per_unit(bench), "extra": extra}
@@ -88,7 +88,15 @@ def pytest_terminal_summary(terminalreporter: Any, config: Any) -> None:
     write(f"ratios saved to {path}")
 
 
-PEER_NAMES = ("sglang", "sglang-list", "vllm", "minisgl")
+PEER_NAMES = (
+    "sglang-unified",
+    "sglang-unified-list",
+    "sglang-unified-python",
+    "sglang",
+    "sglang-list",
+    "vllm",
+    "minisgl",
+)
 
 
 def speedups_over_peers(groups: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, float]]]:

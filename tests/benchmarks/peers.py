@@ -8,6 +8,12 @@ built before the timed region:
 * ``reference``: lists;
 * ``sglang`` 0.5.23 ``RadixCache`` (``create_simulated``): ``RadixKey`` over an ``array('q')``,
   int64 value tensors; its eviction takes whole leaves;
+* ``sglang-unified`` and ``sglang-unified-python``: 0.5.23's default cache for a dense model,
+  ``UnifiedRadixCache`` with its FULL component, on the compiled Rust tree core and on the Python
+  one, over SGLang's real ``PagedTokenToKVPoolAllocator`` (evictions free into it); an insert
+  frees no duplicates (``prev_prefix_len``: the caller's, as ours); events and metrics off, as an
+  engine runs by default. ``sglang-unified-list`` builds its key from a Python list inside the call
+  (what a scheduler holds: ``req.fill_ids``);
 * ``vllm`` 0.33.0 ``BlockPool``: block hashes computed before timing (a request's hashes are
   computed once when it arrives); insert is what a request's lifetime does to the pool (hits,
   new blocks, ``cache_full_blocks``, free); eviction is a pop of a cached free block
@@ -35,11 +41,19 @@ import torch
 from radixspec import optimized, reference
 from radixspec.fuzz.targets import TargetError, resolve
 
-PEERS = ("optimized", "reference", "sglang", "vllm", "minisgl")
+PEERS = ("optimized", "reference", "sglang", "sglang-unified", "sglang-unified-python", "vllm", "minisgl")
 # ours evicting into its own buffer: the eviction groups run it too
 EVICT_VARIANTS = ("optimized-out",)
 # ours in every input format it takes, and SGLang with its list key: the insert and match groups run these too
-FORMATS = ("optimized-int32", "optimized-int64", "optimized-list", "optimized-numpy", "optimized-array", "sglang-list")
+FORMATS = (
+    "optimized-int32",
+    "optimized-int64",
+    "optimized-list",
+    "optimized-numpy",
+    "optimized-array",
+    "sglang-list",
+    "sglang-unified-list",
+)
 
 
 def minisgl_root() -> Path | None:
@@ -52,7 +66,7 @@ def available(peer: str) -> str | None:
     """None when ``peer`` can run here, else why not (for pytest.skip)."""
     if peer.startswith(("optimized", "reference")):
         return None
-    if peer == "sglang-list":
+    if peer == "sglang-list" or peer.startswith("sglang-unified"):
         return available("sglang")
     if peer == "minisgl":
         root = minisgl_root()
@@ -274,6 +288,103 @@ class SGLangListDriver(SGLangDriver):
         return self.rc.RadixKey(list(ids), None)
 
 
+def unified_cache(page_size: int, allocator_pages: int, core: str) -> tuple[Any, Any, Any]:
+    """SGLang's modules, its ``PagedTokenToKVPoolAllocator`` of ``allocator_pages`` pages (page 0 kept back, as
+    SGLang keeps it) and a ``UnifiedRadixCache`` (FULL) on tree core ``core`` over it; events and metrics off."""
+    from radixspec.fuzz.targets.sglang_swa import import_swa_cache, mapping_pool
+
+    v = import_swa_cache()
+    paged = __import__("sglang.srt.mem_cache.allocator.paged", fromlist=["PagedTokenToKVPoolAllocator"])
+    allocator = paged.PagedTokenToKVPoolAllocator(
+        size=allocator_pages * page_size,
+        page_size=page_size,
+        dtype=torch.float16,
+        device="cpu",
+        kvcache=mapping_pool(v),
+        need_sort=False,
+    )
+    cache = v.urc.UnifiedRadixCache(
+        v.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
+            tree_core_backend=core,
+            eviction_policy="lru",
+            tree_components=(v.components.FULL,),
+        )
+    )
+    return v, allocator, cache
+
+
+class SGLangUnifiedDriver(Driver):
+    """SGLang's ``UnifiedRadixCache`` (FULL) on a tree core, over its real paged allocator."""
+
+    core = "rust"
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        self.name, self.page_size = f"sglang-unified{'' if self.core == 'rust' else '-' + self.core}", page_size
+        # the workloads' slots start at page 0 and run to the pool's last page
+        v, self.allocator, self.cache = unified_cache(page_size, pool_pages + 2, self.core)
+        self.RadixKey, self.InsertParams = v.radix.RadixKey, v.base.InsertParams
+        self.MatchPrefixParams, self.EvictParams = v.base.MatchPrefixParams, v.base.EvictParams
+        self.free_seen = len(self.allocator.free_pages)
+        self.locks: dict[Any, list[Any]] = {}
+
+    def tokens(self, ids: list[int]) -> Any:
+        return self.RadixKey(array("q", ids), None)
+
+    def slots(self, slots: list[int]) -> Any:
+        return torch.tensor(slots, dtype=torch.int64)
+
+    def insert(self, tokens: Any, slots: Any) -> Any:
+        return self.cache.insert(self.InsertParams(key=tokens, value=slots, prev_prefix_len=len(slots)))
+
+    def handle_of_insert(self, result: Any) -> Any:
+        return result.last_device_node
+
+    def match(self, tokens: Any) -> Any:
+        return self.cache.match_prefix(self.MatchPrefixParams(key=tokens)).last_device_node
+
+    def lock(self, handle: Any) -> None:
+        # the cache's lock is a receipt its unlock takes back (SGLang's scheduler keeps it on the request)
+        self.locks.setdefault(handle, []).append(self.cache.lock(handle))
+
+    def unlock(self, handle: Any) -> None:
+        self.cache.unlock(self.locks[handle].pop())
+
+    def evict(self, num_tokens: int) -> Any:
+        return self.cache.evict(self.EvictParams(num_tokens=num_tokens))
+
+    def evicted_starts(self, evicted: Any) -> list[int]:
+        # the allocator puts freed pages in front of its free list
+        free = self.allocator.free_pages
+        new, self.free_seen = len(free) - self.free_seen, len(free)
+        return [int(page) * self.page_size for page in free[:new].tolist()]
+
+
+class SGLangUnifiedPythonDriver(SGLangUnifiedDriver):
+    core = "python"
+
+
+class SGLangUnifiedListDriver(SGLangUnifiedDriver):
+    """The Rust core with its key built from a Python list inside the call, as a scheduler builds it (the Rust
+    core takes an ``array('q')`` only)."""
+
+    def __init__(self, page_size: int, pool_pages: int) -> None:
+        super().__init__(page_size, pool_pages)
+        self.name = "sglang-unified-list"
+
+    def tokens(self, ids: list[int]) -> Any:
+        return list(ids)
+
+    def insert(self, tokens: Any, slots: Any) -> Any:
+        return super().insert(self.RadixKey(array("q", tokens), None), slots)
+
+    def match(self, tokens: Any) -> Any:
+        return super().match(self.RadixKey(array("q", tokens), None))
+
+
 class VLLMDriver(Driver):
     """vLLM's BlockPool; ``pool_pages`` blocks (plus its null block), every one of them cacheable."""
 
@@ -380,6 +491,9 @@ DRIVERS: dict[str, Callable[[int, int], Driver]] = {
     "optimized-out": OursOutDriver,
     "sglang": SGLangDriver,
     "sglang-list": SGLangListDriver,
+    "sglang-unified": SGLangUnifiedDriver,
+    "sglang-unified-python": SGLangUnifiedPythonDriver,
+    "sglang-unified-list": SGLangUnifiedListDriver,
     "vllm": VLLMDriver,
     "minisgl": MiniSGLangDriver,
 }
@@ -572,8 +686,45 @@ def measure_memory(peer: str, page_size: int = 16, prompts: int = 20_000) -> dic
     return result
 
 
+# ---------------------------------------------------------------- scale: 1k to 1M cached pages
+
+
+def scale_prompts(pages: int, page_size: int = 16, own_pages: int = 4, seed: int = 3) -> SharedPrompts:
+    """Prompts of one shared page and ``own_pages`` pages of their own, enough for ``pages`` cached pages: a
+    wide tree (one leaf run per prompt), the shape a busy cache has."""
+    rnd = random.Random(seed)
+    p, count = page_size, max(1, -(-(pages - 1) // own_pages))
+    head = [rnd.randrange(32_000) for _ in range(p)]
+    prompts, slots = [], []
+    for b in range(count):
+        prompts.append(head + [rnd.randrange(1 << 40) for _ in range(own_pages * p)])
+        slots.append(list(range(p)) + list(range(p + b * own_pages * p, p + (b + 1) * own_pages * p)))
+    return SharedPrompts(prompts, slots, page_size, shared=p)
+
+
+def measure_scale_memory(peer: str, pages: int, page_size: int = 16) -> dict[str, float]:
+    """Bytes per cached page at ``pages`` cached pages (``scale_prompts``), in this (fresh) process."""
+    work = scale_prompts(pages, page_size)
+    inputs = load(peer, work, insert=False)
+    before = resident_bytes()
+    driver = make(peer, page_size, work.pages)
+    insert_all(driver, inputs.tokens, inputs.slots)
+    grown, distinct = (
+        resident_bytes() - before,
+        1 + len(work.prompts) * (len(work.prompts[0]) - work.shared) // page_size,
+    )
+    result = {"pages": float(distinct), "bytes_per_page": round(grown / distinct, 1)}
+    reported = driver.memory_bytes()
+    if reported is not None:
+        result["reported_bytes_per_page"] = round(reported / distinct, 1)
+    return result
+
+
 if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(measure_memory(sys.argv[1])))
+    if len(sys.argv) > 2:
+        print(json.dumps(measure_scale_memory(sys.argv[1], int(sys.argv[2]))))
+    else:
+        print(json.dumps(measure_memory(sys.argv[1])))
