@@ -20,6 +20,7 @@ import gc
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,7 +183,11 @@ def test_memory_per_cached_page(benchmark: Any, impl: str) -> None:
 
     def measure() -> None:
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.benchmarks.peers", impl], capture_output=True, text=True, check=True
+            [sys.executable, "-m", "tests.benchmarks.peers", impl],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],  # where ``tests`` imports from
         )
         measured.update(json.loads(proc.stdout.strip().splitlines()[-1]))
 

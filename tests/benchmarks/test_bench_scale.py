@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tests.benchmarks import peers as pp
 
 pytestmark = pytest.mark.bench
 
+ROOT = Path(__file__).resolve().parents[2]
 IMPLS = ("optimized", "sglang-unified")
 SIZES = (1_000, 1_000_000)
 CALLS = 1_000
@@ -99,8 +101,9 @@ def test_scale_memory_per_cached_page_at_1m(benchmark: Any, impl: str) -> None:
             [sys.executable, "-m", "tests.benchmarks.peers", impl, str(SIZES[-1])],
             capture_output=True,
             text=True,
-            check=True,
+            cwd=ROOT,  # where ``tests`` imports from, whatever the run's working directory
         )
+        assert proc.returncode == 0, proc.stderr[-3000:]
         measured.update(json.loads(proc.stdout.strip().splitlines()[-1]))
 
     benchmark.pedantic(measure, rounds=1, iterations=1)
