@@ -1,17 +1,22 @@
 """Build hooks (everything else is in pyproject.toml).
 
 * ``cffi_modules``: csrc/radix.c, store.c, tree.c and hybrid.c become ``radixspec.optimized._radix_c``.
-* ``ext_modules``: csrc/pyints.c becomes ``radixspec.optimized._pyints`` (lists of ints read into int64 buffers).
+* ``ext_modules``: csrc/hotpath.c becomes ``radixspec.optimized._hotpath`` (the CPython entry points of the prefix
+  cache's match and insert, its handle and mutex, and the list reader).
 * ``build_py`` also copies the CUDA sources into ``radixspec/optimized/csrc/`` of the
   built package, so an installed wheel can still build its store kernel with
   nvcc (``python -m radixspec.optimized.build_cuda``); a checkout reads them from csrc/.
 """
 
+import os
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
+# as csrc/build_ffi.py: warnings are errors only where our own CI asks (a newer compiler's new warning must not break
+# a user's pip install)
+HOTPATH_FLAGS = ["-O2", "-Wall", "-Wextra", *(["-Werror"] if os.environ.get("RADIXSPEC_WERROR") == "1" else [])]
 CUDA_SOURCES = ("store.cu", "store_cuda.h", "store_status.h")
 
 
@@ -28,6 +33,10 @@ class BuildPyWithCudaSources(build_py):
 
 setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
-    ext_modules=[Extension("radixspec.optimized._pyints", ["csrc/pyints.c"], extra_compile_args=["-O2"])],
+    ext_modules=[
+        Extension(
+            "radixspec.optimized._hotpath", ["csrc/hotpath.c"], include_dirs=["csrc"], extra_compile_args=HOTPATH_FLAGS
+        )
+    ],
     cmdclass={"build_py": BuildPyWithCudaSources},
 )

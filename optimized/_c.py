@@ -1,7 +1,7 @@
 """The compiled C helpers: ``radixspec.optimized._radix_c``, built by cffi from ``csrc/`` (csrc/build_ffi.py) at
-``pip install``, and the list reader ``radixspec.optimized._pyints`` (csrc/pyints.c). One loader for the whole package
-(the radix tree, the compare kernel, the CPU store); the enum constants and structs declared in the headers are
-read from it by name."""
+``pip install``, and the CPython extension ``radixspec.optimized._hotpath`` (csrc/hotpath.c: the prefix cache's match
+and insert entry points, its handle and mutex, the list reader). One loader for the whole package (the radix tree, the
+compare kernel, the CPU store); the enum constants and structs declared in the headers are read from it by name."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ def load_c() -> tuple[Any, Any]:
 
 
 @functools.cache
-def load_read_int64() -> Any:
-    """``read_int64`` of the list reader ``radixspec.optimized._pyints`` (csrc/pyints.c, a CPython extension built by
-    ``pip install``); UnavailableError saying how to build it when it is missing."""
+def load_hotpath() -> Any:
+    """The module ``radixspec.optimized._hotpath`` (csrc/hotpath.c, a CPython extension built by ``pip install``);
+    UnavailableError saying how to build it when it is missing."""
     try:
-        from ._pyints import read_int64  # type: ignore[import-not-found]
+        from . import _hotpath  # type: ignore[attr-defined]
     except ImportError as exc:
-        raise UnavailableError(f"the list reader is not built ({exc}); run `pip install -e .`") from None
-    return read_int64
+        raise UnavailableError(f"the hot path is not built ({exc}); run `pip install -e .`") from None
+    return _hotpath

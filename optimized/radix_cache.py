@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
@@ -45,15 +45,20 @@ from radixspec.spec.errors import (
     UnlockError,
 )
 from radixspec.spec.invariants import check_invariants
-from radixspec.spec.metrics import CacheStats, StatsCounter
+from radixspec.spec.metrics import CacheStats, NamespaceStats, StatsCounter
 from radixspec.spec.types import InsertResult, SizeInfo
 
-from ._c import load_c, load_read_int64
+from ._c import load_c, load_hotpath
 from .inputs import as_insert_args, as_slots, as_tokens, device_of, int_view
 
+if TYPE_CHECKING:
+    from . import _hotpath
+else:
+    _hotpath = load_hotpath()
+
 # the statuses of csrc/tree.h (enum radix_tree_status), by name from the compiled module
-_C = load_c()[1]
-read_int64 = load_read_int64()
+_FFI, _C = load_c()
+read_int64 = _hotpath.read_int64
 _OK, _ROOTS_EMPTIED, _BAD_ARGS = _C.RADIX_TREE_OK, _C.RADIX_TREE_ROOTS_EMPTIED, _C.RADIX_TREE_BAD_ARGS
 _MISALIGNED, _DUPLICATE, _NO_MEMORY = _C.RADIX_TREE_MISALIGNED, _C.RADIX_TREE_DUPLICATE, _C.RADIX_TREE_NO_MEMORY
 _STALE, _NOT_LOCKED, _NOT_EVICTABLE = _C.RADIX_TREE_STALE, _C.RADIX_TREE_NOT_LOCKED, _C.RADIX_TREE_NOT_EVICTABLE
@@ -85,17 +90,15 @@ class RadixTreeNode(NamedTuple):
     ref_count: int
 
 
-class RadixCacheHandle:
-    """A matched path: the node it ends at, by (id, version). Twin of ``reference.radix_cache.RadixCacheHandle``."""
+class RadixCacheHandle(_hotpath.Handle):
+    """A matched path: the node it ends at, by (id, version). Twin of ``reference.radix_cache.RadixCacheHandle``.
 
-    __slots__ = ("cache", "cached_len", "namespace", "node", "version")
+    ``RadixCacheHandle(cached_len, node, version, namespace, cache)``; its fields live in its C base class
+    (csrc/hotpath.c), which the hot path fills without running Python code."""
 
-    def __init__(self, cached_len: int, node: int, version: int, namespace: Namespace, cache: RadixPrefixCache) -> None:
-        self.cached_len = cached_len
-        self.node = node
-        self.version = version
-        self.namespace = namespace
-        self.cache = cache
+    __slots__ = ()
+
+    cache: RadixPrefixCache
 
     def get_matched_indices(self) -> torch.Tensor:
         """Slots of the path in sequence order: a new int32 tensor on the cache's device; stale once evicted."""
@@ -106,21 +109,43 @@ class RadixCacheHandle:
 
 
 # one call at a time (reference/threads.py): cffi lets other threads run during a C call, and the calls share
-# scratch buffers (the walk, the token and slot rooms)
-@serialized(*PREFIX_CACHE_CALLS, "nodes", "path_nodes", "tree_stats", "break_invariant", "_path_slots")
-class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
+# scratch buffers (the walk, the token and slot rooms). match_prefix and insert_prefix are the C base class's
+# (csrc/hotpath.c): they take the common case in C with the GIL held, while no method here holds the mutex, and
+# hand every other call to _match_prefix / _insert_prefix, which take the mutex
+_SERIALIZED = tuple(name for name in PREFIX_CACHE_CALLS if name not in ("match_prefix", "insert_prefix"))
+
+
+@serialized(
+    *_SERIALIZED,
+    "_match_prefix",
+    "_insert_prefix",
+    "nodes",
+    "path_nodes",
+    "tree_stats",
+    "break_invariant",
+    "_path_slots",
+)
+class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
     """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``. Safe to share between
-    threads: its calls run one at a time."""
+    threads: its calls run one at a time.
+
+    ``match_prefix`` and ``insert_prefix`` come from the C base class (csrc/hotpath.c): a call with a torch
+    tensor, a list or tuple of ints or a buffer of native int32/int64, in a namespace that holds pages, runs
+    whole in C; every other call (and every error) goes to ``_match_prefix`` / ``_insert_prefix`` below, the
+    same operations in Python.
+    """
 
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
         self.device = device_of(device)
-        self._mutex = new_mutex()
+        self._mutex = _hotpath.Mutex(new_mutex())
         self._ffi, self._lib = load_c()
         tree = self._lib.radix_tree_new(self.page_size)
         if tree == self._ffi.NULL:
             raise MemoryError("radix_tree_new: out of memory")
         self._tree = self._ffi.gc(tree, self._lib.radix_tree_free)
+        # the hot path's tree (it keeps the owner alive too)
+        self._bind_tree(self._tree, int(self._ffi.cast("uintptr_t", tree)), self.page_size, self.device.type == "cpu")
         # one root per namespace that holds pages: made by the first insert, dropped when it empties
         self.roots: dict[Namespace, int] = {}
         self._namespace_of: dict[int, Namespace] = {}
@@ -153,6 +178,8 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
         # metrics (spec/metrics.py): counted here as the operations run; evictions per namespace are
         # what was stored less what is cached and what reset dropped; C sums the evicted pages' stamps
         self.counter = StatsCounter(lambda namespace: namespace in self.roots)
+        # the hot path counts into the counter's table itself (a namespace already in it)
+        self._counts = self.counter.counts
         self._evict_clock_sum = 0
 
     def stats(self) -> CacheStats:
@@ -169,8 +196,21 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
 
     # ------------------------------------------------------------ operations
 
-    def match_prefix(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
-        """Longest cached page-aligned prefix; stamps its nodes, splitting the last one if needed."""
+    if TYPE_CHECKING:
+
+        def match_prefix(
+            self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None
+        ) -> RadixCacheHandle: ...
+
+        def insert_prefix(
+            self,
+            input_ids: torch.Tensor | Sequence[int],
+            indices: torch.Tensor | Sequence[int],
+            namespace: Namespace = None,
+        ) -> InsertResult: ...
+
+    def _match_prefix(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
+        """``match_prefix`` in Python: every call the C base class does not take (csrc/hotpath.c)."""
         # CHECK (the tokens' range in C, with the walk)
         tokens, n, width, values = self._tokens(input_ids)
         if namespace is not None:
@@ -193,13 +233,13 @@ class RadixPrefixCache(NotCopyable, ev.EmitsEvents):
             return RadixCacheHandle(0, _ROOT, 0, namespace, self)
         return RadixCacheHandle(length, walk.node, walk.version, namespace, self)
 
-    def insert_prefix(
+    def _insert_prefix(
         self,
         input_ids: torch.Tensor | Sequence[int],
         indices: torch.Tensor | Sequence[int],
         namespace: Namespace = None,
     ) -> InsertResult:
-        """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
+        """``insert_prefix`` in Python: every call the C base class does not take (csrc/hotpath.c)."""
         # CHECK in the reference's order (tokens, slots, namespace, lengths, new pages): types here, the
         # ranges and the new pages in C; an error found here first looks for one the reference finds before
         tokens, n, width, values = self._tokens(input_ids)
@@ -674,3 +714,17 @@ class _ListRoom:
         self.buffer = array("q", bytes(8 * self.capacity))
         self.address = self.buffer.buffer_info()[0]
         self.pointer = ffi.cast("void *", self.address)
+
+
+# the hot path's bindings (csrc/hotpath.c), once per process: the tree's match and insert, torch's tensor class and
+# integer dtypes, and the classes it makes
+_hotpath.setup(
+    int(_FFI.cast("uintptr_t", _FFI.addressof(_C, "radix_tree_match"))),
+    int(_FFI.cast("uintptr_t", _FFI.addressof(_C, "radix_tree_insert"))),
+    torch.Tensor,
+    torch.int32,
+    torch.int64,
+    RadixCacheHandle,
+    InsertResult,
+    NamespaceStats,
+)

@@ -45,6 +45,8 @@ def test_a_wheel_holds_the_four_layers_and_the_face_but_no_maintainer_tool(wheel
         assert f"radixspec/{module}" in names
     assert {"radixspec/py.typed", "radixspec/__init__.py", "radixspec/__main__.py"} <= names
     assert any(name.startswith("radixspec/optimized/_radix_c") for name in names), "the C tree is not built in"
+    assert any(name.startswith("radixspec/optimized/_hotpath.cpython") for name in names), "the hot path is not built"
+    assert "radixspec/optimized/_hotpath.pyi" in names, "the hot path's types are not shipped"
     for tool in ("mutate_c", "mutation_sample", "mutation_report", "sanitize", "planted"):
         assert not any(name.endswith(f"/{tool}.py") for name in names), f"{tool} is a maintainer tool (tools/)"
 
