@@ -2,14 +2,16 @@
  * ``radixspec.optimized._hotpath``, whose methods are called with vectorcall and call the C tree (csrc/tree.c)
  * directly, with the GIL held, instead of through cffi.
  *
- *   Core          the C base class of RadixPrefixCache: its clock, roots, events, the counter's table, its
- *                 mutex, and match_prefix / insert_prefix. Each takes the common case whole in C (a torch
+ *   Core          the C base class of RadixPrefixCache: its clock, roots, events, the counter's table (of
+ *                 Counts), its mutex, and match_prefix / insert_prefix. Each takes the common case whole in C (a torch
  *                 tensor, a list or tuple of ints, or a buffer of native int32/int64; a namespace that holds
  *                 pages; no events; the counters' entry present) and hands every other call, unchanged, to the
  *                 Python method of the same operation (``_match_prefix``, ``_insert_prefix``), which checks and
  *                 raises as the spec says. Nothing is changed before the hand-over: the tree's calls check
  *                 everything first and change nothing on error.
  *   Handle        the C base class of RadixCacheHandle (cached_len, node, version, namespace, cache).
+ *   Counts        the C base class of the cache's per-namespace counters (spec/metrics.py's NamespaceStats
+ *                 fields, as C integers): the hot path counts without making Python ints.
  *   Mutex         the lock of a cache (``with cache._mutex``): a threading.RLock and how deep it is held. A
  *                 call takes the hot path only while no Python method of the cache holds it; once past that
  *                 check it runs no Python code (so no other thread runs) until the tree has changed and the
@@ -52,10 +54,9 @@ static struct {
     getter get_dtype, get_is_cpu, get_ndim;
     void *dtype_closure, *is_cpu_closure, *ndim_closure;
     PyObject *is_contiguous, *data_ptr, *numel;
-    PyTypeObject *handle_type, *insert_result_type, *stats_type;
+    PyTypeObject *handle_type, *insert_result_type;
 } bound;
 
-static PyObject *s_match_requests, *s_hit_requests, *s_match_tokens, *s_hit_tokens, *s_pages_stored;
 static PyObject *s_match_slow, *s_insert_slow, *s_input_ids, *s_indices, *s_namespace, *s_acquire, *s_release;
 
 /* ------------------------------------------------------------------ read_int64 */
@@ -297,6 +298,35 @@ static PyTypeObject HandleType = {
     .tp_traverse = (traverseproc)handle_traverse,
     .tp_clear = (inquiry)handle_clear,
     .tp_members = handle_members,
+};
+
+/* ------------------------------------------------------------------ Counts */
+
+/* The counters of one namespace (spec/metrics.py, NamespaceStats' fields) as C integers: the C base class of the
+ * cache's NamespaceStats, so that the hot path counts without making Python ints. */
+typedef struct {
+    PyObject_HEAD
+    long long match_requests, hit_requests, match_tokens, hit_tokens, pages_stored, pages_evicted, pages_dropped;
+} Counts;
+
+static PyMemberDef counts_members[] = {
+    {"match_requests", T_LONGLONG, offsetof(Counts, match_requests), 0, "match_prefix calls"},
+    {"hit_requests", T_LONGLONG, offsetof(Counts, hit_requests), 0, "match_prefix calls that found a page"},
+    {"match_tokens", T_LONGLONG, offsetof(Counts, match_tokens), 0, "tokens asked"},
+    {"hit_tokens", T_LONGLONG, offsetof(Counts, hit_tokens), 0, "tokens matched"},
+    {"pages_stored", T_LONGLONG, offsetof(Counts, pages_stored), 0, "pages an insert cached"},
+    {"pages_evicted", T_LONGLONG, offsetof(Counts, pages_evicted), 0, "pages evict took"},
+    {"pages_dropped", T_LONGLONG, offsetof(Counts, pages_dropped), 0, "pages reset dropped"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CountsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "radixspec.optimized._hotpath.Counts",
+    .tp_basicsize = sizeof(Counts),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The counters of one namespace as C integers (the fields of spec.metrics.NamespaceStats).",
+    .tp_new = PyType_GenericNew,
+    .tp_members = counts_members,
 };
 
 /* ------------------------------------------------------------------ Core */
@@ -544,46 +574,18 @@ static PyObject *hand_over(Core *self, PyObject *method, PyObject *const *args, 
     return PyObject_VectorcallMethod(method, stack, (size_t)(nargs + 1), kwnames);
 }
 
-/* The counters of namespace (the counter's NamespaceStats, its attribute dict): borrowed, or NULL when the hot
- * path cannot count there (no entry yet: the Python method makes it, maybe retiring others). */
-static PyObject *counts_of(Core *self, PyObject *namespace) {
+/* The counters of namespace (borrowed), or NULL when the hot path cannot count there (no entry yet: the Python
+ * method makes it, maybe retiring others) */
+static Counts *counts_of(Core *self, PyObject *namespace) {
     if (self->counts == NULL || !PyDict_CheckExact(self->counts)) {
         return NULL;
     }
     PyObject *stats = PyDict_GetItemWithError(self->counts, namespace);
-    if (stats == NULL || !Py_IS_TYPE(stats, bound.stats_type)) {
+    if (stats == NULL || !PyObject_TypeCheck(stats, &CountsType)) {
         PyErr_Clear();
         return NULL;
     }
-    PyObject *fields = PyObject_GenericGetDict(stats, NULL);
-    if (fields == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_DECREF(fields); /* the instance keeps it */
-    return fields;
-}
-
-/* fields[name] as a C integer: 0, or -1 when it is not an exact int that fits */
-static int count_of(PyObject *fields, PyObject *name, long long *out) {
-    PyObject *value = PyDict_GetItemWithError(fields, name);
-    if (value == NULL || !PyLong_CheckExact(value)) {
-        PyErr_Clear();
-        return -1;
-    }
-    int overflow = 0;
-    *out = PyLong_AsLongLongAndOverflow(value, &overflow);
-    return overflow || (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static int set_count(PyObject *fields, PyObject *name, long long value) {
-    PyObject *boxed = PyLong_FromLongLong(value);
-    if (boxed == NULL) {
-        return -1;
-    }
-    int status = PyDict_SetItem(fields, name, boxed);
-    Py_DECREF(boxed);
-    return status;
+    return (Counts *)stats;
 }
 
 /* whether a call may take the hot path now: bound, on a GIL build, no Python method of this cache running */
@@ -663,11 +665,8 @@ static PyObject *core_match_prefix(Core *self, PyObject *const *args, Py_ssize_t
         goto hand_over;
     }
     int64_t root = root_of(self, namespace);
-    PyObject *fields = root < 0 ? NULL : counts_of(self, namespace);
-    long long match_requests, hit_requests, match_tokens, hit_tokens;
-    if (fields == NULL || count_of(fields, s_match_requests, &match_requests) ||
-        count_of(fields, s_hit_requests, &hit_requests) || count_of(fields, s_match_tokens, &match_tokens) ||
-        count_of(fields, s_hit_tokens, &hit_tokens)) {
+    Counts *counts = root < 0 ? NULL : counts_of(self, namespace);
+    if (counts == NULL) {
         goto hand_over;
     }
     int64_t n = tokens.n;
@@ -681,10 +680,13 @@ static PyObject *core_match_prefix(Core *self, PyObject *const *args, Py_ssize_t
     release_input(&tokens);
     self->entered = 0;
     int64_t length = walk.length;
-    if (set_count(fields, s_match_requests, match_requests + 1) || set_count(fields, s_match_tokens, match_tokens + n) ||
-        (length && (set_count(fields, s_hit_requests, hit_requests + 1) ||
-                    set_count(fields, s_hit_tokens, hit_tokens + length))) ||
-        fill_handle(handle, length, length ? walk.node : ROOT_NODE, length ? walk.version : 0, namespace, self)) {
+    counts->match_requests += 1;
+    counts->match_tokens += n;
+    if (length) {
+        counts->hit_requests += 1;
+        counts->hit_tokens += length;
+    }
+    if (fill_handle(handle, length, length ? walk.node : ROOT_NODE, length ? walk.version : 0, namespace, self)) {
         Py_DECREF(handle);
         return NULL;
     }
@@ -733,9 +735,8 @@ static PyObject *core_insert_prefix(Core *self, PyObject *const *args, Py_ssize_
         goto hand_over;
     }
     int64_t root = root_of(self, namespace);
-    PyObject *fields = root < 0 ? NULL : counts_of(self, namespace);
-    long long pages_stored;
-    if (fields == NULL || count_of(fields, s_pages_stored, &pages_stored)) {
+    Counts *counts = root < 0 ? NULL : counts_of(self, namespace);
+    if (counts == NULL) {
         goto hand_over;
     }
     radix_tree_walk walk;
@@ -749,9 +750,9 @@ static PyObject *core_insert_prefix(Core *self, PyObject *const *args, Py_ssize_
     release_input(&slots);
     self->entered = 0;
     int64_t cached_len = walk.length;
+    counts->pages_stored += (end - cached_len) / self->page_size;
     PyObject *boxed = PyLong_FromLongLong(cached_len);
-    if ((cached_len < end && set_count(fields, s_pages_stored, pages_stored + (end - cached_len) / self->page_size)) ||
-        fill_handle(handle, end, walk.node, walk.version, namespace, self) || boxed == NULL) {
+    if (fill_handle(handle, end, walk.node, walk.version, namespace, self) || boxed == NULL) {
         Py_XDECREF(boxed);
         Py_DECREF(handle);
         Py_DECREF(result);
@@ -893,10 +894,9 @@ static int getset_of(PyTypeObject *type, const char *name, getter *get, void **c
 static PyObject *setup(PyObject *module, PyObject *args) {
     (void)module;
     unsigned long long match_address, insert_address;
-    PyObject *tensor_type, *int32, *int64, *handle_type, *insert_result_type, *stats_type;
-    if (!PyArg_ParseTuple(args, "KKO!OOO!O!O!:setup", &match_address, &insert_address, &PyType_Type, &tensor_type,
-                          &int32, &int64, &PyType_Type, &handle_type, &PyType_Type, &insert_result_type,
-                          &PyType_Type, &stats_type)) {
+    PyObject *tensor_type, *int32, *int64, *handle_type, *insert_result_type;
+    if (!PyArg_ParseTuple(args, "KKO!OOO!O!:setup", &match_address, &insert_address, &PyType_Type, &tensor_type,
+                          &int32, &int64, &PyType_Type, &handle_type, &PyType_Type, &insert_result_type)) {
         return NULL;
     }
     if (bound.ready) {
@@ -941,8 +941,6 @@ static PyObject *setup(PyObject *module, PyObject *args) {
     bound.handle_type = handles;
     Py_INCREF(insert_result_type);
     bound.insert_result_type = results;
-    Py_INCREF(stats_type);
-    bound.stats_type = (PyTypeObject *)stats_type;
     bound.ready = 1;
     Py_RETURN_NONE;
 }
@@ -951,7 +949,7 @@ static PyMethodDef methods[] = {
     {"read_int64", (PyCFunction)(void (*)(void))read_int64, METH_FASTCALL,
      "read_int64(values, address, capacity) -> n, or -1 - i for the first item i that is not an exact int64"},
     {"setup", (PyCFunction)setup, METH_VARARGS,
-     "setup(match, insert, Tensor, int32, int64, handle_class, insert_result_class, stats_class): once per "
+     "setup(match, insert, Tensor, int32, int64, handle_class, insert_result_class): once per "
      "process, from radixspec.optimized.radix_cache"},
     {NULL, NULL, 0, NULL},
 };
@@ -970,15 +968,14 @@ static int intern(PyObject **slot, const char *text) {
 }
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    if (intern(&s_match_requests, "match_requests") || intern(&s_hit_requests, "hit_requests") ||
-        intern(&s_match_tokens, "match_tokens") || intern(&s_hit_tokens, "hit_tokens") ||
-        intern(&s_pages_stored, "pages_stored") || intern(&s_match_slow, "_match_prefix") ||
+    if (intern(&s_match_slow, "_match_prefix") ||
         intern(&s_insert_slow, "_insert_prefix") || intern(&s_input_ids, "input_ids") ||
         intern(&s_indices, "indices") || intern(&s_namespace, "namespace") || intern(&s_acquire, "acquire") ||
         intern(&s_release, "release")) {
         return NULL;
     }
-    if (PyType_Ready(&MutexType) < 0 || PyType_Ready(&HandleType) < 0 || PyType_Ready(&CoreType) < 0) {
+    if (PyType_Ready(&MutexType) < 0 || PyType_Ready(&HandleType) < 0 || PyType_Ready(&CountsType) < 0 ||
+        PyType_Ready(&CoreType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);
@@ -987,6 +984,7 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     }
     if (PyModule_AddObjectRef(m, "Mutex", (PyObject *)&MutexType) < 0 ||
         PyModule_AddObjectRef(m, "Handle", (PyObject *)&HandleType) < 0 ||
+        PyModule_AddObjectRef(m, "Counts", (PyObject *)&CountsType) < 0 ||
         PyModule_AddObjectRef(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -10,7 +10,6 @@ def setup(
     int64: Any,
     handle_type: type,
     insert_result_type: type,
-    stats_type: type,
 ) -> None: ...
 
 class Mutex:
@@ -26,6 +25,15 @@ class Handle:
     namespace: Any
     cache: Any
     def __init__(self, cached_len: int, node: int, version: int, namespace: Any, cache: Any) -> None: ...
+
+class Counts:
+    match_requests: int
+    hit_requests: int
+    match_tokens: int
+    hit_tokens: int
+    pages_stored: int
+    pages_evicted: int
+    pages_dropped: int
 
 class Core:
     clock: int

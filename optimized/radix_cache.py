@@ -108,6 +108,11 @@ class RadixCacheHandle(_hotpath.Handle):
         return f"RadixCacheHandle(cached_len={self.cached_len})"
 
 
+class CountedStats(_hotpath.Counts, NamespaceStats):
+    """A namespace's counters (spec/metrics.py) whose fields are C integers (csrc/hotpath.c): the hot path adds to
+    them without making Python ints."""
+
+
 # one call at a time (reference/threads.py): cffi lets other threads run during a C call, and the calls share
 # scratch buffers (the walk, the token and slot rooms). match_prefix and insert_prefix are the C base class's
 # (csrc/hotpath.c): they take the common case in C with the GIL held, while no method here holds the mutex, and
@@ -177,7 +182,7 @@ class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
         self._on_host = self.device.type == "cpu"
         # metrics (spec/metrics.py): counted here as the operations run; evictions per namespace are
         # what was stored less what is cached and what reset dropped; C sums the evicted pages' stamps
-        self.counter = StatsCounter(lambda namespace: namespace in self.roots)
+        self.counter = StatsCounter(lambda namespace: namespace in self.roots, new_stats=CountedStats)
         # the hot path counts into the counter's table itself (a namespace already in it)
         self._counts = self.counter.counts
         self._evict_clock_sum = 0
@@ -726,5 +731,4 @@ _hotpath.setup(
     torch.int64,
     RadixCacheHandle,
     InsertResult,
-    NamespaceStats,
 )

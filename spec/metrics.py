@@ -115,7 +115,14 @@ class StatsCounter:
     goes. The room then doubles past what is left, so retiring costs O(1) per namespace, amortized.
     """
 
-    def __init__(self, holds_pages: Callable[[Namespace], bool], limit: int | None = None) -> None:
+    def __init__(
+        self,
+        holds_pages: Callable[[Namespace], bool],
+        limit: int | None = None,
+        new_stats: Callable[[], NamespaceStats] = NamespaceStats,
+    ) -> None:
+        # new_stats: how an entry of the table is made (the optimized cache keeps its counters as C integers)
+        self._new_stats = new_stats
         self.counts: dict[Namespace, NamespaceStats] = {}
         self.retired = NamespaceStats()
         self._holds_pages = holds_pages
@@ -127,7 +134,7 @@ class StatsCounter:
         if found is None:
             if len(self.counts) >= self._room:
                 self._retire()
-            found = self.counts[namespace] = NamespaceStats()
+            found = self.counts[namespace] = self._new_stats()
         return found
 
     def _retire(self) -> None:

@@ -262,7 +262,7 @@ def test_the_classes_refuse_what_would_break_them() -> None:
     with pytest.raises(RuntimeError, match="bound already"):
         cache._bind_tree(cache._tree, 1, P, True)
     with pytest.raises(RuntimeError, match="once per process"):
-        _hotpath.setup(1, 1, torch.Tensor, torch.int32, torch.int64, RadixCacheHandle, tuple, dict)
+        _hotpath.setup(1, 1, torch.Tensor, torch.int32, torch.int64, RadixCacheHandle, tuple)
     # a cache never initialized, or a bare Core, has no tree: each call goes to Python, which says what is missing
     bare = RadixPrefixCache.__new__(RadixPrefixCache)
     with pytest.raises(AttributeError):
