@@ -4,8 +4,9 @@ A server takes a prompt (a Python list: what a scheduler holds) and its namespac
 does for it: match, lock, take pages for the rest (evicting when the pool is short), insert the whole pages,
 unlock, give the partial last page back. It returns the tokens the match hit. The caches:
 
-* ``optimized``: our C tree over a FIFO free list of pages (``radixspec replay``'s loop, the cache called
-  directly with the list);
+* ``optimized``: our C tree over a stack of free pages and the request's row of the page table (numpy arrays,
+  as an engine keeps them): the match with the list, its slots copied into the row, the new pages' slots
+  written after them, the insert with the list and the row;
 * ``sglang-unified``: SGLang 0.5.23's ``UnifiedRadixCache`` (FULL) on its Rust tree core over its real
   ``PagedTokenToKVPoolAllocator``, called as its scheduler calls it: the key built from the list
   (``_req_radix_key``), ``match_prefix``, ``lock``, ``evict_for_alloc`` of the shortfall and ``alloc``,
@@ -21,16 +22,18 @@ caches evict differently (ours a page at a time, SGLang whole leaves, vLLM the f
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
 import torch
 
 from radixspec import optimized
 from radixspec.spec.domains import Namespace
 
 Request = tuple[list[int], Namespace]
+# the longest prompt of a trace (longer ones are left out)
+MAX_PROMPT = 4_096
 
 
 class Server:
@@ -46,29 +49,38 @@ class OursServer(Server):
     def __init__(self, page_size: int, pool_pages: int) -> None:
         self.p = page_size
         self.cache = optimized.RadixPrefixCache(page_size)
-        # the free pages (their numbers), and each page's slots
-        self.free: deque[int] = deque(range(pool_pages))
-        self.page_slots = torch.arange(pool_pages * page_size, dtype=torch.int32).view(pool_pages, page_size)
+        # the free pages (their numbers): a stack, taken from and given back to its top
+        self.free = numpy.arange(pool_pages, dtype=numpy.int32)
+        self.top = pool_pages
+        self.offsets = numpy.arange(page_size, dtype=numpy.int32)
+        # the request's row of the page table (as an engine keeps one per request): its slots, token by token
+        self.row = numpy.empty(MAX_PROMPT + page_size, dtype=numpy.int32)
         # evictions write into one kept buffer (evict's out=)
         self.out = torch.empty(pool_pages * page_size, dtype=torch.int32)
+        self.out_view = self.out.numpy()
 
     def serve(self, tokens: list[int], namespace: Namespace) -> int:
-        p, cache, free = self.p, self.cache, self.free
+        p, cache, free, row = self.p, self.cache, self.free, self.row
+        n = len(tokens)
         # match_req: all but the last token (recomputed for the logits)
         handle = cache.match_prefix(tokens[:-1], namespace)
         hit = handle.cached_len
         cache.lock(handle)
-        new = -(-len(tokens) // p) - hit // p
-        if new > len(free):
-            short = new - len(free)
+        new = -(-n // p) - hit // p
+        if new > self.top:
+            short = new - self.top
             cache.evict(short * p, out=self.out)
-            free.extend(start // p for start in self.out[: short * p : p].tolist())
-        pages = [free.popleft() for _ in range(new)]
-        fresh = self.page_slots[torch.tensor(pages)].view(-1)
-        cache.insert_prefix(tokens, torch.cat((handle.get_matched_indices(), fresh[: len(tokens) - hit])), namespace)
+            free[self.top : self.top + short] = self.out_view[: short * p : p] // p
+            self.top += short
+        self.top -= new
+        pages = free[self.top : self.top + new]
+        row[:hit] = handle.get_matched_indices().numpy()
+        numpy.add(pages[:, None] * p, self.offsets, out=row[hit : hit + new * p].reshape(new, p))
+        cache.insert_prefix(tokens, row[:n], namespace)
         cache.unlock(handle)
-        if len(tokens) % p:
-            free.append(pages[-1])
+        if n % p:
+            free[self.top] = pages[-1]
+            self.top += 1
         return hit
 
 
@@ -150,7 +162,7 @@ def serve_all(server: Server, requests: Sequence[Request]) -> tuple[int, int]:
     return hit, asked
 
 
-def trace(requests: int = 2_000, seed: int = 0, limit: int = 4_096) -> list[Request]:
+def trace(requests: int = 2_000, seed: int = 0, limit: int = MAX_PROMPT) -> list[Request]:
     """``radixspec replay --generate``'s trace, in memory (prompts over ``limit`` tokens left out)."""
     import tempfile
     from pathlib import Path

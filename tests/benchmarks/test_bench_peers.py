@@ -73,7 +73,7 @@ def test_table_match_5000(benchmark: Any, impl: str, page_size: int) -> None:
     benchmark.group = f"table match x5000 P={page_size}"
     loaded = pp.load(impl, table_work(page_size))
     benchmark.extra_info["calls"] = TABLE["matches"]
-    benchmark.pedantic(pp.match_some, args=(loaded.driver, loaded.tokens, TABLE["matches"]), rounds=3, iterations=1)
+    benchmark.pedantic(pp.match_some, args=(loaded.driver, loaded.tokens, TABLE["matches"]), rounds=7, iterations=1)
 
 
 @pytest.mark.parametrize("impl", pp.PEERS + pp.EVICT_VARIANTS)
@@ -171,7 +171,7 @@ def test_d_peers_serving_loop_trace(benchmark: Any, impl: str) -> None:
         _TRACE.extend(w.serving_trace(16))
     pool_pages = 32_768 // 16
     ops = pp.trace_for(pp.make(impl, 16, pool_pages), _TRACE)
-    benchmark.pedantic(pp.replay, setup=lambda: ((pp.make(impl, 16, pool_pages), ops), {}), rounds=3, iterations=1)
+    benchmark.pedantic(pp.replay, setup=lambda: ((pp.make(impl, 16, pool_pages), ops), {}), rounds=7, iterations=1)
 
 
 @pytest.mark.parametrize("impl", pp.PEERS)
