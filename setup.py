@@ -17,6 +17,9 @@ from setuptools.command.build_py import build_py
 # as csrc/build_ffi.py: warnings are errors only where our own CI asks (a newer compiler's new warning must not break
 # a user's pip install)
 HOTPATH_FLAGS = ["-O2", "-Wall", "-Wextra", *(["-Werror"] if os.environ.get("RADIXSPEC_WERROR") == "1" else [])]
+# as csrc/build_ffi.py: RADIXSPEC_SANITIZE=1 builds with AddressSanitizer and UndefinedBehaviorSanitizer (tools/sanitize)
+SANITIZE = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+SANITIZED = os.environ.get("RADIXSPEC_SANITIZE") == "1"
 CUDA_SOURCES = ("store.cu", "store_cuda.h", "store_status.h")
 
 
@@ -35,7 +38,11 @@ setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[
         Extension(
-            "radixspec.optimized._hotpath", ["csrc/hotpath.c"], include_dirs=["csrc"], extra_compile_args=HOTPATH_FLAGS
+            "radixspec.optimized._hotpath",
+            ["csrc/hotpath.c"],
+            include_dirs=["csrc"],
+            extra_compile_args=HOTPATH_FLAGS + (SANITIZE if SANITIZED else []),
+            extra_link_args=SANITIZE if SANITIZED else [],
         )
     ],
     cmdclass={"build_py": BuildPyWithCudaSources},

@@ -3,12 +3,13 @@
  * directly, with the GIL held, instead of through cffi.
  *
  *   Core          the C base class of RadixPrefixCache: its clock, roots, events, the counter's table (of
- *                 Counts), its mutex, and match_prefix / insert_prefix. Each takes the common case whole in C (a torch
- *                 tensor, a list or tuple of ints, or a buffer of native int32/int64; a namespace that holds
- *                 pages; no events; the counters' entry present) and hands every other call, unchanged, to the
- *                 Python method of the same operation (``_match_prefix``, ``_insert_prefix``), which checks and
- *                 raises as the spec says. Nothing is changed before the hand-over: the tree's calls check
- *                 everything first and change nothing on error.
+ *                 Counts), its mutex, and match_prefix / insert_prefix / evict. Each takes the common case whole
+ *                 in C (a torch tensor, a list or tuple of ints, or a buffer of native int32/int64; a namespace
+ *                 that holds pages; no events; the counters' entry present; an exact int size, an int32 out=)
+ *                 and hands every other call, unchanged, to the Python method of the same operation
+ *                 (``_match_prefix``, ``_insert_prefix``, ``_evict``), which checks and raises as the spec says.
+ *                 Nothing is changed before the hand-over: the tree's calls check everything first and change
+ *                 nothing on error.
  *   Handle        the C base class of RadixCacheHandle (cached_len, node, version, namespace, cache).
  *   Counts        the C base class of the cache's per-namespace counters (spec/metrics.py's NamespaceStats
  *                 fields, as C integers): the hot path counts without making Python ints.
@@ -34,13 +35,19 @@
 /* the spec's bounds (radixspec.spec.domains): NAMESPACE_DEPTH_LIMIT, and the tree's root-less node */
 #define NAMESPACE_DEPTH_LIMIT 32
 #define ROOT_NODE (-1)
+/* evict sizes above this go to the Python method (radix_cache._LARGE_EVICT: checked before a buffer is made) */
+#define LARGE_EVICT (1 << 20)
 
 typedef int (*match_fn)(radix_tree *, int64_t, const void *, int32_t, int64_t, int64_t, int64_t, radix_tree_walk *);
 typedef int (*insert_fn)(radix_tree *, int64_t, const void *, int32_t, const void *, int32_t, int64_t, int64_t, int64_t,
                          radix_tree_walk *);
+typedef int (*evict_fn)(radix_tree *, int64_t, int32_t *, int64_t *, int64_t, int64_t *);
+typedef int (*drop_root_fn)(radix_tree *, int64_t);
 #ifdef __GNUC__
 _Static_assert(__builtin_types_compatible_p(__typeof__(&radix_tree_match), match_fn), "radix_tree_match's type");
 _Static_assert(__builtin_types_compatible_p(__typeof__(&radix_tree_insert), insert_fn), "radix_tree_insert's type");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&radix_tree_evict), evict_fn), "radix_tree_evict's type");
+_Static_assert(__builtin_types_compatible_p(__typeof__(&radix_tree_drop_root), drop_root_fn), "drop_root's type");
 #endif
 
 /* ------------------------------------------------------------------ bound once by setup() */
@@ -49,6 +56,9 @@ static struct {
     int ready;
     match_fn match;
     insert_fn insert;
+    evict_fn evict;
+    drop_root_fn drop_root;
+    PyObject *new_slots;
     PyTypeObject *tensor_type;
     PyObject *int32, *int64;
     getter get_dtype, get_is_cpu, get_ndim;
@@ -57,7 +67,7 @@ static struct {
     PyTypeObject *handle_type, *insert_result_type;
 } bound;
 
-static PyObject *s_match_slow, *s_insert_slow, *s_input_ids, *s_indices, *s_namespace, *s_acquire, *s_release;
+static PyObject *s_match_slow, *s_insert_slow, *s_evict_slow, *s_size, *s_out, *s_input_ids, *s_indices, *s_namespace, *s_acquire, *s_release;
 
 /* ------------------------------------------------------------------ read_int64 */
 
@@ -342,10 +352,14 @@ typedef struct {
     PyObject *tree_owner;
     int64_t page_size;
     long long clock;
+    long long evict_clock_sum;
     int on_host;
     int entered;
-    PyObject *roots, *events, *counts, *mutex;
+    PyObject *roots, *namespace_of, *events, *counts, *mutex;
     Room token_room, slot_room;
+    /* roots an evict emptied (room for every root) */
+    int64_t *emptied;
+    Py_ssize_t emptied_capacity;
 } Core;
 
 /* What one argument gave: a pointer and count for the tree, its width in bytes, and the buffer to release. */
@@ -771,6 +785,128 @@ hand_over:
     return hand_over(self, s_insert_slow, args, nargs, kwnames);
 }
 
+/* after an evict that emptied roots: each namespace whose last page went keeps no root (as _drop_root does);
+ * 0, or -1 with an error set (the tables disagree: IntegrityError's job, raised by the caller's check) */
+static int drop_emptied_roots(Core *self, int64_t n_emptied) {
+    for (int64_t k = 0; k < n_emptied; ++k) {
+        PyObject *root = PyLong_FromLongLong(self->emptied[k]);
+        if (root == NULL) {
+            return -1;
+        }
+        PyObject *namespace = PyDict_GetItemWithError(self->namespace_of, root);
+        if (namespace == NULL) {
+            Py_DECREF(root);
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError, "evict: an emptied root has no namespace");
+            }
+            return -1;
+        }
+        Py_INCREF(namespace);
+        int status = PyDict_DelItem(self->roots, namespace) || PyDict_DelItem(self->namespace_of, root);
+        Py_DECREF(namespace);
+        Py_DECREF(root);
+        if (status || bound.drop_root(self->tree, self->emptied[k]) != RADIX_TREE_OK) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_RuntimeError, "evict: the tree kept an emptied root");
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *core_evict(Core *self, PyObject *const *args, Py_ssize_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *names[2] = {s_size, s_out};
+    PyObject *given[2];
+    if (!hot_path_open(self) || !self->on_host || self->events != Py_None || self->namespace_of == NULL ||
+        !PyDict_CheckExact(self->namespace_of) || !bind_arguments(args, nargs, kwnames, names, 2, 1, given) ||
+        !PyLong_CheckExact(given[0])) {
+        return hand_over(self, s_evict_slow, args, nargs, kwnames);
+    }
+    int overflow = 0;
+    long long size = PyLong_AsLongLongAndOverflow(given[0], &overflow);
+    if (overflow || size < 0 || size > LARGE_EVICT) {
+        PyErr_Clear();
+        return hand_over(self, s_evict_slow, args, nargs, kwnames);
+    }
+    int64_t p = self->page_size;
+    int64_t pages = (size + p - 1) / p;
+    PyObject *out = given[1] == NULL ? Py_None : given[1];
+    self->entered = 1;
+    PyObject *slots = NULL;
+    Input buffer;
+    buffer.has_view = 0;
+    if (out == Py_None) {
+        /* a new tensor of exactly the slots (allocated before the tree is looked at: it may run Python code) */
+        PyObject *count = PyLong_FromLongLong(pages * p);
+        if (count == NULL) {
+            PyErr_Clear();
+            goto hand_over;
+        }
+        slots = PyObject_Vectorcall(bound.new_slots, &count, 1, NULL);
+        Py_DECREF(count);
+        if (slots == NULL) {
+            PyErr_Clear();
+            goto hand_over;
+        }
+    } else {
+        Py_INCREF(out);
+        slots = out;
+    }
+    /* the slots' buffer: a 1-D contiguous int32 CPU tensor of room for every slot, else the Python method says why */
+    if (!Py_IS_TYPE(slots, bound.tensor_type) || read_tensor(slots, &buffer) != 1 || buffer.width != 4 ||
+        buffer.n < pages * p || (pages > 0 && buffer.data == NULL)) {
+        PyErr_Clear();
+        goto hand_over;
+    }
+    Py_ssize_t roots = PyDict_GET_SIZE(self->roots);
+    if (self->emptied_capacity < roots) {
+        Py_ssize_t capacity = 2 * roots < 16 ? 16 : 2 * roots;
+        int64_t *grown = PyMem_Realloc(self->emptied, (size_t)capacity * sizeof(int64_t));
+        if (grown == NULL) {
+            goto hand_over;
+        }
+        self->emptied = grown;
+        self->emptied_capacity = capacity;
+    }
+    /* from here to the tree's change, no Python code runs */
+    if (((Mutex *)self->mutex)->held) {
+        goto hand_over;
+    }
+    int64_t n_emptied = 0;
+    int status = bound.evict(self->tree, pages, (int32_t *)buffer.data, self->emptied, self->emptied_capacity,
+                             &n_emptied);
+    if (status == RADIX_TREE_NOT_EVICTABLE || status == RADIX_TREE_BAD_ARGS) {
+        goto hand_over; /* refused before anything changed: the Python method raises the error */
+    }
+    if (status == RADIX_TREE_OK || status == RADIX_TREE_ROOTS_EMPTIED) {
+        self->evict_clock_sum += self->clock * pages;
+    }
+    /* a failure half way (a corrupted tree, no memory) may have evicted, and emptied roots, already: as the Python
+     * method does, the emptied roots go, then the status's error is raised (by the Python method that maps it) */
+    int dropped = drop_emptied_roots(self, n_emptied);
+    self->entered = 0;
+    if (dropped < 0 || (status != RADIX_TREE_OK && status != RADIX_TREE_ROOTS_EMPTIED)) {
+        Py_DECREF(slots);
+        if (dropped < 0) {
+            return NULL;
+        }
+        PyObject *raised = PyObject_CallMethod((PyObject *)self, "_raise_for", "i", status);
+        Py_XDECREF(raised);
+        if (raised != NULL) {
+            PyErr_Format(PyExc_RuntimeError, "evict: the tree's status %d raised nothing", status);
+        }
+        return NULL;
+    }
+    return slots;
+
+hand_over:
+    Py_XDECREF(slots);
+    self->entered = 0;
+    return hand_over(self, s_evict_slow, args, nargs, kwnames);
+}
+
 static PyObject *core_bind_tree(Core *self, PyObject *args) {
     PyObject *owner;
     unsigned long long address;
@@ -809,6 +945,7 @@ static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
 
 static int core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->roots);
+    Py_VISIT(self->namespace_of);
     Py_VISIT(self->events);
     Py_VISIT(self->counts);
     Py_VISIT(self->mutex);
@@ -818,6 +955,7 @@ static int core_traverse(Core *self, visitproc visit, void *arg) {
 
 static int core_clear(Core *self) {
     Py_CLEAR(self->roots);
+    Py_CLEAR(self->namespace_of);
     Py_CLEAR(self->events);
     Py_CLEAR(self->counts);
     Py_CLEAR(self->mutex);
@@ -833,6 +971,7 @@ static void core_dealloc(Core *self) {
     core_clear(self);
     PyMem_Free(self->token_room.values);
     PyMem_Free(self->slot_room.values);
+    PyMem_Free(self->emptied);
     /* a subclass's instance: subtype_dealloc drops the reference to its type after this */
     type->tp_free((PyObject *)self);
 }
@@ -844,6 +983,12 @@ static PyMethodDef core_methods[] = {
     {"insert_prefix", (PyCFunction)(void (*)(void))core_insert_prefix, METH_FASTCALL | METH_KEYWORDS,
      "insert_prefix($self, input_ids, indices, namespace=None)\n--\n\n"
      "Cache the whole pages of input_ids; new pages take their slots from indices."},
+    {"evict", (PyCFunction)(void (*)(void))core_evict, METH_FASTCALL | METH_KEYWORDS,
+     "evict($self, size, out=None)\n--\n\n"
+     "Evict exactly ceil(size / P) pages, LRU evictable leaf first; slots ascending (int32).\n\n"
+     "out: for a cache on the CPU, a 1-D contiguous int32 CPU tensor of at least ceil(size / P) * P slots. The\n"
+     "slots are written to its front and out itself is returned (nothing is allocated: an engine that evicts a\n"
+     "page at a time keeps one buffer). Without it, a new tensor of exactly the slots."},
     {"_bind_tree", (PyCFunction)core_bind_tree, METH_VARARGS,
      "_bind_tree(owner, address, page_size, on_host): the C tree this cache drives (once)."},
     {NULL, NULL, 0, NULL},
@@ -852,6 +997,9 @@ static PyMethodDef core_methods[] = {
 static PyMemberDef core_members[] = {
     {"clock", T_LONGLONG, offsetof(Core, clock), 0, "the logical clock: +1 per match_prefix and insert_prefix"},
     {"roots", T_OBJECT_EX, offsetof(Core, roots), 0, "one root per namespace that holds pages"},
+    {"_namespace_of", T_OBJECT_EX, offsetof(Core, namespace_of), 0, "root id -> namespace"},
+    {"_evict_clock_sum", T_LONGLONG, offsetof(Core, evict_clock_sum), 0,
+     "the clock summed over evicted pages (the eviction ages' first half)"},
     {"events", T_OBJECT, offsetof(Core, events), 0, "KV events not yet taken, or None while none are emitted"},
     {"_counts", T_OBJECT_EX, offsetof(Core, counts), 0, "the counter's table: namespace -> NamespaceStats"},
     {"_mutex", T_OBJECT_EX, offsetof(Core, mutex), 0, "the cache's Mutex"},
@@ -893,10 +1041,11 @@ static int getset_of(PyTypeObject *type, const char *name, getter *get, void **c
 
 static PyObject *setup(PyObject *module, PyObject *args) {
     (void)module;
-    unsigned long long match_address, insert_address;
-    PyObject *tensor_type, *int32, *int64, *handle_type, *insert_result_type;
-    if (!PyArg_ParseTuple(args, "KKO!OOO!O!:setup", &match_address, &insert_address, &PyType_Type, &tensor_type,
-                          &int32, &int64, &PyType_Type, &handle_type, &PyType_Type, &insert_result_type)) {
+    unsigned long long match_address, insert_address, evict_address, drop_root_address;
+    PyObject *tensor_type, *int32, *int64, *new_slots, *handle_type, *insert_result_type;
+    if (!PyArg_ParseTuple(args, "KKKKO!OOOO!O!:setup", &match_address, &insert_address, &evict_address,
+                          &drop_root_address, &PyType_Type, &tensor_type, &int32, &int64, &new_slots, &PyType_Type,
+                          &handle_type, &PyType_Type, &insert_result_type)) {
         return NULL;
     }
     if (bound.ready) {
@@ -904,7 +1053,7 @@ static PyObject *setup(PyObject *module, PyObject *args) {
         return NULL;
     }
     PyTypeObject *handles = (PyTypeObject *)handle_type, *results = (PyTypeObject *)insert_result_type;
-    if (match_address == 0 || insert_address == 0) {
+    if (match_address == 0 || insert_address == 0 || evict_address == 0 || drop_root_address == 0) {
         PyErr_SetString(PyExc_ValueError, "setup: a null function");
         return NULL;
     }
@@ -931,6 +1080,10 @@ static PyObject *setup(PyObject *module, PyObject *args) {
     }
     bound.match = (match_fn)(uintptr_t)match_address;
     bound.insert = (insert_fn)(uintptr_t)insert_address;
+    bound.evict = (evict_fn)(uintptr_t)evict_address;
+    bound.drop_root = (drop_root_fn)(uintptr_t)drop_root_address;
+    Py_INCREF(new_slots);
+    bound.new_slots = new_slots;
     Py_INCREF(tensor_type);
     bound.tensor_type = tensors;
     Py_INCREF(int32);
@@ -949,7 +1102,8 @@ static PyMethodDef methods[] = {
     {"read_int64", (PyCFunction)(void (*)(void))read_int64, METH_FASTCALL,
      "read_int64(values, address, capacity) -> n, or -1 - i for the first item i that is not an exact int64"},
     {"setup", (PyCFunction)setup, METH_VARARGS,
-     "setup(match, insert, Tensor, int32, int64, handle_class, insert_result_class): once per "
+     "setup(match, insert, evict, drop_root, Tensor, int32, int64, new_slots, handle_class, insert_result_class): once "
+     "per "
      "process, from radixspec.optimized.radix_cache"},
     {NULL, NULL, 0, NULL},
 };
@@ -968,7 +1122,8 @@ static int intern(PyObject **slot, const char *text) {
 }
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    if (intern(&s_match_slow, "_match_prefix") ||
+    if (intern(&s_match_slow, "_match_prefix") || intern(&s_evict_slow, "_evict") || intern(&s_size, "size") ||
+        intern(&s_out, "out") ||
         intern(&s_insert_slow, "_insert_prefix") || intern(&s_input_ids, "input_ids") ||
         intern(&s_indices, "indices") || intern(&s_namespace, "namespace") || intern(&s_acquire, "acquire") ||
         intern(&s_release, "release")) {

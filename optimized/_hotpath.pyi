@@ -5,9 +5,12 @@ def read_int64(values: list[int] | tuple[int, ...], address: int, capacity: int)
 def setup(
     match: int,
     insert: int,
+    evict: int,
+    drop_root: int,
     tensor_type: type,
     int32: Any,
     int64: Any,
+    new_slots: Any,
     handle_type: type,
     insert_result_type: type,
 ) -> None: ...
@@ -38,6 +41,8 @@ class Counts:
 class Core:
     clock: int
     roots: dict[Any, int]
+    _namespace_of: dict[int, Any]
+    _evict_clock_sum: int
     events: Any
     _counts: dict[Any, Any]
     _mutex: Mutex

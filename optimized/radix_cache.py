@@ -117,13 +117,14 @@ class CountedStats(_hotpath.Counts, NamespaceStats):
 # scratch buffers (the walk, the token and slot rooms). match_prefix and insert_prefix are the C base class's
 # (csrc/hotpath.c): they take the common case in C with the GIL held, while no method here holds the mutex, and
 # hand every other call to _match_prefix / _insert_prefix, which take the mutex
-_SERIALIZED = tuple(name for name in PREFIX_CACHE_CALLS if name not in ("match_prefix", "insert_prefix"))
+_SERIALIZED = tuple(name for name in PREFIX_CACHE_CALLS if name not in ("match_prefix", "insert_prefix", "evict"))
 
 
 @serialized(
     *_SERIALIZED,
     "_match_prefix",
     "_insert_prefix",
+    "_evict",
     "nodes",
     "path_nodes",
     "tree_stats",
@@ -213,6 +214,8 @@ class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
             indices: torch.Tensor | Sequence[int],
             namespace: Namespace = None,
         ) -> InsertResult: ...
+
+        def evict(self, size: int, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
     def _match_prefix(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> RadixCacheHandle:
         """``match_prefix`` in Python: every call the C base class does not take (csrc/hotpath.c)."""
@@ -305,8 +308,9 @@ class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
         locked = self._lib.radix_tree_is_locked(self._tree, checked.node, checked.version)
         return bool(locked == 1)
 
-    def evict(self, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Evict exactly ceil(size / P) pages, LRU evictable leaf first; slots ascending (int32).
+    def _evict(self, size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``evict`` in Python: every call the C base class does not take (csrc/hotpath.c). Evict exactly
+        ceil(size / P) pages, LRU evictable leaf first; slots ascending (int32).
 
         ``out``: for a cache on the CPU, a 1-D contiguous int32 CPU tensor of at least ceil(size / P) * P
         slots. The slots are written to its front and ``out`` itself is returned (nothing is allocated: an
@@ -721,14 +725,17 @@ class _ListRoom:
         self.pointer = ffi.cast("void *", self.address)
 
 
-# the hot path's bindings (csrc/hotpath.c), once per process: the tree's match and insert, torch's tensor class and
-# integer dtypes, and the classes it makes
+# the hot path's bindings (csrc/hotpath.c), once per process: the tree's match, insert, evict and drop_root, torch's
+# tensor class and integer dtypes, how a new int32 CPU tensor of n slots is made, and the classes it makes
 _hotpath.setup(
     int(_FFI.cast("uintptr_t", _FFI.addressof(_C, "radix_tree_match"))),
     int(_FFI.cast("uintptr_t", _FFI.addressof(_C, "radix_tree_insert"))),
+    int(_FFI.cast("uintptr_t", _FFI.addressof(_C, "radix_tree_evict"))),
+    int(_FFI.cast("uintptr_t", _FFI.addressof(_C, "radix_tree_drop_root"))),
     torch.Tensor,
     torch.int32,
     torch.int64,
+    torch.empty(0, dtype=torch.int32).new_empty,
     RadixCacheHandle,
     InsertResult,
 )

@@ -55,7 +55,7 @@ PROBE = textwrap.dedent(
 )
 
 # the optimized cache's operations on the hot path and the Python methods they hand calls to
-HOT_PATH = {"match_prefix": "_match_prefix", "insert_prefix": "_insert_prefix"}
+HOT_PATH = {"match_prefix": "_match_prefix", "insert_prefix": "_insert_prefix", "evict": "_evict"}
 
 
 @pytest.mark.parametrize("family", ["reference", "optimized", "optimized-hot"])

@@ -1,7 +1,8 @@
 """``python -m tools.sanitize``: the C tree under AddressSanitizer and UndefinedBehaviorSanitizer, driven by the fuzzer.
 
-A copy of the checkout gets its C module rebuilt with ``RADIXSPEC_SANITIZE=1``
-(``-fsanitize=address,undefined``, see ``csrc/build_ffi.py``); then one
+A copy of the checkout gets its C modules (the tree through cffi, and the hot path's CPython extension,
+csrc/hotpath.c) rebuilt with ``RADIXSPEC_SANITIZE=1`` (``-fsanitize=address,undefined``, see
+``csrc/build_ffi.py`` and ``setup.py``); then one
 campaign per machine (cache and manager by default) runs on the optimized
 implementation in that copy, side by side, with the ASan runtime preloaded.
 A memory error (use after free, overflow, double free) or undefined
@@ -77,10 +78,16 @@ def asan_runtime() -> str:
 
 
 def build(tree: Path, sanitize: bool) -> None:
-    """Rebuild the C module of the copy at ``tree`` (with the sanitizers when ``sanitize``); raise on failure."""
+    """Rebuild the C modules of the copy at ``tree`` in place (with the sanitizers when ``sanitize``): the cffi
+    module and the hot path's extension, both ``setup.py``'s; raise on failure."""
     env = {**os.environ, "RADIXSPEC_SANITIZE": "1" if sanitize else "0"}
     proc = subprocess.run(
-        [sys.executable, "csrc/build_ffi.py"], cwd=tree, env=env, capture_output=True, text=True, check=False
+        [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace", "--force"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])

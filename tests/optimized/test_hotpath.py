@@ -1,4 +1,4 @@
-"""The hot path of the optimized prefix cache (csrc/hotpath.c): match_prefix and insert_prefix in C.
+"""The hot path of the optimized prefix cache (csrc/hotpath.c): match_prefix, insert_prefix and evict in C.
 
 It takes the common case whole (a torch tensor, a list or tuple of ints, a buffer of native int32/int64, in a
 namespace that holds pages, no events) and hands every other call, with its very arguments, to the Python
@@ -45,7 +45,7 @@ class Spy:
 
     def __init__(self, cache: RadixPrefixCache) -> None:
         self.calls: list[str] = []
-        for name in ("_match_prefix", "_insert_prefix"):
+        for name in ("_match_prefix", "_insert_prefix", "_evict"):
             method = getattr(cache, name)
             setattr(cache, name, self._counting(name, method))
 
@@ -78,14 +78,16 @@ def test_the_hot_path_takes_every_format_and_agrees_with_the_python_method(fmt: 
     prompt = [*TOKENS[:8], 50, 51, 52, 53, 54, 55]
     slots = list(range(200, 214))
     results = []
-    for cache, match, insert in (
-        (hot, hot.match_prefix, hot.insert_prefix),
-        (slow, slow._match_prefix, slow._insert_prefix),
+    for cache, match, insert, evict in (
+        (hot, hot.match_prefix, hot.insert_prefix, hot.evict),
+        (slow, slow._match_prefix, slow._insert_prefix, slow._evict),
     ):
         handle = match(convert(prompt))
         inserted = insert(convert(prompt), convert(slots))
         again = match(convert(prompt))
         cache.lock(again)
+        out = torch.full((12,), -7, dtype=torch.int32)
+        evicted = (evict(P).tolist(), evict(P - 1, out=out) is out, out.tolist(), evict(0).tolist())
         results.append(
             (
                 handle.cached_len,
@@ -96,6 +98,7 @@ def test_the_hot_path_takes_every_format_and_agrees_with_the_python_method(fmt: 
                 again.get_matched_indices().tolist(),
                 type(handle),
                 type(inserted).__name__,
+                evicted,
                 observed(cache),
             )
         )
@@ -111,6 +114,8 @@ def test_the_hot_path_takes_every_format_and_agrees_with_the_python_method(fmt: 
         12,
         [*range(100, 108), *range(208, 212)],
     )
+    # the locked path keeps its pages: the other branch goes, page by page, the oldest first
+    assert results[0][8] == ([112, 113, 114, 115], True, [108, 109, 110, 111, *[-7] * 8], [])
 
 
 def test_keywords_and_namespaces_take_the_hot_path_too() -> None:
@@ -155,6 +160,17 @@ HANDED_OVER: dict[str, Callable[[RadixPrefixCache], object]] = {
     "insert: less than a page": lambda cache: cache.insert_prefix([9] * 3, [0, 1, 2]),
     "insert: a new namespace": lambda cache: cache.insert_prefix([9] * 4, [0, 1, 2, 3], ("new",)),
     "insert: a slot tensor of floats": lambda cache: cache.insert_prefix([9] * 4, torch.zeros(4)),
+    "evict: a negative size": lambda cache: cache.evict(-1),
+    "evict: a bool": lambda cache: cache.evict(True),
+    "evict: a float": lambda cache: cache.evict(4.0),  # type: ignore[arg-type]
+    "evict: an int subclass": lambda cache: cache.evict(type("I", (int,), {})(4)),
+    "evict: more than is evictable": lambda cache: cache.evict(17),
+    "evict: past the large size": lambda cache: cache.evict(2**40),
+    "evict: out of int64": lambda cache: cache.evict(4, out=torch.empty(4, dtype=torch.int64)),
+    "evict: out too small": lambda cache: cache.evict(5, out=torch.empty(4, dtype=torch.int32)),
+    "evict: out strided": lambda cache: cache.evict(4, out=torch.empty(8, dtype=torch.int32)[::2]),
+    "evict: out a list": lambda cache: cache.evict(4, out=[0, 0, 0, 0]),  # type: ignore[arg-type]
+    "evict: out given twice": lambda cache: cache.evict(4, torch.empty(4, dtype=torch.int32), out=None),
 }
 
 
@@ -195,13 +211,32 @@ def _described(result: object) -> object:
     return ("insert", cached_len, handle.cached_len)
 
 
-def test_events_send_inserts_to_the_python_method() -> None:
+def test_events_send_inserts_and_evictions_to_the_python_method() -> None:
     cache = RadixPrefixCache(P, enable_events=True)
     spy = Spy(cache)
     cache.insert_prefix(TOKENS, list(range(100, 116)))
     cache.insert_prefix([*TOKENS, 5, 5, 5, 5], list(range(200, 220)))
-    assert spy.calls == ["_insert_prefix", "_insert_prefix"]
-    assert len(cache.take_events()) == 5
+    cache.evict(P)
+    assert spy.calls == ["_insert_prefix", "_insert_prefix", "_evict"]
+    assert len(cache.take_events()) == 6
+
+
+def test_an_evict_that_empties_namespaces_drops_their_roots_in_c() -> None:
+    cache = RadixPrefixCache(P)
+    for k in range(20):  # more namespaces than the first room for emptied roots (16)
+        cache.insert_prefix([k + 1] * P, list(range(P * k, P * k + P)), ("tenant", k))
+        cache.match_prefix([k + 1] * P, ("tenant", k))
+    cache.insert_prefix(TOKENS, list(range(1000, 1016)))
+    spy = Spy(cache)
+    slots = cache.evict(21 * P - 1)
+    assert spy.calls == []
+    assert sorted(slots.tolist()) == [*range(20 * P), *range(1012, 1016)]
+    assert list(cache.roots) == [None] and list(cache._namespace_of.values()) == [None]
+    cache.check_integrity()
+    assert cache.stats().of(("tenant", 3)).pages_evicted == 1
+    assert cache.stats().eviction_age_sum > 0
+    cache.insert_prefix([1] * P, list(range(P)), ("tenant", 0))  # a dropped namespace starts again
+    assert cache.match_prefix([1] * P, ("tenant", 0)).cached_len == P
 
 
 def test_errors_on_the_hot_path_are_the_specs() -> None:
@@ -262,7 +297,7 @@ def test_the_classes_refuse_what_would_break_them() -> None:
     with pytest.raises(RuntimeError, match="bound already"):
         cache._bind_tree(cache._tree, 1, P, True)
     with pytest.raises(RuntimeError, match="once per process"):
-        _hotpath.setup(1, 1, torch.Tensor, torch.int32, torch.int64, RadixCacheHandle, tuple)
+        _hotpath.setup(1, 1, 1, 1, torch.Tensor, torch.int32, torch.int64, torch.empty, RadixCacheHandle, tuple)
     # a cache never initialized, or a bare Core, has no tree: each call goes to Python, which says what is missing
     bare = RadixPrefixCache.__new__(RadixPrefixCache)
     with pytest.raises(AttributeError):
