@@ -22,20 +22,15 @@ import torch
 from radixspec.optimized import _hotpath
 from radixspec.optimized.radix_cache import RadixCacheHandle, RadixPrefixCache
 from radixspec.spec.errors import InvalidInputError, InvalidTypeError, NamespaceDepthError, SlotOutOfRangeError
+from tests.optimized.test_input_formats import FORMATS
 
 P = 4
 TOKENS = list(range(1, 17))
 
-# every input format the hot path reads in place
+# every input format the hot path reads in place: the input-format tests' (but the strided array, which is
+# converted) and a memoryview
 HOT_FORMATS: dict[str, Callable[[list[int]], Any]] = {
-    "list": list,
-    "tuple": tuple,
-    "int64": lambda values: torch.tensor(values, dtype=torch.int64),
-    "int32": lambda values: torch.tensor(values, dtype=torch.int32),
-    "numpy-int64": lambda values: np.array(values, dtype=np.int64),
-    "numpy-int32": lambda values: np.array(values, dtype=np.int32),
-    "array-q": lambda values: array("q", values),
-    "array-i": lambda values: array("i", values),
+    **{name: convert for name, convert in FORMATS.items() if "converted" not in name},
     "memoryview": lambda values: memoryview(array("q", values)),
 }
 
