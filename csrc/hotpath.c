@@ -22,7 +22,8 @@
  * setup(...) binds the tree's functions (their addresses, from cffi), torch's Tensor and dtypes and the
  * result classes, once per process, from optimized/radix_cache.py. torch is read by name through its
  * attribute descriptors (``dtype``, ``is_cpu``, ``ndim``, ``is_contiguous``, ``data_ptr``, ``numel``), not
- * through its C++ headers: the build does not depend on the torch version. A free-threaded CPython build
+ * through its C++ headers: the build does not depend on the torch version (a torch without one of them: tensors
+ * go to the Python methods). A free-threaded CPython build
  * (no GIL) always takes the Python methods. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1066,17 +1067,17 @@ static PyObject *setup(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "setup: the insert result must be a named tuple");
         return NULL;
     }
+    /* torch's Tensor read through these attributes; a torch whose Tensor lacks one of them still works, every tensor
+     * then going to the Python methods (test_hotpath.py sees the hot path take tensors on the torch installed) */
     PyTypeObject *tensors = (PyTypeObject *)tensor_type;
-    if (getset_of(tensors, "dtype", &bound.get_dtype, &bound.dtype_closure) ||
-        getset_of(tensors, "is_cpu", &bound.get_is_cpu, &bound.is_cpu_closure) ||
-        getset_of(tensors, "ndim", &bound.get_ndim, &bound.ndim_closure)) {
-        return NULL;
-    }
-    bound.is_contiguous = PyObject_GetAttrString(tensor_type, "is_contiguous");
-    bound.data_ptr = PyObject_GetAttrString(tensor_type, "data_ptr");
-    bound.numel = PyObject_GetAttrString(tensor_type, "numel");
-    if (bound.is_contiguous == NULL || bound.data_ptr == NULL || bound.numel == NULL) {
-        return NULL;
+    int readable = getset_of(tensors, "dtype", &bound.get_dtype, &bound.dtype_closure) == 0 &&
+                   getset_of(tensors, "is_cpu", &bound.get_is_cpu, &bound.is_cpu_closure) == 0 &&
+                   getset_of(tensors, "ndim", &bound.get_ndim, &bound.ndim_closure) == 0 &&
+                   (bound.is_contiguous = PyObject_GetAttrString(tensor_type, "is_contiguous")) != NULL &&
+                   (bound.data_ptr = PyObject_GetAttrString(tensor_type, "data_ptr")) != NULL &&
+                   (bound.numel = PyObject_GetAttrString(tensor_type, "numel")) != NULL;
+    if (!readable) {
+        PyErr_Clear();
     }
     bound.match = (match_fn)(uintptr_t)match_address;
     bound.insert = (insert_fn)(uintptr_t)insert_address;
@@ -1084,8 +1085,10 @@ static PyObject *setup(PyObject *module, PyObject *args) {
     bound.drop_root = (drop_root_fn)(uintptr_t)drop_root_address;
     Py_INCREF(new_slots);
     bound.new_slots = new_slots;
-    Py_INCREF(tensor_type);
-    bound.tensor_type = tensors;
+    if (readable) {
+        Py_INCREF(tensor_type);
+        bound.tensor_type = tensors;
+    }
     Py_INCREF(int32);
     bound.int32 = int32;
     Py_INCREF(int64);

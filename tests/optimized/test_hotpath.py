@@ -9,6 +9,9 @@ lock, and that its classes refuse what would break them.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from array import array
@@ -319,3 +322,24 @@ def test_a_handle_is_a_plain_record() -> None:
     handle.node = "forged"  # type: ignore[assignment]
     with pytest.raises((InvalidTypeError, TypeError)):
         cache.lock(handle)
+
+
+def test_a_torch_without_the_attributes_read_still_loads() -> None:
+    """A torch whose Tensor lacks an attribute the hot path reads (a future release, say): setup binds the rest, and
+    every tensor then goes to the Python methods. In a fresh process, the extension alone (setup runs once)."""
+    code = textwrap.dedent(
+        f"""
+        import collections, importlib.util
+        spec = importlib.util.spec_from_file_location("_hotpath", {_hotpath.__file__!r})
+        hotpath = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hotpath)
+        class Handle(hotpath.Handle):
+            __slots__ = ()
+        class Tensor:  # no dtype, is_cpu, ndim, ...
+            pass
+        hotpath.setup(1, 1, 1, 1, Tensor, object(), object(), lambda n: None, Handle, collections.namedtuple("R", "a b"))
+        print("bound")
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "bound", run.stderr[-2000:]
