@@ -337,7 +337,8 @@ def test_a_torch_without_the_attributes_read_still_loads() -> None:
             __slots__ = ()
         class Tensor:  # no dtype, is_cpu, ndim, ...
             pass
-        hotpath.setup(1, 1, 1, 1, Tensor, object(), object(), lambda n: None, Handle, collections.namedtuple("R", "a b"))
+        Result = collections.namedtuple("Result", "cached_len handle")
+        hotpath.setup(1, 1, 1, 1, Tensor, object(), object(), lambda n: None, Handle, Result)
         print("bound")
         """
     )
