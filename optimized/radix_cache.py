@@ -114,9 +114,9 @@ class CountedStats(_hotpath.Counts, NamespaceStats):
 
 
 # one call at a time (reference/threads.py): cffi lets other threads run during a C call, and the calls share
-# scratch buffers (the walk, the token and slot rooms). match_prefix and insert_prefix are the C base class's
+# scratch buffers (the walk, the token and slot rooms). match_prefix, insert_prefix and evict are the C base class's
 # (csrc/hotpath.c): they take the common case in C with the GIL held, while no method here holds the mutex, and
-# hand every other call to _match_prefix / _insert_prefix, which take the mutex
+# hand every other call to _match_prefix / _insert_prefix / _evict, which take the mutex
 _SERIALIZED = tuple(name for name in PREFIX_CACHE_CALLS if name not in ("match_prefix", "insert_prefix", "evict"))
 
 
@@ -135,10 +135,10 @@ class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
     """Radix tree prefix cache, its tree in C. Twin of ``reference.RadixPrefixCache``. Safe to share between
     threads: its calls run one at a time.
 
-    ``match_prefix`` and ``insert_prefix`` come from the C base class (csrc/hotpath.c): a call with a torch
-    tensor, a list or tuple of ints or a buffer of native int32/int64, in a namespace that holds pages, runs
-    whole in C; every other call (and every error) goes to ``_match_prefix`` / ``_insert_prefix`` below, the
-    same operations in Python.
+    ``match_prefix``, ``insert_prefix`` and ``evict`` come from the C base class (csrc/hotpath.c): a call with a
+    torch tensor, a list or tuple of ints or a buffer of native int32/int64, in a namespace that holds pages (an
+    exact-int size and an int32 ``out=`` for evict), runs whole in C; every other call (and every error) goes to
+    ``_match_prefix`` / ``_insert_prefix`` / ``_evict`` below, the same operations in Python.
     """
 
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
