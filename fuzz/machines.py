@@ -103,6 +103,12 @@ def machine_for(
         infos = tuple(target if isinstance(target, TargetInfo) else resolve(target, check=False) for target in targets)
         attributes["TARGETS"] = infos
         attributes["LRU"] = lru or (infos[0].profile.default_lru if len(infos) == 1 else "strict")
+    elif drives == "router":
+        infos = tuple(target if isinstance(target, TargetInfo) else resolve(target, check=False) for target in targets)
+        attributes["ROUTERS"] = tuple(info for info in infos if info.router_factory is not None)
+        workers = tuple(info for info in infos if info.router_factory is None)
+        if workers:
+            attributes["WORKERS"] = workers
     elif drives == "device":
         attributes["DEVICE"] = device
     else:

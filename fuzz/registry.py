@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from .targets.api import TargetInfo
 from .targets.ours import HYBRID_IMPLEMENTATIONS, IMPLEMENTATIONS
 
-# what a machine drives beside the spec, and so how machine_for configures it:
+# what a machine drives beside the spec, and so how machine_for configures it (the router machine: routers with a
+# ``router_factory`` as ROUTERS, beside ours, over workers that are the selected caches or ours, as WORKERS):
 # "layer": any target that has its ``layer`` (a TargetInfo factory), as TARGETS (TargetInfo objects) with an LRU
 #          mode; "ours": our implementations only, by name, as IMPLS; "device": the optimized layer on a device,
 #          as DEVICE; "hybrid": our hybrid twins and targets with a hybrid factory, as IMPLS
-DRIVES = ("layer", "ours", "device", "hybrid")
+DRIVES = ("layer", "ours", "device", "hybrid", "router")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class MachineEntry:
                 name in HYBRID_IMPLEMENTATIONS or (name in foreign and foreign[name].hybrid_factory is not None)
                 for name in names
             )
+        if self.drives == "router":
+            # routers selected, over workers that are our caches (the selected ones, else both)
+            return bool(foreign) and all(info.router_factory is not None for info in foreign.values())
         return not foreign  # "ours" and "device": our implementations only
 
 
@@ -60,6 +64,7 @@ MACHINES: dict[str, MachineEntry] = {
         _entry("kv", "KVStoreMachine", "device", "the KV pool's store against a model of it"),
         _entry("hybrid", "HybridMachine", "hybrid", "hybrid (sliding window) caches against the spec"),
         _entry("hostile", "HostileMachine", "ours", "what a buggy caller passes: a value or a named error"),
+        _entry("router", "RouterMachine", "router", "a router's index of many workers against their caches"),
     )
 }
 

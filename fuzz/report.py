@@ -27,9 +27,12 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
         f" deepest path {shown(s.deepest_path_nodes, ' nodes')},"
         f" most evictable leaves {shown(s.most_evictable_leaves)},"
         f" largest eviction {shown(s.largest_evict_pages, ' pages')}, most namespaces {shown(s.most_namespaces)},"
-        f" largest KV store {shown(s.largest_store_rows, ' rows')}  (n/a: not observable by these machines)"
+        f" largest KV store {shown(s.largest_store_rows, ' rows')}, most workers {shown(s.most_workers)},"
+        f" most pages indexed by a router {shown(s.most_router_blocks)}  (n/a: not observable by these machines)"
     )
     p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
+    if s.router_scores_checked:
+        p(f"router: scores checked {s.router_scores_checked}   removals relayed {s.router_removals}")
     fresh = " (fresh)" if summary.seed_was_fresh else ""
     p(f"seed {summary.seed}{fresh}: radixspec fuzz --seed {summary.seed} with the same options reruns it")
     if quiet:

@@ -21,6 +21,8 @@ REACH = (
     "largest_evict_pages",
     "largest_store_rows",
     "most_namespaces",
+    "most_workers",
+    "most_router_blocks",
 )
 
 
@@ -38,6 +40,9 @@ class CampaignStats:
     evicted_pages: int = 0
     # KV events replayed against the cache they describe (ours and the targets' that emit them)
     events_replayed: int = 0
+    # the router machine: removal events relayed to the routers, prompt scores checked against the workers
+    router_removals: int = 0
+    router_scores_checked: int = 0
     # reach
     largest_tree_pages: int | None = None
     # tokens of the longest sequence matched or inserted
@@ -52,6 +57,9 @@ class CampaignStats:
     largest_store_rows: int | None = None
     # namespaces holding pages at once
     most_namespaces: int | None = None
+    # workers behind one router, and the pages their router indexed at once
+    most_workers: int | None = None
+    most_router_blocks: int | None = None
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""

@@ -100,6 +100,8 @@ class CampaignSummary:
             **{name: getattr(s, name) for name in REACH},
             "evicted_pages": s.evicted_pages,
             "events_replayed": s.events_replayed,
+            "router_scores_checked": s.router_scores_checked,
+            "router_removals": s.router_removals,
             "rules": dict(s.rules),
             "rejected": dict(s.rejected),
             "skipped": dict(s.skipped),

@@ -83,6 +83,10 @@ class ManagerLawError(IntegrityError):
     """A manager's state after an operation is not one the operation's relation allows (spec/cache_manager.py)."""
 
 
+class RouterLawError(IntegrityError):
+    """A router's index disagrees with its workers' caches; the message names the law (spec/router.py)."""
+
+
 class SchedulingLawError(IntegrityError):
     """A scheduler broke one of its laws, named in the message (spec/scheduler.py)."""
 
@@ -220,6 +224,7 @@ __all__ = [
     "MissingPageError",
     "OutOfPagesError",
     "OverlappingBuffersError",
+    "RouterLawError",
     "SchedulingLawError",
     "SlotOutOfRangeError",
     "StaleHandleError",

@@ -271,6 +271,52 @@ BUGS += (
 )
 
 
+# a router's index (the router machine; impl: the router target): our relay into Dynamo, and our own index
+BUGS += (
+    PlantedBug(
+        "the relay drops removals (the router keeps evicted blocks)",
+        "fuzz/targets/dynamo.py",
+        "            hashes = [external_hash(h) for h in event.block_hashes]\n",
+        "            hashes = []\n",
+        "router",
+        "dynamo",
+    ),
+    PlantedBug(
+        "the relay roots every stored run (parent hash dropped)",
+        "fuzz/targets/dynamo.py",
+        '            stored = {"parent_hash": None if parent is None else external_hash(parent), "blocks": blocks}\n',
+        '            stored = {"parent_hash": None, "blocks": blocks}\n',
+        "router",
+        "dynamo",
+    ),
+    PlantedBug(
+        "namespaces folded into one (no cache_namespace, relay and prompt)",
+        "fuzz/targets/dynamo.py",
+        "    return None if namespace is None else repr(namespace)\n",
+        "    return None\n",
+        "router",
+        "dynamo",
+    ),
+    PlantedBug(
+        "a prompt hashed one token late (eagle's shift on the query only)",
+        "fuzz/targets/dynamo.py",
+        "        local = self.hasher.of_blocks(tokens, cache_namespace(namespace))\n        if not local:",
+        "        local = self.hasher.of_blocks(tokens[1:], cache_namespace(namespace))\n        if not local:",
+        "router",
+        "dynamo",
+    ),
+    PlantedBug(
+        "our index forgets every other worker when one joins",
+        "spec/router.py",
+        "            replayer = self.workers[worker] = Replayer(self.page_size, check_hashes=self.check_hashes)\n",
+        "            self.workers.clear()\n"
+        "            replayer = self.workers[worker] = Replayer(self.page_size, check_hashes=self.check_hashes)\n",
+        "router",
+        "radixspec-router",
+    ),
+)
+
+
 # historical bug classes of SGLang, re-planted in a copy of its released radix cache (RADIXSPEC_SGLANG_RADIX_CACHE)
 PEER_BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
@@ -326,7 +372,9 @@ def run_one(bug: PlantedBug, minutes: float, seed: int, shrink: bool) -> tuple[s
                 return "caught", run.seconds, run.seconds
             return verdict(subprocess.CompletedProcess([], run.returncode, run.stdout, run.stderr))
         impl = "all" if bug.machine == "scheduler" else bug.impl
-        cmd = [sys.executable, "-m", "radixspec.fuzz", "--machine", bug.machine, "--impl", impl]
+        # a router is a target (the router machine's workers are ours)
+        select = ["--target", bug.impl] if bug.machine == "router" else ["--impl", impl]
+        cmd = [sys.executable, "-m", "radixspec.fuzz", "--machine", bug.machine, *select]
         cmd += ["--minutes", str(minutes), "--seed", str(seed), *extra]
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=False)
     return verdict(proc)

@@ -41,8 +41,10 @@ ENTRY_POINT_GROUP = "radixspec.targets"
 def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
     """Built-in targets by name; each takes the argument after ``NAME:`` (None when absent)."""
     from . import (
+        dynamo,
         minisgl,
         ours,
+        routers,
         sglang_unified,
         sglang_unified_mamba,
         sglang_unified_swa,
@@ -69,6 +71,8 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "minisgl": minisgl.target,
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,
+        "dynamo": no_argument(dynamo.TARGET),
+        "radixspec-router": no_argument(routers.SPEC_ROUTER),
     }
 
 

@@ -2,6 +2,7 @@
 
     radixspec targets install sglang vllm    # released wheels, without their dependency trees
     radixspec targets install sglang==0.5.22 # another supported release (fuzz/targets/releases.py)
+    radixspec targets install dynamo         # NVIDIA Dynamo's router index (ai-dynamo-runtime)
     radixspec targets list                   # what radixspec fuzz --list-targets prints
 
 ``install`` runs pip in the current environment: ``pip install --no-deps`` of
@@ -17,10 +18,10 @@ import sys
 from collections.abc import Sequence
 
 from . import TargetError, list_targets, resolve
-from .releases import RELEASES, parse_requirement
+from .releases import RELEASES, distribution, parse_requirement
 
 # what each engine needs beside its wheel (installed with their dependencies)
-LIGHT: dict[str, list[str]] = {"sglang": [], "vllm": ["cbor2"]}
+LIGHT: dict[str, list[str]] = {"sglang": [], "vllm": ["cbor2"], "dynamo": ["pydantic", "uvloop"]}
 
 
 def install(names: Sequence[str]) -> int:
@@ -33,11 +34,11 @@ def install(names: Sequence[str]) -> int:
         return 2
     status = 0
     for name, release in wanted:
-        no_deps, light = [f"{name}=={release}"], LIGHT[name]
-        for args in ([*no_deps], [*light]):
+        no_deps, light = [f"{distribution(name)}=={release}"], LIGHT[name]
+        # the engine's wheel without its dependency tree, then the light packages with theirs
+        for flags, args in ((["--no-deps"], no_deps), ([], light)):
             if not args:
                 continue
-            flags = ["--no-deps"] if args is not light else []
             command = [sys.executable, "-m", "pip", "install", "--quiet", *flags, *args]
             print("$", " ".join(command[2:]), flush=True)
             if subprocess.run(command, check=False).returncode != 0:
@@ -47,7 +48,8 @@ def install(names: Sequence[str]) -> int:
         else:
             try:
                 resolve(name)
-                print(f"{name}: ready (radixspec fuzz --target {name} --minutes 1)")
+                machine = " --machine router" if name == "dynamo" else ""
+                print(f"{name}: ready (radixspec fuzz{machine} --target {name} --minutes 1)")
             except TargetError as exc:
                 print(f"{name}: installed but not usable: {exc}", file=sys.stderr)
                 status = 1

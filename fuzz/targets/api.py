@@ -201,6 +201,33 @@ class TakesEvents(Protocol):
 
 
 @runtime_checkable
+class RouterTarget(Protocol):
+    """A cache-aware router's index of its workers' caches (NVIDIA Dynamo's ``RadixTree``, ours), fed with each
+    worker's KV event batches as the worker publishes them (``radixspec.optimized.kv_events``: msgpack, vLLM's
+    format). The router machine (``radixspec.fuzz.router_machine``) checks it against the workers' own pages
+    (``radixspec.spec.router``'s laws)."""
+
+    name: str
+    page_size: int
+
+    def apply(self, worker: int, payload: bytes) -> None:
+        """One event batch a worker published, through the router's own relay; raises when it cannot apply it."""
+
+    def scores(self, tokens: list[int], namespace: Namespace) -> dict[int, int]:
+        """Per worker, how many leading pages of the prompt the router believes it holds (zero scores absent)."""
+
+    def live(self) -> dict[int, set[Hashable]]:
+        """Per worker holding any, the pages the index holds, as PageKeys (an entry the router cannot name so,
+        e.g. a block it was never sent, as some other hashable: always a stale entry to the laws)."""
+
+    def entry_of(self, key: PageKey) -> Hashable:
+        """What the index keys a page by (for ``router_namespaces_apart``)."""
+
+    def remove_worker(self, worker: int) -> None:
+        """Forget every page of a worker (it left, or restarts empty)."""
+
+
+@runtime_checkable
 class CountsMetrics(Protocol):
     """spec/metrics.py's counters: compared between targets that count, conserved per namespace."""
 
@@ -399,6 +426,8 @@ class TargetInfo:
     # with reference/hybrid_manager.py's methods (match_req, allocate_paged, store, cache_req, check_integrity)
     # and its ``windows`` (those it took of the drawn ones); None when the target has no hybrid layer
     hybrid_factory: Callable[[int, tuple[Window, ...], int], Any] | None = None
+    # makes a router's index of many workers' caches: factory(page_size) -> RouterTarget; None when not a router
+    router_factory: Callable[[int], RouterTarget] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

@@ -16,7 +16,15 @@ from .api import TargetError
 RELEASES: dict[str, tuple[str, ...]] = {
     "sglang": ("0.5.22", "0.5.23"),
     "vllm": ("0.32.0", "0.33.0"),
+    "dynamo": ("1.6.1",),
 }
+# the distribution pip installs for an engine whose import name differs
+DISTRIBUTIONS: dict[str, str] = {"dynamo": "ai-dynamo-runtime"}
+
+
+def distribution(package: str) -> str:
+    """What pip calls ``package`` (``dynamo``: ``ai-dynamo-runtime``)."""
+    return DISTRIBUTIONS.get(package, package)
 
 
 def supported(package: str) -> str:
@@ -27,7 +35,7 @@ def supported(package: str) -> str:
 def installed_release(package: str) -> str | None:
     """The installed release of ``package`` (None when it is not installed)."""
     try:
-        return importlib.metadata.version(package)
+        return importlib.metadata.version(distribution(package))
     except importlib.metadata.PackageNotFoundError:
         return None
 

@@ -1,11 +1,14 @@
 """The differential state machines, run under the active profile (``ci`` in CI: deterministic)."""
 
+import importlib.util
+
 import pytest
 
 from radixspec.fuzz.cache_machine import CacheMachine
 from radixspec.fuzz.hostile_machine import HostileMachine
 from radixspec.fuzz.hybrid_machine import HybridMachine, manager_outcome
 from radixspec.fuzz.manager_machine import ManagerMachine
+from radixspec.fuzz.router_machine import RouterMachine
 from radixspec.fuzz.scheduler_machine import SchedulerMachine
 
 TestCacheMachine = CacheMachine.TestCase
@@ -13,6 +16,9 @@ TestManagerMachine = ManagerMachine.TestCase
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestHybridMachine = HybridMachine.TestCase
 TestHostileMachine = HostileMachine.TestCase
+# the workers publish their events on the wire (the events extra: msgspec); the router beside them is ours
+if importlib.util.find_spec("msgspec") is not None:
+    TestRouterMachine = RouterMachine.TestCase
 
 
 def test_a_broken_law_inside_a_managers_call_fails_and_a_refusal_does_not() -> None:
