@@ -33,6 +33,16 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
     p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
     if s.router_scores_checked:
         p(f"router: scores checked {s.router_scores_checked}   removals relayed {s.router_removals}")
+    if s.router_faults:
+        faults = ", ".join(
+            f"{kind} {n} ({s.router_recovered[kind]} recovered)" for kind, n in sorted(s.router_faults.items())
+        )
+        p(
+            f"router faults: {faults}; while one lasted, the largest over-estimate"
+            f" {shown(s.most_router_over_pages, ' pages')},"
+            f" under-estimate {shown(s.most_router_under_pages, ' pages')},"
+            f" longest {shown(s.longest_router_outage_steps, ' steps')}"
+        )
     fresh = " (fresh)" if summary.seed_was_fresh else ""
     p(f"seed {summary.seed}{fresh}: radixspec fuzz --seed {summary.seed} with the same options reruns it")
     if quiet:

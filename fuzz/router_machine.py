@@ -20,14 +20,22 @@ the spec's index, always beside them). Then the laws of
 Requests go to a drawn worker, or to the worker the first router scores
 best (ties to the lowest id), as a KV-aware router sends them; a worker
 matches, evicts its least recently used pages when its pool is short, and
-inserts the prompt. Workers also evict on their own and reset (every page
-cleared). The summary reports the reach: workers, pages indexed at once,
-removals relayed, scores checked.
+inserts the prompt. Workers also evict on their own, reset (every page
+cleared) and restart. Each batch is numbered and kept (as vLLM's publisher
+keeps them for replay); the link to the routers may lose, repeat or reorder
+the next batch, or the worker may restart without the routers being told;
+the routers receive through ``SequencedSubscriber`` (a gap filled from the
+publisher's kept batches). The laws are asserted for the workers the routers
+are in sync with; for the others the machine measures how far off the
+routers are, and for how long (``Divergence``; ``python -m tools.router_faults``
+prints the table). The summary reports the reach: workers, pages indexed at
+once, removals relayed, scores checked, faults and recoveries.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -62,8 +70,16 @@ class Worker:
 
     def __init__(self, worker_id: int, info: TargetInfo, page_size: int, num_pages: int) -> None:
         assert info.cache_factory is not None, f"target {info.name} has no prefix cache"
-        self.worker_id, self.name = worker_id, info.name
-        self.page_size = page_size
+        self.worker_id, self.info = worker_id, info
+        self.page_size, self.num_pages = page_size, num_pages
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart) empty: a new cache, every page free, the publisher numbering from 0 again."""
+        from radixspec.optimized.kv_events import ReplayBuffer
+
+        page_size, num_pages, info = self.page_size, self.num_pages, self.info
+        assert info.cache_factory is not None
         cache: PrefixCacheTarget[Any] = info.cache_factory(page_size, num_pages)
         caps = CacheCapabilities.of(cache)
         assert caps.pages and caps.evicts and caps.resets and caps.events, f"{info.name}: a worker shows its pages"
@@ -75,6 +91,9 @@ class Worker:
             caps.events,
         )
         self.free: deque[int] = deque(range(0, num_pages * page_size, page_size))
+        # the publisher: the next batch's sequence number, and the batches it keeps for replay
+        self.sequence = 0
+        self.kept = ReplayBuffer()
 
     def pages(self) -> dict[PageKey, int]:
         """What the worker holds (its truth), read without a match: no stamp changes."""
@@ -122,8 +141,9 @@ class Worker:
             if slot % self.page_size == 0:
                 self.free.append(slot)
 
-    def take_batch(self) -> bytes | None:
-        """The events since the last batch, encoded as the worker publishes them (None when there are none)."""
+    def publish(self) -> tuple[int, bytes] | None:
+        """The events since the last batch, encoded and numbered as the worker publishes them, and kept for replay
+        (None when there are none)."""
         from radixspec.optimized import kv_events
 
         events = self.events.take_events()
@@ -131,7 +151,91 @@ class Worker:
             return None
         STATS.events_replayed += len(events)
         STATS.router_removals += sum(type(event).__name__ != "PageStored" for event in events)
-        return kv_events.encode(events, self.page_size, ts=0.0)
+        batch = (self.sequence, kv_events.encode(events, self.page_size, ts=0.0))
+        self.kept.append(*batch)
+        self.sequence += 1
+        return batch
+
+
+# faults of a worker's link: its next batch lost, twice, after the one after it; the worker restarted without the
+# routers being told (its publisher numbers from 0 again: no subscriber can tell that from repeats)
+FAULTS = ("drop", "duplicate", "reorder", "silent_restart")
+# every fault the machines saw, with what the routers believed meanwhile (the fault table reads them)
+DIVERGENCES: list[Divergence] = []
+
+
+@dataclass
+class Divergence:
+    """One fault on a worker's link, and what the routers believed until they were in sync again."""
+
+    kind: str
+    worker: int
+    since: int
+    # steps until it ended (None while it lasts), and how: "replay" (the subscriber in sync again: the laws hold
+    # from then on), "restart" (a restart the routers were told of), "open" (the example ended first)
+    steps: int | None = None
+    ended: str = "open"
+    # steps until every router's view of the worker was right again (pages held and scores), if it ever was
+    right_after: int | None = None
+    # the largest over- and under-estimate of the worker's score, in pages, over the prompts scored meanwhile
+    over: int = 0
+    under: int = 0
+    # batches a router refused meanwhile
+    refused: int = 0
+    # faults that struck the worker's link while it lasted (this one included): more than one mixes their effects
+    strikes: int = 1
+
+
+class Link:
+    """The way from one worker's publisher to the routers: the fault armed for its next batch, a batch held back
+    (reorder), and the subscriber's sequence numbers (``SequencedSubscriber``: a gap is filled from the worker's
+    kept batches, as over vLLM's replay socket; without recovery, batches are applied as they arrive)."""
+
+    def __init__(self, worker: Worker, recover: bool) -> None:
+        from radixspec.optimized.kv_events import SequencedSubscriber
+
+        self.worker = worker
+        self.recover = recover
+        self.armed: str | None = None
+        self.held: tuple[int, bytes] | None = None
+        # restarted without the routers being told: never in sync again until a restart they are told of
+        self.silent = False
+        # the fault the last batch met (None: none)
+        self.struck: str | None = None
+        self.subscriber = SequencedSubscriber(lambda start: self.worker.kept.since(start))
+        # since which step the routers' view of this worker may lag (a fault not yet recovered), and its kind
+        self.outage: tuple[str, int] | None = None
+
+    def deliver(self, batch: tuple[int, bytes] | None) -> list[bytes]:
+        """What arrives of this step's batch (the fault armed, if any, applied), as payloads to apply in order."""
+        arrived: list[tuple[int, bytes]] = []
+        if batch is not None:
+            fault, self.armed = self.armed, None
+            self.struck = fault
+            if fault == "reorder" and self.held is None:
+                self.held = batch
+            elif fault != "drop":
+                arrived += [batch, batch] if fault == "duplicate" else [batch]
+                # a batch held back arrives after the one after it
+                if self.held is not None:
+                    arrived.append(self.held)
+                    self.held = None
+        if not self.recover:
+            return [payload for _, payload in arrived]
+        return [payload for seq, data in arrived for payload in self.subscriber.receive(seq, data)]
+
+    def in_sync(self) -> bool:
+        """The routers have every batch the worker published (with recovery: in order, once)."""
+        return (
+            not self.silent
+            and self.armed is None
+            and self.held is None
+            and self.subscriber.expected == self.worker.sequence
+        )
+
+    def restart(self) -> None:
+        self.armed, self.held, self.silent = None, None, False
+        self.subscriber.restart()
 
 
 class RouterMachine(RuleBasedStateMachine):
@@ -141,14 +245,26 @@ class RouterMachine(RuleBasedStateMachine):
     ROUTERS: ClassVar[tuple[TargetInfo, ...]] = ()
     WORKERS: ClassVar[tuple[str | TargetInfo, ...]] = tuple(IMPLEMENTATIONS)
     SHALLOW: ClassVar[bool] = False
+    # the subscriber recovers lost and reordered batches through the publisher's replay (else applies what arrives:
+    # the fault table's other column, ``fault_table``)
+    RECOVER: ClassVar[bool] = True
+    # our router beside the routers under test (the fault table measures a router alone)
+    WITH_OURS: ClassVar[bool] = True
+    # faults per example (None: any number; the fault table takes one, so that each is seen alone)
+    FAULT_BUDGET: ClassVar[int | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         STATS.examples += 1
         self.page_size = 1
         self.workers: list[Worker] = []
+        self.links: list[Link] = []
         self.routers: list[RouterTarget] = []
         self.prompts: deque[tuple[tuple[int, ...], Namespace]] = deque(maxlen=PROMPTS_KEPT)
+        self.step = 0
+        self.faults = 0
+        # per fault: what the routers believed while it lasted (``Divergence``), finished ones last
+        self.divergences: list[Divergence] = []
 
     @initialize(
         page_size=st.sampled_from([1, 2, 4, 16]),
@@ -159,7 +275,8 @@ class RouterMachine(RuleBasedStateMachine):
         self.page_size = page_size
         infos = [w if isinstance(w, TargetInfo) else resolve(w, check=False) for w in self.WORKERS]
         self.workers = [Worker(i, infos[kind % len(infos)], page_size, num_pages) for i, kind in enumerate(kinds)]
-        routers = [*self.ROUTERS, SPEC_ROUTER]
+        self.links = [Link(worker, self.RECOVER) for worker in self.workers]
+        routers = [*self.ROUTERS, *([SPEC_ROUTER] if self.WITH_OURS or not self.ROUTERS else [])]
         self.routers = [info.router_factory(page_size) for info in routers if info.router_factory is not None]
         STATS.record_reach(most_workers=len(self.workers))
 
@@ -209,18 +326,84 @@ class RouterMachine(RuleBasedStateMachine):
         self.workers[which % len(self.workers)].reset()
         STATS.record_rule("router.reset")
 
+    @precondition(lambda self: self.FAULT_BUDGET is None or self.faults < self.FAULT_BUDGET)
+    @rule(which=st.integers(0, 3), kind=st.sampled_from(FAULTS))
+    def fault(self, which: int, kind: str) -> None:
+        """The worker's next batch is lost, arrives twice, or arrives after the one after it."""
+        link = self.links[which % len(self.links)]
+        if kind == "silent_restart" and not link.worker.pages():
+            STATS.record_rule("router.fault[silent_restart of an empty worker: nothing to lose]")
+            return
+        if kind == "silent_restart":
+            link.worker.start()
+            link.silent = True
+            self.open_outage(link, kind)
+        else:
+            # it strikes the worker's next batch (deliver)
+            link.armed = kind
+        self.faults += 1
+        STATS.router_faults[kind] += 1
+        STATS.record_rule(f"router.fault[{kind}]")
+
+    @precondition(lambda self: sum(len(w.pages()) for w in self.workers) >= RESET_FROM_PAGES)
+    @rule(which=st.integers(0, 3))
+    def restart(self, which: int) -> None:
+        """A worker restarts empty, its publisher numbering from 0; the routers are told (as when an instance
+        leaves and comes back) and forget it."""
+        link = self.links[which % len(self.links)]
+        link.worker.start()
+        link.restart()
+        for router in self.routers:
+            router.remove_worker(link.worker.worker_id)
+        self.close_outage(link, "restart")
+        STATS.record_rule("router.restart")
+
+    def open_outage(self, link: Link, kind: str) -> None:
+        """A fault struck: the routers' view of the worker may lag from now on (a second fault joins the first)."""
+        if link.outage is None:
+            link.outage = (kind, self.step)
+            self.divergences.append(Divergence(kind, link.worker.worker_id, self.step))
+            return
+        for divergence in self.divergences:
+            if divergence.worker == link.worker.worker_id and divergence.steps is None:
+                divergence.strikes += 1
+
+    def close_outage(self, link: Link, how: str) -> None:
+        if link.outage is None:
+            return
+        for divergence in self.divergences:
+            if divergence.worker == link.worker.worker_id and divergence.steps is None:
+                divergence.steps = self.step - divergence.since
+                divergence.ended = how
+                if how == "replay" and divergence.right_after is None:
+                    divergence.right_after = divergence.steps  # in sync: the laws hold from now on
+                STATS.router_recovered[divergence.kind] += how == "replay"
+                STATS.record_reach(longest_router_outage_steps=divergence.steps)
+        link.outage = None
+
     # ------------------------------------------------------------------------------------------- the laws
 
     @invariant()
     def routers_agree_with_workers(self) -> None:
-        """Publish every worker's new events, then check every router's laws."""
+        """Publish every worker's new events through its link, then check every router's laws on the workers the
+        routers are in sync with, and measure how far they are off on the others."""
         if not self.workers:
             return
-        for worker in self.workers:
-            payload = worker.take_batch()
-            if payload is not None:
+        self.step += 1
+        for link in self.links:
+            payloads = link.deliver(link.worker.publish())
+            if link.struck is not None:
+                self.open_outage(link, link.struck)
+            for payload in payloads:
                 for router in self.routers:
-                    router.apply(worker.worker_id, payload)
+                    try:
+                        router.apply(link.worker.worker_id, payload)
+                    except Exception as exc:
+                        if link.outage is None:
+                            raise
+                        self.note_refusal(link, exc)
+            if link.recover and link.outage is not None and link.in_sync():
+                self.close_outage(link, "replay")
         truth = {worker.worker_id: worker.pages() for worker in self.workers}
         live = {worker: set(pages) for worker, pages in truth.items() if pages}
         STATS.record_reach(
@@ -228,10 +411,52 @@ class RouterMachine(RuleBasedStateMachine):
             largest_tree_pages=max(len(pages) for pages in truth.values()),
             most_namespaces=len({key[0] for pages in live.values() for key in pages}),
         )
+        synced = {link.worker.worker_id for link in self.links if link.outage is None}
+        right = {link.worker.worker_id for link in self.links if link.outage is not None}
         for router in self.routers:
             router_namespaces_apart(live, router.entry_of)
-            router_holds_live_blocks(router.live(), live)
+            held = router.live()
+            right -= {w for w in right if held.get(w, set()) != live.get(w, set())}
+            router_holds_live_blocks(
+                {w: pages for w, pages in held.items() if w in synced},
+                {w: pages for w, pages in live.items() if w in synced},
+            )
             for tokens, ns in self.prompts:
                 expected = {w: longest_cached_pages(pages, tokens, ns, self.page_size) for w, pages in truth.items()}
-                router_scores_match_workers(router.scores(list(tokens), ns), expected, tokens, ns)
+                scores = router.scores(list(tokens), ns)
+                router_scores_match_workers(
+                    {w: n for w, n in scores.items() if w in synced},
+                    {w: n for w, n in expected.items() if w in synced},
+                    tokens,
+                    ns,
+                )
+                self.measure(scores, expected, synced)
+                right -= {w for w in right if scores.get(w, 0) != expected.get(w, 0)}
                 STATS.router_scores_checked += 1
+        for divergence in self.divergences:
+            if divergence.steps is None and divergence.right_after is None and divergence.worker in right:
+                divergence.right_after = self.step - divergence.since
+
+    def note_refusal(self, link: Link, error: Exception) -> None:
+        """A router refused a batch of a worker it is out of sync with (Dynamo: an unknown parent or block)."""
+        for divergence in self.divergences:
+            if divergence.worker == link.worker.worker_id and divergence.steps is None:
+                divergence.refused += 1
+        STATS.rules[f"router refused a batch: {type(error).__name__}"] += 1
+
+    def measure(self, scores: dict[int, int], expected: dict[int, int], synced: set[int]) -> None:
+        """How far off the scores of the workers out of sync are: over- and under-estimates, in pages."""
+        for divergence in self.divergences:
+            if divergence.steps is not None or divergence.worker in synced:
+                continue
+            off = scores.get(divergence.worker, 0) - expected.get(divergence.worker, 0)
+            divergence.over = max(divergence.over, off)
+            divergence.under = max(divergence.under, -off)
+            STATS.record_reach(most_router_over_pages=max(0, off), most_router_under_pages=max(0, -off))
+
+    def teardown(self) -> None:
+        for link in self.links:
+            if link.outage is not None:
+                # still out when the example ended (with recovery: no batch came after the fault)
+                self.close_outage(link, "open")
+        DIVERGENCES.extend(self.divergences)

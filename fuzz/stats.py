@@ -23,6 +23,9 @@ REACH = (
     "most_namespaces",
     "most_workers",
     "most_router_blocks",
+    "most_router_over_pages",
+    "most_router_under_pages",
+    "longest_router_outage_steps",
 )
 
 
@@ -43,6 +46,9 @@ class CampaignStats:
     # the router machine: removal events relayed to the routers, prompt scores checked against the workers
     router_removals: int = 0
     router_scores_checked: int = 0
+    # faults injected on the workers' links, by kind, and those after which the routers were in sync again
+    router_faults: Counter[str] = field(default_factory=Counter)
+    router_recovered: Counter[str] = field(default_factory=Counter)
     # reach
     largest_tree_pages: int | None = None
     # tokens of the longest sequence matched or inserted
@@ -60,6 +66,10 @@ class CampaignStats:
     # workers behind one router, and the pages their router indexed at once
     most_workers: int | None = None
     most_router_blocks: int | None = None
+    # while a fault lasted: the largest over- and under-estimate of a worker's score (pages), the longest outage
+    most_router_over_pages: int | None = None
+    most_router_under_pages: int | None = None
+    longest_router_outage_steps: int | None = None
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""

@@ -102,6 +102,8 @@ class CampaignSummary:
             "events_replayed": s.events_replayed,
             "router_scores_checked": s.router_scores_checked,
             "router_removals": s.router_removals,
+            "router_faults": dict(s.router_faults),
+            "router_recovered": dict(s.router_recovered),
             "rules": dict(s.rules),
             "rejected": dict(s.rejected),
             "skipped": dict(s.skipped),

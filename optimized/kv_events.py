@@ -17,22 +17,31 @@ of one path become one ``BlockStored``, consecutive removals one
 
 The publisher sends ``(topic, sequence number as 8 bytes big-endian, payload)``
 on a PUB socket, like vLLM's ``ZmqEventPublisher``, so a vLLM-compatible
-router subscribes to it unchanged.
+router subscribes to it unchanged. With a replay endpoint it also keeps its
+last batches and answers replay requests on a ROUTER socket in vLLM's
+convention: a DEALER sends ``(b"", start sequence as 8 bytes big-endian)``
+and gets ``(b"", topic, seq, payload)`` for every kept batch from there on,
+then ``(b"", b"", END_SEQ, b"")``. ``SequencedSubscriber`` is what a
+subscriber does with the sequence numbers (each batch once, in order; a gap
+filled by a replay before anything after it is applied);
+``ZmqEventSubscriber`` is one on sockets.
 
 Needs the ``events`` extra (``pip install radixspec[events]``: msgspec, pyzmq).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from radixspec.spec import events as ev
 from radixspec.spec.domains import Namespace
-from radixspec.spec.errors import EventStreamError, InvalidTypeError
+from radixspec.spec.errors import EventStreamError, InvalidSizeError, InvalidTypeError
 
 MEDIUM_GPU = "GPU"
 
@@ -150,30 +159,179 @@ def from_wire(events: Sequence[Any], namespaces: dict[tuple[Any, ...] | None, Na
     return ev.from_block_events(events, lambda extra: namespaces[None if extra is None else tuple(extra)])
 
 
-class ZmqEventPublisher:
-    """PUB socket sending ``(topic, seq, payload)`` per batch, as vLLM's publisher does."""
+# the end of a replay (vLLM's ZmqEventPublisher.END_SEQ)
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
-    def __init__(self, endpoint: str, page_size: int, topic: str = "", rank: int | None = None) -> None:
+
+class ReplayBuffer:
+    """The last ``steps`` batches a publisher sent, by sequence number (what a replay request is answered from)."""
+
+    def __init__(self, steps: int = 10_000) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise InvalidSizeError.not_positive("buffer_steps", steps)
+        self._kept: deque[tuple[int, bytes]] = deque(maxlen=steps)
+        self._lock = threading.Lock()
+
+    def append(self, sequence: int, payload: bytes) -> None:
+        with self._lock:
+            self._kept.append((sequence, payload))
+
+    def since(self, start: int) -> list[tuple[int, bytes]]:
+        """Every kept batch numbered ``start`` or later, in order."""
+        with self._lock:
+            return [(sequence, payload) for sequence, payload in self._kept if sequence >= start]
+
+
+class SequencedSubscriber:
+    """A subscriber's use of sequence numbers: each batch applied once and in order.
+
+    ``receive(seq, payload)`` gives the payloads to apply now: none for a batch seen already (a duplicate, or one
+    a replay brought first); for a batch past the next expected one, the missing ones first, asked of the
+    publisher (``replay(start)``: its kept batches from ``start`` on); EventStreamError, with nothing applied,
+    when the publisher no longer holds them (the subscriber must then start over from a snapshot or empty).
+    ``restart()``: the publisher started again (a worker restart), numbering from 0.
+    """
+
+    def __init__(self, replay: Callable[[int], Sequence[tuple[int, bytes]]]) -> None:
+        self.replay = replay
+        self.expected = 0
+        self.duplicates = 0
+        self.gaps = 0
+        self.replayed = 0
+
+    def receive(self, sequence: int, payload: bytes) -> list[bytes]:
+        if sequence < self.expected:
+            self.duplicates += 1
+            return []
+        out: list[bytes] = []
+        if sequence > self.expected:
+            self.gaps += 1
+            missing = {seq: data for seq, data in self.replay(self.expected) if self.expected <= seq < sequence}
+            if len(missing) != sequence - self.expected:
+                lost = [seq for seq in range(self.expected, sequence) if seq not in missing]
+                raise EventStreamError(
+                    f"batches {lost[0]}..{lost[-1]} were lost and the publisher no longer holds them"
+                    f" ({len(lost)} of {sequence - self.expected} missing)"
+                )
+            out = [missing[seq] for seq in range(self.expected, sequence)]
+            self.replayed += len(out)
+        out.append(payload)
+        self.expected = sequence + 1
+        return out
+
+    def restart(self) -> None:
+        self.expected = 0
+
+
+class ZmqEventPublisher:
+    """PUB socket sending ``(topic, seq, payload)`` per batch, as vLLM's publisher does; with ``replay_endpoint``,
+    a ROUTER socket answering replay requests from the last ``buffer_steps`` batches (a thread serves it)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        page_size: int,
+        topic: str = "",
+        rank: int | None = None,
+        replay_endpoint: str | None = None,
+        buffer_steps: int = 10_000,
+    ) -> None:
         import zmq
 
-        self._socket: Any = zmq.Context.instance().socket(zmq.PUB)
+        self.buffer = ReplayBuffer(buffer_steps)
+        context: Any = zmq.Context.instance()
+        self._socket: Any = context.socket(zmq.PUB)
         self._socket.bind(endpoint)
         self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.page_size = page_size
         self.topic = topic.encode()
         self.rank = rank
         self.sequence = 0
+        self.replay_endpoint: str | None = None
+        self._stop = threading.Event()
+        self._server: threading.Thread | None = None
+        if replay_endpoint is not None:
+            replay: Any = context.socket(zmq.ROUTER)
+            replay.bind(replay_endpoint)
+            self.replay_endpoint = replay.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._server = threading.Thread(target=self._serve_replay, args=(replay,), daemon=True)
+            self._server.start()
 
     def publish(self, events: Sequence[ev.Event]) -> int:
         """Send one batch (nothing for no events); its sequence number, or -1 when nothing was sent."""
         if not events:
             return -1
         sequence = self.sequence
-        self._socket.send_multipart(
-            (self.topic, sequence.to_bytes(8, "big"), encode(events, self.page_size, rank=self.rank))
-        )
+        payload = encode(events, self.page_size, rank=self.rank)
+        self.buffer.append(sequence, payload)
+        self._socket.send_multipart((self.topic, sequence.to_bytes(8, "big"), payload))
         self.sequence += 1
         return sequence
 
+    def _serve_replay(self, socket: Any) -> None:
+        """Answer replay requests until closed (the replay socket is used by this thread only)."""
+        try:
+            while not self._stop.is_set():
+                if not socket.poll(50):
+                    continue
+                frames = socket.recv_multipart()
+                if len(frames) != 3 or len(frames[2]) != 8:
+                    continue  # not a replay request: ignored, as vLLM's publisher does
+                client, _, start = frames
+                for sequence, payload in self.buffer.since(int.from_bytes(start, "big")):
+                    socket.send_multipart((client, b"", self.topic, sequence.to_bytes(8, "big"), payload))
+                socket.send_multipart((client, b"", b"", END_SEQ, b""))
+        finally:
+            socket.close(linger=0)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.join()
+        self._socket.close(linger=0)
+
+
+class ZmqEventSubscriber:
+    """A SUB socket on a publisher, and a DEALER on its replay endpoint: ``receive`` gives the payloads to apply, each
+    once and in order, a gap filled by a replay first (``SequencedSubscriber``)."""
+
+    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", timeout_ms: int = 5000):
+        import zmq
+
+        context: Any = zmq.Context.instance()
+        self._zmq = zmq
+        self._socket: Any = context.socket(zmq.SUB)
+        self._socket.connect(endpoint)
+        self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._replay: Any = None
+        if replay_endpoint is not None:
+            self._replay = context.socket(zmq.DEALER)
+            self._replay.connect(replay_endpoint)
+        self.timeout_ms = timeout_ms
+        self.sequenced = SequencedSubscriber(self._ask_replay)
+
+    def _ask_replay(self, start: int) -> list[tuple[int, bytes]]:
+        if self._replay is None:
+            return []
+        self._replay.send_multipart((b"", start.to_bytes(8, "big")))
+        out: list[tuple[int, bytes]] = []
+        while self._replay.poll(self.timeout_ms):
+            _, _, sequence, payload = self._replay.recv_multipart()
+            if sequence == END_SEQ:
+                return out
+            out.append((int.from_bytes(sequence, "big"), payload))
+        raise EventStreamError(f"no end of replay within {self.timeout_ms} ms")
+
+    def receive(self, timeout_ms: int = 0) -> list[bytes]:
+        """The payloads to apply of every batch that arrived (waiting up to ``timeout_ms`` for the first)."""
+        out: list[bytes] = []
+        while self._socket.poll(timeout_ms):
+            _, sequence, payload = self._socket.recv_multipart()
+            out.extend(self.sequenced.receive(int.from_bytes(sequence, "big"), payload))
+            timeout_ms = 0
+        return out
+
     def close(self) -> None:
         self._socket.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)

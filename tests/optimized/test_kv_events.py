@@ -13,6 +13,7 @@ pytest.importorskip("msgspec", reason="the events extra: pip install radixspec[e
 from radixspec import optimized
 from radixspec.optimized import kv_events as wire
 from radixspec.spec import events as ev
+from radixspec.spec.errors import EventStreamError, InvalidSizeError
 from radixspec.spec.prefix_cache import PageKey
 
 
@@ -166,3 +167,55 @@ def test_a_payload_that_is_no_batch_is_the_specs_event_stream_error(payload: byt
         decode(payload)
     with pytest.raises(InvalidTypeError, match="payload must be bytes"):
         decode("text")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- sequence numbers and the replay socket
+
+
+def test_a_sequenced_subscriber_applies_each_batch_once_in_order_filling_gaps_by_replay() -> None:
+    kept = wire.ReplayBuffer(steps=3)
+    for seq in range(5):
+        kept.append(seq, b"batch%d" % seq)
+    assert kept.since(3) == [(3, b"batch3"), (4, b"batch4")]
+    subscriber = wire.SequencedSubscriber(kept.since)
+    assert subscriber.receive(0, b"batch0") == [b"batch0"]
+    # batch 1 lost: the publisher keeps only 2..4, so the gap cannot be filled; nothing is applied
+    with pytest.raises(EventStreamError, match=r"batches 1..1 were lost and the publisher no longer holds them"):
+        subscriber.receive(3, b"batch3")
+    assert subscriber.expected == 1
+    subscriber.expected = 2  # (started over from a snapshot that holds batch 1)
+    # batch 2 lost, 3 arrives: 2 is replayed first; 3 again (a duplicate) and 2 late are dropped
+    assert subscriber.receive(3, b"batch3") == [b"batch2", b"batch3"]
+    assert subscriber.receive(3, b"batch3") == [] and subscriber.receive(2, b"batch2") == []
+    assert (subscriber.gaps, subscriber.replayed, subscriber.duplicates) == (2, 1, 2)
+    subscriber.restart()
+    assert subscriber.receive(0, b"new0") == [b"new0"]
+    with pytest.raises(InvalidSizeError):
+        wire.ReplayBuffer(steps=0)
+
+
+def test_a_subscriber_that_joined_late_gets_the_batches_it_missed_from_the_replay_socket() -> None:
+    pytest.importorskip("zmq")
+    _, events = cache_with_history()
+    publisher = wire.ZmqEventPublisher(
+        "tcp://127.0.0.1:*", page_size=2, topic="kv", replay_endpoint="tcp://127.0.0.1:*"
+    )
+    assert publisher.replay_endpoint is not None
+    # three batches before anyone listens: a PUB socket drops them
+    for _ in range(3):
+        publisher.publish(events)
+    subscriber = wire.ZmqEventSubscriber(publisher.endpoint, publisher.replay_endpoint, topic="kv")
+    try:
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            publisher.publish(events)
+            got = subscriber.receive(timeout_ms=100)
+        assert got, "no batch arrived on loopback within 10 s"
+        # everything from batch 0 on, each once and in order, though only the later ones came over PUB
+        assert subscriber.sequenced.gaps == 1 and subscriber.sequenced.replayed >= 3
+        assert len(got) == subscriber.sequenced.expected
+        assert got == [payload for _, payload in publisher.buffer.since(0)][: len(got)]
+    finally:
+        subscriber.close()
+        publisher.close()
