@@ -11,9 +11,18 @@ they encode with vLLM's own classes when the wheel is installed.
 
 A page of ours is one block: its hash is ``radixspec.spec.events``' page hash (a
 64-bit int, stable across node splits), a namespace other than None is
-published as the block's extra key (``repr(namespace)``). Consecutive stores
+published as the block's extra key and the event's ``cache_salt`` (SGLang's
+field, which Dynamo's relay reads): ``repr(namespace)``. Consecutive stores
 of one path become one ``BlockStored``, consecutive removals one
 ``BlockRemoved``, as vLLM and SGLang batch them.
+
+Reading (``decode``, ``WireReader``) takes what the engines really send, a
+superset of both: SGLang 0.5.23 omits ``lora_name`` and ``medium`` when unset
+and names a namespace by ``cache_salt`` (and ``lora_name``); vLLM 0.33.0 may
+send hashes as bytes, names a LoRA by ``lora_name`` and puts a request's
+``cache_salt`` among the first block's ``extra_keys`` only (the blocks after
+it inherit it through their parent), and adds fields of its own (group,
+locality, lookahead tokens) that a reader may ignore.
 
 The publisher sends ``(topic, sequence number as 8 bytes big-endian, payload)``
 on a PUB socket, like vLLM's ``ZmqEventPublisher``, so a vLLM-compatible
@@ -31,6 +40,7 @@ Needs the ``events`` extra (``pip install radixspec[events]``: msgspec, pyzmq).
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 from collections import deque
@@ -67,6 +77,8 @@ class BlockStored(KVCacheEvent):
     medium: str | None
     lora_name: str | None
     extra_keys: list[tuple[Any, ...] | None] | None = None
+    # SGLang's field (Dynamo's relay reads a namespace from it); vLLM's decoder ignores it
+    cache_salt: str | None = None
 
 
 class BlockRemoved(KVCacheEvent):
@@ -80,6 +92,147 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+# ---------------------------------------------------------------- what a reader takes: the engines' fields, all of them
+
+
+class ReadStored(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockStored"):  # type: ignore[call-arg]
+    """A ``BlockStored`` as vLLM, SGLang or we send it (every optional field optional)."""
+
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    cache_salt: str | None = None
+    session_id: str | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
+
+
+class ReadRemoved(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockRemoved"):  # type: ignore[call-arg]
+    block_hashes: list[int | bytes]
+    medium: str | None = None
+    group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+
+
+class ReadCleared(msgspec.Struct, omit_defaults=True, gc=False, tag="AllBlocksCleared"):  # type: ignore[call-arg]
+    medium: str | None = None
+
+
+ReadEvent = ReadStored | ReadRemoved | ReadCleared
+
+
+class ReadBatch(EventBatch):
+    events: list[ReadEvent]
+
+
+# the events a reader takes, by class name: ours as read or written, an engine's own
+KINDS = {
+    "ReadStored": "stored",
+    "BlockStored": "stored",
+    "ReadRemoved": "removed",
+    "BlockRemoved": "removed",
+    "ReadCleared": "cleared",
+    "AllBlocksCleared": "cleared",
+}
+
+# a block's namespace as the wire names it: (lora_name, cache_salt), None for neither
+WireNamespace = tuple[str | None, str | None] | None
+
+
+class WireReader:
+    """Reads one publisher's stream: the namespace of each stored block, and the stream as the spec's events.
+
+    A block's salt is the event's ``cache_salt`` (SGLang, ours), else a string among its own extra keys other than
+    the LoRA name (vLLM), else its parent's (the block before it in the event, or the event's parent): vLLM
+    names a request's salt on its first block only. The LoRA is the event's ``lora_name``.
+    """
+
+    def __init__(self) -> None:
+        # block hash -> its namespace, for every block stored and not removed
+        self.namespaces: dict[int | bytes, WireNamespace] = {}
+
+    def block_namespaces(self, event: Any) -> list[WireNamespace]:
+        """The namespace of each block of a stored event (``ReadStored``, or an engine's own ``BlockStored``),
+        remembered for the blocks that extend them."""
+        above = self.namespaces.get(event.parent_block_hash) if event.parent_block_hash is not None else None
+        inherited = above[1] if above is not None else None
+        lora_name = getattr(event, "lora_name", None)
+        extra_keys = getattr(event, "extra_keys", None)
+        out: list[WireNamespace] = []
+        for index, block_hash in enumerate(event.block_hashes):
+            extra = extra_keys[index] if extra_keys and index < len(extra_keys) else None
+            salt = getattr(event, "cache_salt", None) or salt_of(extra, lora_name) or inherited
+            key = None if salt is None and lora_name is None else (lora_name, salt)
+            self.namespaces[block_hash] = key
+            out.append(key)
+            inherited = salt
+        return out
+
+    def read(self, events: Sequence[Any], namespace_of: Callable[[WireNamespace], Namespace]) -> list[ev.Event]:
+        """The events (``decode``'s, or an engine's own classes) as the spec's, page by page (``namespace_of``
+        names a wire namespace as ours); slots are not on the wire: UNKNOWN_SLOT."""
+        out: list[ev.Event] = []
+        for event in events:
+            kind = KINDS.get(type(event).__name__)
+            if kind == "stored":
+                size, parent = event.block_size, event.parent_block_hash
+                keys = self.block_namespaces(event)
+                for index, (block_hash, key) in enumerate(zip(event.block_hashes, keys, strict=True)):
+                    tokens = tuple(event.token_ids[index * size : (index + 1) * size])
+                    out.append(ev.PageStored(namespace_of(key), block_hash, parent, tokens, ev.UNKNOWN_SLOT))
+                    parent = block_hash
+            elif kind == "removed":
+                for block_hash in event.block_hashes:
+                    self.namespaces.pop(block_hash, None)
+                out.append(ev.PagesRemoved(tuple(event.block_hashes)))
+            elif kind == "cleared":
+                self.namespaces.clear()
+                out.append(ev.AllCleared())
+            else:
+                raise EventStreamError(f"not a KV cache event: {event!r}")
+        return out
+
+
+def salt_of(extra: tuple[Any, ...] | None, lora_name: str | None) -> str | None:
+    """The cache salt among a block's extra keys (vLLM: the LoRA name first when set, multimodal pairs as
+    tuples, the salt as a string, prompt-embedding digests as bytes), or None."""
+    for item in extra or ():
+        if isinstance(item, str) and item != lora_name:
+            return item
+    return None
+
+
+def our_namespace(key: WireNamespace) -> Namespace:
+    """A wire namespace as the spec's: ours back from their ``repr``; an engine's salt and LoRA as
+    ``("cache_salt", salt)`` / ``("lora_name", name)`` tuples (namespaces apart exactly when the wire's are)."""
+    if key is None:
+        return None
+    lora, salt = key
+    if lora is None and salt is not None:
+        try:
+            namespace = ast.literal_eval(salt)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            namespace = None
+        if isinstance(namespace, tuple) and repr(namespace) == salt:
+            return namespace
+    parts: tuple[str, ...] = ()
+    if lora is not None:
+        parts += ("lora_name", lora)
+    if salt is not None:
+        parts += ("cache_salt", salt)
+    return parts
 
 
 def _extra_key(namespace: Namespace) -> tuple[Any, ...] | None:
@@ -113,6 +266,7 @@ def to_wire(events: Sequence[ev.Event], page_size: int) -> list[BlockStored | Bl
                     medium=MEDIUM_GPU,
                     lora_name=None,
                     extra_keys=None if extra is None else [extra],
+                    cache_salt=None if extra is None else extra[0],
                 )
             )
         elif isinstance(event, (ev.PageRemoved, ev.PagesRemoved)):
@@ -136,10 +290,10 @@ def encode(events: Sequence[ev.Event], page_size: int, ts: float | None = None, 
     return msgspec.msgpack.encode(batch)
 
 
-_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+_DECODER = msgspec.msgpack.Decoder(ReadBatch)
 
 
-def decode(payload: bytes) -> KVEventBatch:
+def decode(payload: bytes) -> ReadBatch:
     """A payload back into the batch (what a router does); EventStreamError naming the problem when the
     payload is not a batch (a wrong type, truncated or foreign bytes), never msgspec's own errors."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
@@ -150,13 +304,25 @@ def decode(payload: bytes) -> KVEventBatch:
         raise EventStreamError(f"not a KV event batch ({len(payload)} bytes): {exc}") from None
 
 
-def from_wire(events: Sequence[Any], namespaces: dict[tuple[Any, ...] | None, Namespace]) -> list[ev.Event]:
-    """vLLM-format events (ours or vLLM's own classes) back into the spec's, page by page.
+def wire_namespace(namespace: Namespace) -> WireNamespace:
+    """How a namespace goes on the wire, the inverse of ``our_namespace``: ours as the salt ``repr(namespace)``,
+    an engine's (``("lora_name", name, "cache_salt", salt)`` or either half) as its LoRA name and salt."""
+    if namespace is None:
+        return None
+    lora = salt = None
+    if len(namespace) in (2, 4) and all(isinstance(item, str) for item in namespace):
+        fields = {str(name): str(value) for name, value in zip(namespace[::2], namespace[1::2], strict=True)}
+        lora, salt = fields.get("lora_name"), fields.get("cache_salt")
+    if (lora is not None or salt is not None) and our_namespace((lora, salt)) == namespace:
+        return (lora, salt)
+    return (None, repr(namespace))
 
-    ``namespaces`` maps an extra key back to its namespace (None for none); slots are not on the
-    wire, so a stored page's slot is ``radixspec.spec.events.UNKNOWN_SLOT``.
-    """
-    return ev.from_block_events(events, lambda extra: namespaces[None if extra is None else tuple(extra)])
+
+def from_wire(
+    events: Sequence[Any], namespace_of: Callable[[WireNamespace], Namespace] = our_namespace
+) -> list[ev.Event]:
+    """Decoded events (one whole stream from its start) back into the spec's, page by page (``WireReader``)."""
+    return WireReader().read(events, namespace_of)
 
 
 # the end of a replay (vLLM's ZmqEventPublisher.END_SEQ)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from radixspec.spec.domains import Namespace
@@ -30,12 +31,9 @@ from radixspec.spec.errors import EventStreamError
 from radixspec.spec.prefix_cache import PageKey, Prefix
 
 from .api import TargetInfo
-from .routers import namespace_of_extra
 
 if TYPE_CHECKING:
-    from radixspec.optimized.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
-    WireEvent = BlockStored | BlockRemoved | AllBlocksCleared
+    from radixspec.optimized.kv_events import ReadEvent, ReadStored, WireReader
 
 VERSION = "1.6.1"
 U64 = 2**64
@@ -43,73 +41,121 @@ U64 = 2**64
 
 def external_hash(block_hash: object) -> int:
     """An engine's block hash as Dynamo's external hash: an int as its 64 bits (vLLM's and SGLang's may be
-    negative; Dynamo casts them), bytes (vLLM's sha256 hashes) as their last 8 bytes, big-endian, as Dynamo's
-    newer relay reads them (1.6.1's drops a batch with bytes hashes whole)."""
-    if isinstance(block_hash, bool):
-        raise EventStreamError(f"a block hash must be an int or bytes, got {block_hash!r}")
-    if isinstance(block_hash, int):
-        return block_hash % U64
+    negative; Dynamo casts them). Bytes (vLLM's sha256 hashes, ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``) are
+    refused: Dynamo 1.6.1's relay fails to decode such a batch and drops it whole (a warning in its log)."""
     if isinstance(block_hash, (bytes, bytearray)):
-        return int.from_bytes(bytes(block_hash[-8:]), "big")
-    raise EventStreamError(f"a block hash must be an int or bytes, got {type(block_hash).__name__}")
+        raise EventStreamError(
+            "a block hash of bytes: Dynamo 1.6.1's relay drops this batch whole (it reads int hashes only)"
+        )
+    if isinstance(block_hash, bool) or not isinstance(block_hash, int):
+        raise EventStreamError(f"a block hash must be an int, got {block_hash!r}")
+    return block_hash % U64
 
 
 def cache_namespace(namespace: Namespace) -> str | None:
-    """The ``cache_namespace`` a namespace is hashed under (None: the default namespace)."""
-    return None if namespace is None else repr(namespace)
+    """The ``cache_namespace`` a prompt of ``namespace`` is hashed under: the salt its blocks go on the wire with
+    (``kv_events.wire_namespace``: ours ``repr(namespace)``; an engine's its ``cache_salt``)."""
+    from radixspec.optimized.kv_events import wire_namespace
+
+    key = wire_namespace(namespace)
+    return None if key is None else key[1]
+
+
+def lora_name(namespace: Namespace) -> str | None:
+    """The LoRA name a prompt of ``namespace`` is hashed with (an engine's namespace that names one)."""
+    from radixspec.optimized.kv_events import wire_namespace
+
+    key = wire_namespace(namespace)
+    return None if key is None else key[0]
 
 
 class Hasher:
-    """Local hashes (``compute_block_hash_for_seq``), cached per (namespace, block tokens)."""
+    """Local hashes (``compute_block_hash_for_seq``), cached per (namespace, LoRA, block tokens)."""
 
     def __init__(self, block_size: int) -> None:
         from dynamo._core import compute_block_hash_for_seq
 
         self.block_size = block_size
         self._compute = compute_block_hash_for_seq
-        self._known: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        self._known: dict[tuple[str | None, str | None, tuple[int, ...]], int] = {}
 
-    def of_blocks(self, tokens: Sequence[int], namespace: str | None) -> list[int]:
+    def of_blocks(self, tokens: Sequence[int], namespace: str | None, lora_name: str | None = None) -> list[int]:
         """The local hash of each whole block of ``tokens`` (a partial last block has none)."""
         size = self.block_size
         out = []
         for start in range(0, len(tokens) - size + 1, size):
             block = tuple(tokens[start : start + size])
-            found = self._known.get((namespace, block))
+            found = self._known.get((namespace, lora_name, block))
             if found is None:
-                found = self._compute(list(block), size, cache_namespace=namespace)[0]
-                self._known[(namespace, block)] = found
+                found = self._compute(list(block), size, lora_name=lora_name, cache_namespace=namespace)[0]
+                self._known[(namespace, lora_name, block)] = found
             out.append(found)
         return out
 
 
-def relay(events: Sequence[WireEvent], hasher: Hasher, first_id: int) -> list[dict[str, object]]:
-    """Wire events (``kv_events.decode``'s) as Dynamo's event JSON, one per event, numbered from ``first_id``. A
-    stored event's blocks past the token ids it carries (a partial block) are left out."""
+# an extra key Dynamo's relay reads as the request's cache salt (any other string among extra keys it ignores)
+SALT_PREFIX = "dynamo-cache-salt:"
+
+
+def event_salt(event: ReadStored) -> str | None:
+    """The cache namespace a stored event names itself, as Dynamo's relay reads it: its ``cache_salt`` (SGLang's
+    field, ours), else a first-block extra key prefixed ``dynamo-cache-salt:``."""
+    if event.cache_salt:
+        return event.cache_salt
+    first = event.extra_keys[0] if event.extra_keys else None
+    for item in first or ():
+        if isinstance(item, str) and item.startswith(SALT_PREFIX):
+            return item[len(SALT_PREFIX) :]
+    return None
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """One event as Dynamo's relay sends it (its JSON), and a stored event's blocks as (external, local) hashes."""
+
+    kind: str
+    event: dict[str, object]
+    blocks: tuple[tuple[int, int], ...] = ()
+
+
+def relay(
+    events: Sequence[ReadEvent], hasher: Hasher, first_id: int, salts: dict[int, str | None] | None = None
+) -> list[Relayed]:
+    """Decoded events (``kv_events.decode``'s) as Dynamo's event JSON, one per event, numbered from ``first_id``.
+
+    A block's local hash mixes in its event's LoRA name and cache namespace (``event_salt``; an event that names
+    none takes its parent's: ``salts``, the worker's external hash -> namespace, kept by the caller across
+    batches). A stored event's blocks past the token ids it carries (a partial block) are left out; a batch
+    with bytes hashes (vLLM's sha256 hashes) is refused (``external_hash``): Dynamo 1.6.1 drops it whole.
+    """
     from radixspec.optimized import kv_events
 
-    out: list[dict[str, object]] = []
+    salts = {} if salts is None else salts
+    out: list[Relayed] = []
     for number, event in enumerate(events, start=first_id):
-        if isinstance(event, kv_events.BlockStored):
+        if isinstance(event, kv_events.ReadStored):
             if event.block_size != hasher.block_size:
                 raise EventStreamError(f"a block of {event.block_size} tokens, the router's are {hasher.block_size}")
-            extra_keys = getattr(event, "extra_keys", None) or [None] * len(event.block_hashes)
-            blocks = []
+            parent = event.parent_block_hash
+            salt = event_salt(event)
+            if salt is None and parent is not None:
+                salt = salts.get(external_hash(parent))
+            blocks: list[dict[str, int]] = []
             for index, block_hash in enumerate(event.block_hashes):
                 tokens = event.token_ids[index * hasher.block_size : (index + 1) * hasher.block_size]
                 if len(tokens) < hasher.block_size:
                     break
-                namespace = cache_namespace(namespace_of_extra(extra_keys[index]))
-                (local,) = hasher.of_blocks(tokens, namespace)
+                (local,) = hasher.of_blocks(tokens, salt, event.lora_name)
+                salts[external_hash(block_hash)] = salt
                 blocks.append({"block_hash": external_hash(block_hash), "tokens_hash": local})
-            parent = event.parent_block_hash
             stored = {"parent_hash": None if parent is None else external_hash(parent), "blocks": blocks}
-            out.append({"event_id": number, "data": {"stored": stored}})
-        elif isinstance(event, kv_events.BlockRemoved):
+            pairs = tuple((block["block_hash"], block["tokens_hash"]) for block in blocks)
+            out.append(Relayed("stored", {"event_id": number, "data": {"stored": stored}}, pairs))
+        elif isinstance(event, kv_events.ReadRemoved):
             hashes = [external_hash(h) for h in event.block_hashes]
-            out.append({"event_id": number, "data": {"removed": {"block_hashes": hashes}}})
-        elif isinstance(event, kv_events.AllBlocksCleared):
-            out.append({"event_id": number, "data": "cleared"})
+            out.append(Relayed("removed", {"event_id": number, "data": {"removed": {"block_hashes": hashes}}}))
+        elif isinstance(event, kv_events.ReadCleared):
+            out.append(Relayed("cleared", {"event_id": number, "data": "cleared"}))
         else:
             raise EventStreamError(f"not a KV cache event: {event!r}")
     return out
@@ -126,9 +172,11 @@ class DynamoRouter:
         self.page_size = page_size
         self.tree = RadixTree()
         self.hasher = Hasher(page_size)
-        # per worker, the next event id
+        # per worker: the next event id, the relay's namespaces by external hash, the stream's reader (our view of
+        # each block's namespace), and external hash -> (the page it was relayed as, its local-hash chain)
         self.event_ids: dict[int, int] = {}
-        # per worker, external hash -> (the page it was relayed as, its chain of local hashes from the root)
+        self.salts: dict[int, dict[int, str | None]] = {}
+        self.readers: dict[int, WireReader] = {}
         self.external: dict[int, dict[int, tuple[PageKey, tuple[int, ...]]]] = {}
         # chain of local hashes from the root -> the page, for every page ever relayed (the dump names pages so)
         self.named: dict[tuple[int, ...], PageKey] = {}
@@ -137,39 +185,43 @@ class DynamoRouter:
         from radixspec.optimized import kv_events
 
         batch = kv_events.decode(payload)
-        self.learn(worker, batch.events)
         first = self.event_ids.get(worker, 0)
-        for event in relay(batch.events, self.hasher, first):
-            self.tree.apply_event(worker, json.dumps(event).encode())
+        relayed = relay(batch.events, self.hasher, first, self.salts.setdefault(worker, {}))
+        self.learn(worker, batch.events, relayed)
+        for one in relayed:
+            self.tree.apply_event(worker, json.dumps(one.event).encode())
         self.event_ids[worker] = first + len(batch.events)
 
-    def learn(self, worker: int, events: Sequence[WireEvent]) -> None:
-        """Name every stored block by its page and its local-hash chain (the wire carries only the new blocks:
-        a chain continues its parent's, relayed before it)."""
+    def learn(self, worker: int, events: Sequence[ReadEvent], relayed: list[Relayed]) -> None:
+        """Name every relayed block by the page the worker stored (its namespace as the worker meant it) and by
+        the chain of local hashes Dynamo got (the wire carries only the new blocks: a chain continues its
+        parent's, relayed before it)."""
         from radixspec.optimized import kv_events
 
+        reader = self.readers.setdefault(worker, kv_events.WireReader())
         known = self.external.setdefault(worker, {})
         size = self.page_size
+        stored = iter([one for one in relayed if one.kind == "stored"])
         for event in events:
-            if not isinstance(event, kv_events.BlockStored):
+            if not isinstance(event, kv_events.ReadStored):
                 continue
-            extra_keys = getattr(event, "extra_keys", None) or [None] * len(event.block_hashes)
+            one = next(stored)
+            namespaces = reader.block_namespaces(event)
             parent = event.parent_block_hash
-            for index, block_hash in enumerate(event.block_hashes):
+            above = known.get(external_hash(parent)) if parent is not None else None
+            if parent is not None and above is None:
+                continue  # an unknown parent: Dynamo skips the store too
+            prefix, chain = (above[0][1], above[1]) if above is not None else (None, ())
+            for index, (external, local) in enumerate(one.blocks):
                 tokens = tuple(event.token_ids[index * size : (index + 1) * size])
-                above = known.get(external_hash(parent)) if parent is not None else None
-                if len(tokens) < size or (parent is not None and above is None):
-                    break  # a partial block, or an unknown parent: the relay and the tree skip them too
-                namespace = namespace_of_extra(extra_keys[index])
-                (local,) = self.hasher.of_blocks(tokens, cache_namespace(namespace))
-                prefix, chain = (above[0][1], above[1]) if above is not None else (None, ())
-                key: PageKey = (namespace, Prefix.extend(prefix, tokens))
-                known[external_hash(block_hash)] = (key, (*chain, local))
-                self.named[(*chain, local)] = key
-                parent = block_hash
+                prefix = Prefix.extend(prefix, tokens)
+                chain = (*chain, local)
+                key: PageKey = (kv_events.our_namespace(namespaces[index]), prefix)
+                known[external] = (key, chain)
+                self.named[chain] = key
 
     def scores(self, tokens: list[int], namespace: Namespace) -> dict[int, int]:
-        local = self.hasher.of_blocks(tokens, cache_namespace(namespace))
+        local = self.hasher.of_blocks(tokens, cache_namespace(namespace), lora_name(namespace))
         if not local:
             return {}
         out: dict[int, int] = {}
@@ -215,12 +267,12 @@ class DynamoRouter:
             pages.append(at.page)
             at = at.parent
         tokens = [token for page in reversed(pages) for token in page]
-        return tuple(self.hasher.of_blocks(tokens, cache_namespace(namespace)))
+        return tuple(self.hasher.of_blocks(tokens, cache_namespace(namespace), lora_name(namespace)))
 
     def remove_worker(self, worker: int) -> None:
         self.tree.remove_worker(worker)
-        self.event_ids.pop(worker, None)
-        self.external.pop(worker, None)
+        for table in (self.event_ids, self.salts, self.readers, self.external):
+            table.pop(worker, None)
 
 
 def probe() -> object:

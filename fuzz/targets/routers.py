@@ -5,38 +5,23 @@ each batch a worker published (``radixspec.optimized.kv_events``) and replays it
 into ``radixspec.spec.router.RouterIndex``. It is what the other routers are
 checked beside, and the ``radixspec`` policy of ``radixspec replay --router``.
 
-A namespace travels on the wire as the block's extra key ``(repr(namespace),)``
-(``kv_events``); ``namespace_of_extra`` reads it back (a namespace is a
-literal of tuples, str, bytes and ints: ``repr`` and ``literal_eval`` are
-inverse on the spec's domain).
+A namespace travels on the wire as the event's ``cache_salt`` (and the block's
+extra key): ``repr(namespace)`` (``kv_events``); ``kv_events.WireReader`` reads
+it back (a namespace is a literal of tuples, str, bytes and ints: ``repr``
+and ``literal_eval`` are inverse on the spec's domain), and an engine's salts
+and LoRA names as namespaces of their own.
 """
 
 from __future__ import annotations
 
-import ast
 from collections.abc import Hashable
+from typing import Any
 
 from radixspec.spec.domains import Namespace
-from radixspec.spec.errors import EventStreamError
-from radixspec.spec.events import from_block_events
 from radixspec.spec.prefix_cache import PageKey
 from radixspec.spec.router import RouterIndex
 
 from .api import TargetInfo
-
-
-def namespace_of_extra(extra: object) -> Namespace:
-    """The namespace an extra key (``kv_events``: ``(repr(namespace),)``, or None) names."""
-    if extra is None:
-        return None
-    text = extra[0] if isinstance(extra, (tuple, list)) and len(extra) == 1 else None
-    try:
-        if not isinstance(text, str):
-            raise ValueError(text)
-        namespace: Namespace = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise EventStreamError(f"extra key {extra!r} names no namespace") from None
-    return namespace
 
 
 class SpecRouter:
@@ -47,12 +32,15 @@ class SpecRouter:
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
         self.index = RouterIndex(page_size, check_hashes=False)
+        # per worker, its stream's reader (a block's namespace may come from its parent)
+        self.readers: dict[int, Any] = {}
 
     def apply(self, worker: int, payload: bytes) -> None:
         from radixspec.optimized import kv_events
 
         batch = kv_events.decode(payload)
-        self.index.apply(worker, from_block_events(batch.events, namespace_of_extra))
+        reader = self.readers.setdefault(worker, kv_events.WireReader())
+        self.index.apply(worker, reader.read(batch.events, kv_events.our_namespace))
 
     def scores(self, tokens: list[int], namespace: Namespace) -> dict[int, int]:
         return self.index.scores(tokens, namespace)
@@ -65,6 +53,7 @@ class SpecRouter:
 
     def remove_worker(self, worker: int) -> None:
         self.index.remove_worker(worker)
+        self.readers.pop(worker, None)
 
 
 SPEC_ROUTER = TargetInfo(

@@ -119,7 +119,7 @@ def test_a_router_that_loses_removals_breaks_holds_live_blocks(monkeypatch: pyte
         from radixspec.optimized import kv_events
 
         batch = kv_events.decode(payload)
-        kept = [event for event in batch.events if type(event).__name__ != "BlockRemoved"]
+        kept = [event for event in batch.events if not isinstance(event, kv_events.ReadRemoved)]
         original(self, worker, kv_events.msgspec.msgpack.encode(kv_events.KVEventBatch(0.0, kept)))
 
     monkeypatch.setattr(our_routers.SpecRouter, "apply", apply)
@@ -158,13 +158,11 @@ def test_a_relay_that_drops_removals_leaves_stale_blocks_in_dynamo(monkeypatch: 
     from radixspec.fuzz.targets import dynamo
 
     original = dynamo.relay
-    monkeypatch.setattr(
-        dynamo,
-        "relay",
-        lambda events, hasher, first: [
-            e for e in original(events, hasher, first) if e["data"] == "cleared" or "removed" not in e["data"]
-        ],
-    )
+
+    def relay(*args: Any) -> list[dynamo.Relayed]:
+        return [one for one in original(*args) if "removed" not in str(one.event["data"])]
+
+    monkeypatch.setattr(dynamo, "relay", relay)
     caught(("dynamo",), "router_holds_live_blocks")
 
 
@@ -181,7 +179,12 @@ def test_a_prompt_hashed_one_token_late_breaks_dynamos_scores(monkeypatch: pytes
 def test_a_relay_that_folds_namespaces_breaks_router_namespaces_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     from radixspec.fuzz.targets import dynamo
 
-    monkeypatch.setattr(dynamo, "cache_namespace", lambda namespace: None)
+    original = dynamo.Hasher.of_blocks
+
+    def of_blocks(self: dynamo.Hasher, tokens: list[int], namespace: str | None, lora: str | None = None) -> list[int]:
+        return original(self, tokens, None, lora)  # the salt left out: relay, prompts, entries alike
+
+    monkeypatch.setattr(dynamo.Hasher, "of_blocks", of_blocks)
     # an over-estimate when a prompt of one namespace meets another's pages first; the law itself once two
     # namespaces' equal pages are live together
     caught(("dynamo",), "router_namespaces_apart|router_scores_match_workers")

@@ -15,6 +15,7 @@ from radixspec.optimized import kv_events as wire
 from radixspec.spec import events as ev
 from radixspec.spec.errors import EventStreamError, InvalidSizeError
 from radixspec.spec.prefix_cache import PageKey
+from tests.spec.test_events import key
 
 
 def cache_with_history() -> tuple[Any, list[ev.Event]]:
@@ -31,16 +32,18 @@ def pages_of(cache: Any) -> set[PageKey]:
     return set(cache.abstract_state().entries)
 
 
-NAMESPACES = {None: None, (repr(("lora", 1)),): ("lora", 1)}
-
-
 def test_encoded_batches_decode_to_the_cached_pages() -> None:
     cache, events = cache_with_history()
     batch = wire.decode(wire.encode(events, page_size=2, ts=1.5, rank=3))
     assert (batch.ts, batch.data_parallel_rank) == (1.5, 3)
     # consecutive stores of one path and consecutive removals are one wire event each
-    assert [type(e).__name__ for e in batch.events] == ["BlockStored", "BlockStored", "BlockStored", "BlockRemoved"]
-    replayed = ev.Replayer(2).apply(wire.from_wire(batch.events, NAMESPACES)).cached()
+    assert [type(e).__struct_config__.tag for e in batch.events] == [
+        "BlockStored",
+        "BlockStored",
+        "BlockStored",
+        "BlockRemoved",
+    ]
+    replayed = ev.Replayer(2).apply(wire.from_wire(batch.events)).cached()
     assert set(replayed) == pages_of(cache)
     assert set(replayed.values()) == {ev.UNKNOWN_SLOT}  # the wire names blocks, not slots
 
@@ -66,7 +69,7 @@ def test_vllms_own_classes_decode_our_payload() -> None:
     assert stored[0].block_size == 2 and stored[0].parent_block_hash is None
     assert stored[-1].extra_keys == [(repr(("lora", 1)),)]
     # what vLLM decoded replays to our cache
-    replayed = ev.Replayer(2).apply(wire.from_wire(batch.events, NAMESPACES)).cached()
+    replayed = ev.Replayer(2).apply(wire.from_wire(batch.events)).cached()
     assert set(replayed) == pages_of(cache)
 
 
@@ -89,7 +92,7 @@ def test_a_subscriber_on_loopback_receives_topic_sequence_and_batch() -> None:
         assert received is not None, "no batch arrived on loopback within 10 s"
         topic, sequence, payload = received
         assert topic == b"kv" and int.from_bytes(sequence, "big") < publisher.sequence
-        replayed = ev.Replayer(2).apply(wire.from_wire(wire.decode(payload).events, NAMESPACES)).cached()
+        replayed = ev.Replayer(2).apply(wire.from_wire(wire.decode(payload).events)).cached()
         assert set(replayed) == pages_of(cache)
     finally:
         subscriber.close(linger=0)
@@ -146,7 +149,8 @@ def test_the_publisher_numbers_its_batches_and_names_its_rank() -> None:
         assert all(len(seq) == 8 for _, seq, _ in sent)
         batch = wire.decode(sent[0][2])
         assert batch.data_parallel_rank == 5 and abs(batch.ts - time.time()) < 60
-        assert [type(e) for e in batch.events] == [type(e) for e in wire.to_wire(events, 2)]
+        tags = [type(e).__struct_config__.tag for e in batch.events]
+        assert tags == [type(e).__name__ for e in wire.to_wire(events, 2)]
     finally:
         publisher._socket = socket
         publisher.close()
@@ -219,3 +223,115 @@ def test_a_subscriber_that_joined_late_gets_the_batches_it_missed_from_the_repla
     finally:
         subscriber.close()
         publisher.close()
+
+
+# ---------------------------------------------------------------- what the engines really send
+
+
+def sglang_events() -> Any:
+    """SGLang 0.5.23's own event module (loaded for real by its target's import)."""
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    import sys
+
+    from radixspec.fuzz.targets.sglang import events_available, import_radix_cache
+
+    if not events_available():
+        pytest.skip("SGLang's event module needs msgspec and pyzmq")
+    import_radix_cache()
+    return sys.modules["sglang.srt.disaggregation.kv_events"]
+
+
+def test_sglangs_payload_with_its_omitted_fields_and_cache_salt_reads_as_its_pages() -> None:
+    sg = sglang_events()
+    msgspec = pytest.importorskip("msgspec")
+    # SGLang leaves medium, lora_name, session_id out when unset; names a namespace by cache_salt; ints may be < 0
+    batch = sg.KVEventBatch(
+        ts=1.0,
+        events=[
+            sg.BlockStored(
+                block_hashes=[11, -12], parent_block_hash=None, token_ids=[1, 2, 3, 4], block_size=2, lora_id=None
+            ),
+            sg.BlockStored(
+                block_hashes=[21], parent_block_hash=None, token_ids=[1, 2], block_size=2, lora_id=None, cache_salt="t1"
+            ),
+            sg.BlockStored(block_hashes=[22], parent_block_hash=21, token_ids=[5, 6], block_size=2, lora_id=None),
+            sg.BlockRemoved(block_hashes=[-12]),
+        ],
+        attn_dp_rank=2,
+    )
+    payload = msgspec.msgpack.encode(batch)
+    assert b"lora_name" not in payload and b"medium" not in payload
+    decoded = wire.decode(payload)
+    assert decoded.data_parallel_rank == 2
+    reader = wire.WireReader()
+    replayed = ev.Replayer(2, check_hashes=False).apply(reader.read(decoded.events, wire.our_namespace)).cached()
+    salted = ("cache_salt", "t1")
+    # the block stored below a salted one, with no salt of its own, is in its parent's namespace
+    assert set(replayed) == {key(None, 1, 2), key(salted, 1, 2), key(salted, 1, 2, 5, 6)}
+    assert reader.namespaces == {11: None, 21: (None, "t1"), 22: (None, "t1")}
+
+
+def test_vllms_payload_with_bytes_hashes_lora_and_a_salt_on_the_first_block_reads_as_its_pages() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    from radixspec.fuzz.targets.vllm import import_vllm
+
+    vllm_events = import_vllm().kv_events
+    msgspec = pytest.importorskip("msgspec")
+    h = [bytes([n]) * 32 for n in range(4)]
+    # vLLM: hashes as bytes (sha256), the salt among the first block's extra keys (after the LoRA name), its own
+    # fields (group, locality, lookahead tokens) that a reader may ignore
+    stored = vllm_events.BlockStored(
+        block_hashes=[h[0], h[1]],
+        parent_block_hash=None,
+        token_ids=[1, 2, 3, 4],
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
+        lora_name="ad",
+        extra_keys=[("ad", "s1"), ("ad",)],
+        group_idx=0,
+        locality="LOCAL",
+        lookahead_token_ids=[[3], [5]],
+    )
+    child = vllm_events.BlockStored(
+        block_hashes=[h[2]],
+        parent_block_hash=h[1],
+        token_ids=[7, 7],
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
+        lora_name="ad",
+        extra_keys=[("ad",)],
+    )
+    plain = vllm_events.BlockStored(
+        block_hashes=[h[3]],
+        parent_block_hash=None,
+        token_ids=[1, 2],
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+    )
+    removed = vllm_events.BlockRemoved(block_hashes=[h[2]], medium="GPU", group_idx=0)
+    payload = msgspec.msgpack.encode(vllm_events.KVEventBatch(ts=1.0, events=[stored, child, plain, removed]))
+    decoded = wire.decode(payload)
+    assert decoded.events[0].block_hashes == [h[0], h[1]] and decoded.events[0].lookahead_token_ids == [[3], [5]]
+    reader = wire.WireReader()
+    replayed = ev.Replayer(2, check_hashes=False).apply(reader.read(decoded.events, wire.our_namespace)).cached()
+    ns = ("lora_name", "ad", "cache_salt", "s1")
+    assert set(replayed) == {key(ns, 1, 2), key(ns, 1, 2, 3, 4), key(None, 1, 2)}
+    # the second block inherits the first's salt; a removed block is forgotten
+    assert reader.namespaces == {h[0]: ("ad", "s1"), h[1]: ("ad", "s1"), h[3]: None}
+
+
+def test_our_payload_names_its_namespace_as_cache_salt_and_extra_key_and_reads_back() -> None:
+    _, events = cache_with_history()
+    out = wire.to_wire(events, 2)
+    namespaced = [e for e in out if isinstance(e, wire.BlockStored) and e.extra_keys]
+    assert namespaced and all(e.cache_salt == repr(("lora", 1)) for e in namespaced)
+    assert wire.our_namespace((None, repr(("lora", 1)))) == ("lora", 1)
+    # a salt that is not ours (not the repr of a namespace) is a namespace of its own
+    assert wire.our_namespace((None, "1")) == ("cache_salt", "1")
+    assert wire.our_namespace(("a", None)) == ("lora_name", "a")
