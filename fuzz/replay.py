@@ -3,6 +3,7 @@
     radixspec replay TRACE --impl all --pool-pages 256,1024,4096 [--page-size 16]
                           [--target NAME] [--json rows.json] [--plot hit_rate.png]
     radixspec replay --generate trace.jsonl --requests 100000 [--seed 0]
+    radixspec replay TRACE --workers 1,2,4,8 --router dynamo,radixspec,round-robin,least-loaded
 
 Each request of the trace, in order, goes through the cache the way a
 serving engine's cache manager uses it for a prompt: match the prompt, lock
@@ -38,21 +39,20 @@ import json
 import random
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TextIO, TypeVar
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from radixspec.spec.domains import TOKEN_LIMIT, Namespace, check_namespace
 from radixspec.spec.errors import CacheError
-from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
+
+from .pools import Driver, Pool, Request, optimized_target
+from .routing import POLICIES as ROUTER_POLICIES
 
 if TYPE_CHECKING:
     from .targets.api import PrefixCacheTarget
-    from .targets.ours_optimized import OptimizedCache
 
-Request = tuple[list[int], Namespace]
 # a target's handle: the driver hands it back to the target that made it
 H = TypeVar("H")
 # a namespace as a trace line writes it (namespace_of reads it back)
@@ -200,83 +200,6 @@ def generate(out: Path, requests: int, seed: int = 0) -> None:
             sink.write(json.dumps(line, separators=(",", ":")) + "\n")
 
 
-# ---------------------------------------------------------------- the caches
-
-
-class Driver(Generic[H]):
-    """A prefix-cache target behind the replay's calls (``fuzz/targets/api.py``: the target turns what its cache
-    returns into ints and lists); slots are page starts the replay hands out, unless the target takes its own pages
-    (``allocates``)."""
-
-    def __init__(self, name: str, target: PrefixCacheTarget[H], page_size: int) -> None:
-        """Raises TargetError, before any request, for a target that takes the caller's slots but cannot evict."""
-        from .targets.api import Evicts, TargetError
-
-        self.name = name
-        self.target = target
-        self.page_size = page_size
-        profile = target.profile
-        # True: the cache takes its own pages (and evicts for them)
-        self.allocates = profile.slots == "target"
-        self.namespaces = profile.namespaces
-        # the target itself when it evicts on request (every target that takes the caller's slots must)
-        self.evicts = target if isinstance(target, Evicts) else None
-        if not self.allocates and self.evicts is None:
-            raise TargetError(f"target {name} takes the caller's slots but has no evict(): it cannot be replayed")
-        # pages the target evicted to take its own
-        self.evicted_by_allocation = 0
-
-    def ns(self, namespace: Namespace) -> Namespace:
-        """The request's namespace as the target takes it (None for a target without namespaces)."""
-        return namespace if self.namespaces else None
-
-    def match(self, tokens: list[int], namespace: Namespace) -> tuple[int, H]:
-        """(cached tokens, a handle on the matched path)."""
-        handle = self.target.match_prefix(tokens, self.ns(namespace))
-        return int(self.target.cached_len(handle)), handle
-
-    def lock(self, handle: H) -> None:
-        """Protect the matched path while the request is placed."""
-        self.target.lock(handle)
-
-    def unlock(self, handle: H) -> None:
-        """Release it."""
-        self.target.unlock(handle)
-
-    def slots(self, handle: H) -> list[int]:
-        """The matched path's slots."""
-        return list(self.target.get_matched_indices(handle))
-
-    def insert(self, tokens: list[int], slots: list[int] | None, namespace: Namespace) -> None:
-        """Cache the whole pages (slots: the matched ones then the new pages'; None when the cache allocates)."""
-        self.target.insert_prefix(tokens, slots, self.ns(namespace))
-        if self.allocates:
-            self.evicted_by_allocation += sum(len(group) for group in self.target.take_evicted()) // self.page_size
-
-    def evict(self, tokens: int) -> list[int]:
-        """Free at least ``tokens`` tokens of LRU pages; their slots."""
-        assert self.evicts is not None, "checked when the driver was made"
-        self.evicts.evict(tokens)
-        return [slot for group in self.target.take_evicted() for slot in group]
-
-    def cached_page_count(self) -> int:
-        """Pages the cache holds now."""
-        evictable, protected = self.target.size_info()
-        return int(evictable + protected) // self.page_size
-
-
-def optimized_target(page_size: int) -> OptimizedCache:
-    """The optimized target fed the replay's lists as they are (the fuzzer's target converts each input to
-    another format in turn: a replay would time the conversions); imports torch and the C tree."""
-    from .targets.ours_optimized import OptimizedCache
-
-    class ListsAsGiven(OptimizedCache):
-        def convert(self, values: list[int], shift: int = 0) -> list[int]:
-            return values
-
-    return ListsAsGiven(page_size)
-
-
 # ---------------------------------------------------------------- the replay
 
 
@@ -341,11 +264,11 @@ PROGRESS_S = 10.0
 def replay_trace(
     driver: Driver[H], requests: Iterator[Request], pool_pages: int, page_size: int, progress: TextIO | None = None
 ) -> Row:
-    """Every request through ``driver``, as a cache manager does for prompts; the figures. With ``progress``,
-    a line every PROGRESS_S seconds says how far a long replay got."""
+    """Every request through ``driver``, as a cache manager does for prompts (``Pool.place``); the figures. With
+    ``progress``, a line every PROGRESS_S seconds says how far a long replay got."""
     p = page_size
-    free: deque[int] = deque(range(0, pool_pages * p, p))
-    count = too_long = asked = hits = hit_requests = evicted = peak = 0
+    pool = Pool(driver, pool_pages, page_size)
+    count = too_long = asked = hits = hit_requests = peak = 0
     start = last = time.perf_counter()
     for tokens, namespace in requests:
         count += 1
@@ -356,31 +279,15 @@ def replay_trace(
                 file=progress,
                 flush=True,
             )
-        needed = -(-len(tokens) // p)
-        if needed > pool_pages or not tokens:
-            too_long += needed > pool_pages
+        cached = pool.place(tokens, namespace)
+        if cached is None:
+            too_long += -(-len(tokens) // p) > pool_pages
             continue
-        cached, handle = driver.match(tokens, namespace)
         asked += len(tokens)
         hits += cached
         hit_requests += cached > 0
-        driver.lock(handle)
-        if driver.allocates:
-            driver.insert(tokens, None, namespace)
-        else:
-            new = needed - cached // p
-            if new > len(free):
-                gone = driver.evict((new - len(free)) * p)
-                evicted += len(gone) // p
-                free.extend(compute_page_starts(gone, p))
-            pages = [free.popleft() for _ in range(new)]
-            slots = driver.slots(handle) + compute_page_to_token(pages, p)[: len(tokens) - cached]
-            driver.insert(tokens, slots, namespace)
-            if len(tokens) % p:
-                free.append(pages[-1])  # the partial last page is not cached
-        driver.unlock(handle)
         peak = max(peak, driver.cached_page_count())
-    evicted += driver.evicted_by_allocation
+    evicted = pool.evicted + driver.evicted_by_allocation
     return Row(
         impl=driver.name,
         pool_pages=pool_pages,
@@ -468,6 +375,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="ROWS_JSON",
         help="also plot the rows of an earlier --json (another target, another trace); repeatable",
     )
+    parser.add_argument(
+        "--workers",
+        type=pool_sizes,
+        default=None,
+        metavar="N[,N...]",
+        help="replay over N workers behind a router instead (each our optimized cache of --pool-pages pages;"
+        " radixspec.fuzz.routing): one row per router policy, N and pool size",
+    )
+    parser.add_argument(
+        "--router",
+        default=",".join(ROUTER_POLICIES),
+        help="with --workers: router policies, comma-separated (dynamo, radixspec, round-robin, least-loaded)",
+    )
     parser.add_argument("--generate", type=Path, default=None, help="write a synthetic JSONL trace here and stop")
     parser.add_argument("--requests", type=positive, default=10_000, help="requests of the generated trace")
     parser.add_argument("--seed", type=int, default=0)
@@ -484,6 +404,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"no trace file {args.trace}")
     if args.target and args.impl:
         parser.error("--impl and --target exclude each other")
+    policies = [part.strip() for part in args.router.split(",") if part.strip()]
+    if args.workers is not None:
+        from .routing import check_policies
+
+        if args.target or args.impl:
+            parser.error("--workers replays over our optimized workers: no --impl or --target")
+        if args.plot_with:
+            parser.error("--plot-with plots pool-size rows, not --workers rows")
+        problem = check_policies(policies)
+        if problem:
+            parser.error(problem)
     if args.plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -501,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, CacheError) as exc:
         parser.error(str(exc))
     page_size: int = args.page_size
+    if args.workers is not None:
+        return replay_routing(args, fmt, policies)
     # each implementation's replay: (pool pages, the trace's requests) -> its row
     runs: list[Callable[[int, Iterator[Request]], Row]]
     from .targets.api import TargetError
@@ -549,6 +482,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(rows + earlier, args.plot)
         print(f"plot written to {args.plot}")
     return 1 if mismatch else 0
+
+
+def replay_routing(args: argparse.Namespace, fmt: str, policies: Sequence[str]) -> int:
+    """``--workers``: the trace over N workers behind each router policy (``radixspec.fuzz.routing``)."""
+    from .routing import as_json, header, line, plot, route
+
+    rows = []
+    for pages in args.pool_pages:
+        print(f"pool of {pages} pages of {args.page_size} tokens per worker")
+        print(header())
+        for workers in args.workers:
+            for policy in policies:
+                row = route(read_trace(args.trace, fmt, args.block_size), policy, workers, pages, args.page_size)
+                rows.append(row)
+                print(line(row), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(as_json(rows), indent=2) + "\n")
+        print(f"rows written to {args.json}")
+    if args.plot is not None:
+        plot([row for row in rows if row.pool_pages == args.pool_pages[0]], args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
 
 
 def differential(rows: Sequence[Row]) -> str:
