@@ -521,3 +521,66 @@ def test_vllm_eagle_hit_keeps_a_window_proof_made_at_a_longer_length_after_mamba
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen == {"hit": 4, "cached_window_blocks": [0, 2, 3], "window_rule_at_hit": 0}
+
+
+# ------------------------------------------------------------------ NVIDIA Dynamo 1.6.1's router index
+
+needs_dynamo = pytest.mark.skipif(importlib.util.find_spec("dynamo") is None, reason="Dynamo is not installed")
+
+# Finding 16, standalone: only Dynamo's wheel (ai-dynamo-runtime 1.6.1) and the standard library.
+DYNAMO_SCORES_KEYED_BY_RANK = """import json
+from dynamo._core import RadixTree, compute_block_hash_for_seq
+
+tree = RadixTree()
+local = compute_block_hash_for_seq([1, 2, 3, 4], 2)
+blocks = [{"block_hash": 100 + i, "tokens_hash": h} for i, h in enumerate(local)]
+tree.apply_event(7, json.dumps({"event_id": 1, "data": {"stored": {"parent_hash": None, "blocks": blocks}}}).encode())
+scores = tree.find_matches(local).scores
+# the type stub (dynamo/_core.pyi) and the API docs: "Dict[int, int]: Map of worker_id to the score"
+print(json.dumps({"keys": [list(k) if isinstance(k, tuple) else k for k in scores], "by_worker_id": scores.get(7)}))
+"""
+
+# Finding 17, standalone: a block stored twice by one worker, then removed once.
+DYNAMO_STORE_TWICE_REMOVE_ONCE = """import json
+from dynamo._core import RadixTree, compute_block_hash_for_seq
+
+tree = RadixTree()
+(local,) = compute_block_hash_for_seq([1, 2], 2)
+stored = {"parent_hash": None, "blocks": [{"block_hash": 100, "tokens_hash": local}]}
+for event_id in (1, 2):
+    tree.apply_event(0, json.dumps({"event_id": event_id, "data": {"stored": stored}}).encode())
+before = tree.find_matches([local]).scores
+tree.apply_event(0, json.dumps({"event_id": 3, "data": {"removed": {"block_hashes": [100]}}}).encode())
+after = tree.find_matches([local]).scores
+print(json.dumps({"before": list(before.values()), "after": list(after.values())}))
+"""
+
+
+def run_script(script: str) -> Any:
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@needs_dynamo
+def test_dynamo_overlap_scores_are_keyed_by_worker_and_dp_rank_where_its_stub_says_by_worker() -> None:
+    """Finding 16 (found writing the router target; the router machine's scores law depends on it): Dynamo 1.6.1's
+    ``OverlapScores.scores`` maps ``(worker_id, dp_rank)`` to matched blocks, where its type stub and API docs say
+    ``Dict[int, int]``, worker id to blocks: code written to the stub reads ``scores.get(worker_id)`` and gets
+    None for a worker that holds the prompt."""
+    seen = run_script(DYNAMO_SCORES_KEYED_BY_RANK)
+    assert seen == {"keys": [[7, 0]], "by_worker_id": None}
+
+
+@needs_dynamo
+def test_dynamo_a_block_stored_twice_by_one_worker_is_one_block_a_removal_drops_it() -> None:
+    """Finding 17: a worker's second store of a block it holds changes nothing and is not counted; one removal
+    drops the block. Intended: the engines never announce a cached block twice (vLLM stores new blocks only; our
+    caches likewise). It matters with SGLang's events, whose hashes omit a non-LoRA extra key (finding 8): two
+    namespaces' equal pages are one block to Dynamo, and evicting either drops it for both."""
+    seen = run_script(DYNAMO_STORE_TWICE_REMOVE_ONCE)
+    assert seen == {"before": [1], "after": []}
