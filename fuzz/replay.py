@@ -306,30 +306,14 @@ def replay_trace(
 
 
 def plot(rows: Sequence[Row], path: Path) -> None:
-    """Hit rate against pool size, one line per implementation (matplotlib, Agg)."""
-    import matplotlib
+    """Hit rate against pool size, one line per implementation."""
+    from .plots import plot_hit_rates
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4))
-    # identical curves (the differential's point) stay visible: each its own marker, size and dash
-    styles = [("o", 10, "-"), ("s", 7, "--"), ("^", 5, ":"), ("D", 4, "-."), ("v", 4, "-")]
-    for number, impl in enumerate(dict.fromkeys(row.impl for row in rows)):
-        mine = sorted((row.pool_pages, row.hit_rate) for row in rows if row.impl == impl)
-        marker, size, dash = styles[number % len(styles)]
-        axes.plot(
-            [x for x, _ in mine], [100 * y for _, y in mine], marker=marker, markersize=size, linestyle=dash, label=impl
-        )
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel(f"pool size (pages of {rows[0].page_size} tokens)")
-    axes.set_ylabel("token hit rate (%)")
-    axes.set_ylim(0, 100)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    curves = {
+        impl: [(row.pool_pages, row.hit_rate) for row in rows if row.impl == impl]
+        for impl in dict.fromkeys(row.impl for row in rows)
+    }
+    plot_hit_rates(curves, f"pool size (pages of {rows[0].page_size} tokens)", path)
 
 
 # ---------------------------------------------------------------- command line

@@ -190,26 +190,12 @@ def line(row: RoutingRow) -> str:
 
 
 def plot(rows: Sequence[RoutingRow], path: Path) -> None:
-    """Hit rate against the number of workers, one line per policy (matplotlib, Agg)."""
-    import matplotlib
+    """Hit rate against the number of workers, one line per policy."""
+    from .plots import plot_hit_rates
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4))
-    markers = ("o", "s", "^", "D")
-    for number, policy in enumerate(dict.fromkeys(row.policy for row in rows)):
-        mine = sorted((row.workers, row.hit_rate) for row in rows if row.policy == policy)
-        axes.plot([x for x, _ in mine], [100 * y for _, y in mine], marker=markers[number % 4], label=policy)
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel(f"workers (each {rows[0].pool_pages} pages of {rows[0].page_size} tokens)")
-    axes.set_ylabel("token hit rate (%)")
-    axes.set_ylim(0, 100)
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    policies = dict.fromkeys(row.policy for row in rows)
+    curves = {policy: [(row.workers, row.hit_rate) for row in rows if row.policy == policy] for policy in policies}
+    plot_hit_rates(curves, f"workers (each {rows[0].pool_pages} pages of {rows[0].page_size} tokens)", path)
 
 
 def check_policies(policies: Sequence[str]) -> str:
