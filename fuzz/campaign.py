@@ -356,7 +356,13 @@ class Campaign:
 
     def print_header(self) -> None:
         foreign = list(self.args.foreign.values())
-        if len(self.targets) == 1 and foreign:
+        routers = [info.name for info in foreign if info.router_factory is not None]
+        if routers:
+            workers = [name for name in self.targets if name not in routers] or ["reference", "optimized"]
+            what = (
+                f"routers {', '.join(routers)} and ours, over workers {', '.join(workers)} (their own pages the oracle)"
+            )
+        elif len(self.targets) == 1 and foreign:
             target = foreign[0]
             mode = self.args.lru or target.profile.default_lru
             what = f"target {target.name} (profile: {target.profile.name}; LRU mode: {mode})"

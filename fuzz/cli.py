@@ -109,7 +109,9 @@ def select(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 foreign[name] = resolve(name)
             except TargetError as exc:
                 parser.error(str(exc))
-    if len(names) > 1:
+    # the router machine runs caches as workers side by side, each under its own profile (no spec beside them)
+    routed = any(info.router_factory is not None for info in foreign.values())
+    if len(names) > 1 and not routed:
         own = [info for info in foreign.values() if not info.profile.follows_spec]
         if own:
             parser.error(

@@ -44,8 +44,11 @@ class MachineEntry:
                 for name in names
             )
         if self.drives == "router":
-            # routers selected, over workers that are our caches (the selected ones, else both)
-            return bool(foreign) and all(info.router_factory is not None for info in foreign.values())
+            # routers selected, over workers: the selected caches that take the caller's pages and evict and reset on
+            # request (ours, SGLang's legacy RadixCache, a user's), else both of ours
+            return any(info.router_factory is not None for info in foreign.values()) and all(
+                info.router_factory is not None or serves_as_worker(info) for info in foreign.values()
+            )
         return not foreign  # "ours" and "device": our implementations only
 
 
@@ -67,6 +70,21 @@ MACHINES: dict[str, MachineEntry] = {
         _entry("router", "RouterMachine", "router", "a router's index of many workers against their caches"),
     )
 }
+
+
+def serves_as_worker(info: TargetInfo) -> bool:
+    """Whether a cache target can be a worker of the router machine: it takes the caller's pages, and a small one
+    shows its pages, evicts and resets on request and emits KV events (built here, as ``check_methods`` does)."""
+    from .targets.api import CacheCapabilities
+
+    profile = info.profile
+    if info.cache_factory is None or profile.slots != "caller" or profile.eviction_trigger != "evict":
+        return False
+    try:
+        caps = CacheCapabilities.of(info.cache_factory(info.page_sizes[0] if info.page_sizes else 1, 16))
+    except Exception:  # a factory that cannot build here: not a worker (resolve reports why)
+        return False
+    return all((caps.pages, caps.evicts, caps.resets, caps.events))
 
 
 def machines_for(names: Sequence[str], foreign: Mapping[str, TargetInfo]) -> list[str]:

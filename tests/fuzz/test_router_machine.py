@@ -90,7 +90,9 @@ def test_without_recovery_the_faults_are_measured_not_failed_and_each_kind_misle
         ),
     )
     found = router_machine.DIVERGENCES
-    assert {d.kind for d in found} == set(FAULTS)
+    # the first fault on a link opens its divergence (without recovery it lasts until a restart the routers are
+    # told of): most kinds come first somewhere
+    assert len({d.kind for d in found}) >= 3 and {d.kind for d in found} <= set(FAULTS)
     # nothing ends by replay without it; the router over- and under-estimates while a fault lasts
     assert not any(d.ended == "replay" for d in found)
     assert max(d.over for d in found) > 0 and max(d.under for d in found) > 0
@@ -188,3 +190,32 @@ def test_a_relay_that_folds_namespaces_breaks_router_namespaces_apart(monkeypatc
     # an over-estimate when a prompt of one namespace meets another's pages first; the law itself once two
     # namespaces' equal pages are live together
     caught(("dynamo",), "router_namespaces_apart|router_scores_match_workers")
+
+
+@needs_dynamo
+def test_sglangs_radix_cache_serves_as_workers_behind_dynamo_in_one_namespace() -> None:
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    from radixspec.fuzz.targets.sglang import events_available
+
+    if not events_available():
+        pytest.skip("SGLang's event recorder needs msgspec and pyzmq")
+    STATS.reset()
+    run(("dynamo", "sglang:legacy"))
+    machine = machine_for("router", ("dynamo", "sglang:legacy"))
+    assert [info.name for info in machine.WORKERS] == ["sglang:legacy"]
+    # SGLang's event hashes do not tell namespaces apart (finding 8): its workers serve one namespace
+    assert STATS.most_namespaces == 1 and STATS.router_scores_checked > 1000 and STATS.router_removals > 50
+
+
+@pytest.mark.parametrize("cache", ["tests.targets.toy:ToyCache", "vllm"], ids=["no KV events", "picks its own pages"])
+def test_a_cache_that_cannot_be_a_worker_is_a_usage_error(cache: str) -> None:
+    from radixspec.fuzz import campaign
+
+    if cache == "vllm" and importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed")
+    with pytest.raises(SystemExit) as exit_info:
+        campaign.parse_args(["--machine", "router", "--target", "radixspec-router", "--target", cache])
+    assert exit_info.value.code == 2
+    args = campaign.parse_args(["--machine", "router", "--target", "radixspec-router", "--target", "reference"])
+    assert args.targets == ("radixspec-router", "reference")
