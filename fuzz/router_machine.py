@@ -44,6 +44,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import EventStreamError
 from radixspec.spec.prefix_cache import PageKey
 from radixspec.spec.router import (
     longest_cached_pages,
@@ -210,6 +211,8 @@ class Link:
         self.silent = False
         # the fault the last batch met (None: none)
         self.struck: str | None = None
+        # why the subscriber cannot recover (None: it can)
+        self.lost: str | None = None
         self.subscriber = SequencedSubscriber(lambda start: self.worker.kept.since(start))
         # since which step the routers' view of this worker may lag (a fault not yet recovered), and its kind
         self.outage: tuple[str, int] | None = None
@@ -230,19 +233,28 @@ class Link:
                     self.held = None
         if not self.recover:
             return [payload for _, payload in arrived]
-        return [payload for seq, data in arrived for payload in self.subscriber.receive(seq, data)]
+        out: list[bytes] = []
+        for seq, data in arrived:
+            try:
+                out += self.subscriber.receive(seq, data)
+            except EventStreamError as exc:
+                # a gap the publisher no longer holds (a batch of a worker's earlier life arriving after it
+                # restarted unannounced): lost for good, the routers never in sync with it until a told restart
+                self.lost = str(exc)
+        return out
 
     def in_sync(self) -> bool:
         """The routers have every batch the worker published (with recovery: in order, once)."""
         return (
             not self.silent
+            and self.lost is None
             and self.armed is None
             and self.held is None
             and self.subscriber.expected == self.worker.sequence
         )
 
     def restart(self) -> None:
-        self.armed, self.held, self.silent = None, None, False
+        self.armed, self.held, self.silent, self.lost = None, None, False, None
         self.subscriber.restart()
 
 
@@ -410,6 +422,8 @@ class RouterMachine(RuleBasedStateMachine):
             payloads = link.deliver(link.worker.publish())
             if link.struck is not None:
                 self.open_outage(link, link.struck)
+            if link.lost is not None and link.outage is None:
+                raise AssertionError(f"worker {link.worker.worker_id}'s batches lost with no fault: {link.lost}")
             for payload in payloads:
                 for router in self.routers:
                     try:
