@@ -38,21 +38,16 @@ test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
 # radixspec inside an engine's environment: a fresh virtualenv that holds SGLang 0.5.23's torch (2.14.1) first,
-# then `pip install .` (a wheel, not editable), which must keep that torch; then the whole suite runs against the
-# installed package (pytest's append import mode: site-packages' radixspec comes before the checkout's)
+# then the wheel built from a clean copy of the checkout, installed (not editable), which must keep that torch
+# (.ci/wheel-venv); then the whole suite runs against the installed package (pytest's append import mode:
+# site-packages' radixspec comes before the checkout's; conftest.py refuses a run that imports the checkout's).
+# CI runs the installed-behaviour part of it there, with campaigns of every target (.ci/installed)
 COMPAT_VENV ?= /tmp/radixspec-compat
 COMPAT_TORCH ?= 2.14.1
 compat:
-	rm -rf $(COMPAT_VENV)
-	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(COMPAT_VENV)/bin/python -m pip install --quiet "torch==$(COMPAT_TORCH)"
-	$(COMPAT_VENV)/bin/python -m pip install --quiet ".[$(EXTRAS)]" --group test
-	$(COMPAT_VENV)/bin/python -c "import torch; v = torch.__version__.split('+')[0]; \
-		assert v == '$(COMPAT_TORCH)', f'pip install . replaced torch $(COMPAT_TORCH) with {v}'; print('torch kept:', v)"
-	cd /tmp && $(COMPAT_VENV)/bin/python -c "import radixspec.optimized as o, sys; \
-		assert 'site-packages' in o.__file__, o.__file__; print('radixspec installed at', o.__file__)"
-	$(COMPAT_VENV)/bin/pytest --import-mode=append $(ARGS)
+	.ci/wheel-venv $(COMPAT_VENV) $(COMPAT_TORCH) $(EXTRAS)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet --group test
+	RADIXSPEC_TEST_INSTALLED=1 $(COMPAT_VENV)/bin/pytest --import-mode=append $(ARGS)
 
 # the tox environments (tox.ini), run by the tox of .venv
 lint crosshair sanitize bench mutation mutation-full ray: $(STAMP)

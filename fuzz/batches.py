@@ -78,6 +78,9 @@ class BatchResult:
     failures: list[FailureReport] = field(default_factory=list)
     # failing examples from the corpus that this batch replayed first
     replayed: int = 0
+    # why the batch could not start (its machine or target failed to import or build): the campaign broke,
+    # nothing was checked. "Type: message"; None when the batch ran
+    error: str | None = None
 
 
 def database_for(location: str | None) -> ExampleDatabase | None:
@@ -111,18 +114,21 @@ def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
 
     STATS.reset()
     Stop.deadline = spec.deadline
-    machine = machine_class(spec)
-    seed_machine(machine, spec.seed)
-    base = settings.get_profile(profiles.PREFIX + "campaign")
-    database = database_for(spec.database)
-    batch_settings = settings(
-        base,
-        max_examples=spec.examples,
-        stateful_step_count=spec.steps,
-        database=database,
-        phases=[phase for phase in base.phases if spec.shrink or phase != Phase.shrink],
-    )
-    test = get_state_machine_test(machine, settings=batch_settings)
+    try:
+        machine = machine_class(spec)
+        seed_machine(machine, spec.seed)
+        base = settings.get_profile(profiles.PREFIX + "campaign")
+        database = database_for(spec.database)
+        batch_settings = settings(
+            base,
+            max_examples=spec.examples,
+            stateful_step_count=spec.steps,
+            database=database,
+            phases=[phase for phase in base.phases if spec.shrink or phase != Phase.shrink],
+        )
+        test = get_state_machine_test(machine, settings=batch_settings)
+    except Exception as exc:  # a module that does not import, a target that does not build: not a finding
+        return BatchResult(spec, CampaignStats(), error=f"{type(exc).__name__}: {exc}")
     key = database_key(spec)
     set_database_key(test, key)
     replayed = len(list(database.fetch(key))) if database is not None else 0

@@ -14,8 +14,13 @@ failing examples (a directory, or Redis for a cluster): a rerun replays them
 first and says so.
 
 Exit status: 0 no failure; 1 failures found (each has a regression file);
-2 usage error (bad option, unknown machine, implementation or target);
-3 the campaign itself broke (a worker died, Ray unreachable).
+2 usage error (bad option, unknown machine, implementation or target, a
+target that is not ready); 3 the campaign itself broke: a worker died, Ray
+was unreachable, a machine or its target failed to import or build in a
+batch, a machine ran no example, or the run was interrupted. A broken
+campaign says why in the last lines of its summary, in the JSON
+(``broken``) and in the JUnit report (an error per machine); it never
+reads as clean.
 """
 
 from __future__ import annotations
@@ -95,6 +100,10 @@ class MachineState:
     replayed: int = 0
     # failures announced by a worker the moment they happened: (batch seed, message, time.time())
     announced: list[tuple[int, str, float]] = field(default_factory=list)
+    # examples that ran (``examples`` counts those handed to batches)
+    ran: int = 0
+    # why this machine could not run (a batch could not start it, or it ran no example); None when it ran
+    broken: str | None = None
 
     @property
     def failure(self) -> FailureReport | None:
@@ -113,6 +122,9 @@ class Campaign:
     # machines (and, with --keep-going, (machine, failure signature) pairs) whose failure was announced
     notified: set[object] = field(default_factory=set)
     backend_name: str = ""
+    # why the campaign as a whole broke (the backend failed, the run was interrupted); the machines' own reasons
+    # are theirs
+    problems: list[str] = field(default_factory=list)
 
     def print(self, *parts: object) -> None:
         print(*parts, file=self.out, flush=True)
@@ -210,9 +222,16 @@ class Campaign:
         return float("inf") if budget is None else max(0.0, budget - MARGIN_S - (time.time() - self.start))
 
     def on_result(self, result: BatchResult) -> None:
-        """Merge a finished batch's counters; record and write its failure."""
+        """Merge a finished batch's counters; record and write its failure; stop a machine that cannot start."""
         self.stats.merge(result.stats)
         state = self.machines[result.spec.machine]
+        if result.error is not None:
+            if state.broken is None:
+                state.broken = f"could not start: {result.error}"
+                self.print(f"[{time.time() - self.start:6.1f} s] {state.name}: error: {state.broken}")
+            state.stopped = True
+            return
+        state.ran += result.stats.examples
         if result.replayed and not state.replayed:
             state.replayed = result.replayed
             self.print(f"{state.name}: replayed {result.replayed} saved failing examples from {self.args.db} first")
@@ -279,9 +298,9 @@ class Campaign:
             backend = make_backend(self.args)
         except RuntimeError as exc:
             self.print(f"error: {exc}")
-            return EXIT_BROKEN
+            self.problems.append(str(exc))
+            return self.finish(progress)
         self.backend_name = backend.name
-        broken = False
         try:
             while True:
                 while backend.has_room() and (spec := self.next_spec()) is not None:
@@ -296,15 +315,26 @@ class Campaign:
                     break
         except BackendError as exc:
             self.print(f"\nerror: {exc}")
-            broken = True
+            self.problems.append(str(exc))
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM: stop the workers, then report what ran
             backend.cancel()
             self.print("\ninterrupted: the summary covers the batches that finished")
-            broken = True
+            self.problems.append("interrupted (Ctrl-C or SIGTERM) before the budget ended")
         finally:
             backend.close()
         self.keep_announced()
+        return self.finish(progress)
+
+    def finish(self, progress: Progress) -> int:
+        """Name the machines that ran nothing, write the summary (text, JSON, JUnit), and return the exit status."""
+        for state in self.machines.values():
+            if state.broken is None and not state.failures and state.ran == 0:
+                state.broken = (
+                    f"ran no example: its {state.batches} batches ended before their first example"
+                    if state.batches
+                    else "ran no example: no batch of it started"
+                )
         progress.done()
         summary = self.summary(time.time() - self.start)
         print_summary(summary, self.print, quiet=self.args.quiet)
@@ -312,9 +342,9 @@ class Campaign:
             write_json(summary, self.args.json)
         if self.args.junit_xml is not None:
             write_junit(summary, self.args.junit_xml)
-        if broken:
+        if summary.broken:
             return EXIT_BROKEN
-        return EXIT_FAILURES if any(state.failure for state in self.machines.values()) else EXIT_OK
+        return EXIT_FAILURES if summary.failures else EXIT_OK
 
     def summary(self, elapsed: float) -> CampaignSummary:
         """What ran and what it found, for the writers (times relative to the start)."""
@@ -337,6 +367,8 @@ class Campaign:
                     for failure, path in state.failures
                 ),
                 state.extra_failures,
+                state.ran,
+                state.broken,
             )
             for state in self.machines.values()
         )
@@ -352,6 +384,7 @@ class Campaign:
             stats=self.stats,
             started_at=self.start,
             versions=versions(self.targets),
+            problems=tuple(self.problems),
         )
 
     def print_header(self) -> None:

@@ -178,7 +178,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="strict (each target evicts what the spec would) or sync (the spec follows one target's allowed"
         " choice); default: the target profile's",
     )
-    parser.add_argument("--list-targets", action="store_true", help="list the targets and what each needs; exit")
+    parser.add_argument(
+        "--list-targets",
+        action="store_true",
+        help="list the targets (every engine's variants), what each needs and whether it is ready (each engine's"
+        " target resolved in a fresh interpreter: seconds); exit",
+    )
     parser.add_argument(
         "--workers",
         type=non_negative_int,

@@ -13,7 +13,8 @@ from .summary import CampaignSummary, FailureSummary
 
 
 def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool = False) -> None:
-    """The summary: time and volume, the reach, the counts (short with ``quiet``), every failure."""
+    """The summary: time and volume per machine, the reach, the counts (short with ``quiet``), every failure, and
+    last, why the campaign broke when it did."""
     s = summary.stats
     p("")
     p("== summary ==")
@@ -21,6 +22,7 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
         f"time {summary.elapsed_s:.1f} s   batches {summary.batches}   examples {s.examples}"
         f"   steps {s.steps} ({summary.steps_per_s:.0f} steps/s)   on {summary.backend}"
     )
+    p("examples per machine: " + ", ".join(f"{m.name} {m.examples_run}" for m in summary.machines))
     p(
         f"reach: largest tree {shown(s.largest_tree_pages, ' pages')},"
         f" longest key {shown(s.longest_key_tokens, ' tokens')},"
@@ -54,9 +56,9 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
         print_counts(p, s)
     failures = summary.failures
     if not failures:
-        p("failures: none")
-        return
-    p(f"failures: {len(failures)}")
+        p("failures: none found in what ran" if summary.broken else "failures: none")
+    else:
+        p(f"failures: {len(failures)}")
     for machine in summary.machines:
         for failure in machine.failures:
             print_failure(p, failure)
@@ -66,6 +68,19 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
             for statement in failure.program:
                 for line in one_line(statement).splitlines():
                     p(f"    {cut(line)}")
+    print_broken(p, summary)
+
+
+def print_broken(p: Callable[..., None], summary: CampaignSummary) -> None:
+    """The last lines of a campaign that broke (exit 3): what could not run, and why."""
+    if not summary.broken:
+        return
+    p("")
+    count = len(summary.broken)
+    p(f"CAMPAIGN BROKEN (exit 3): {count} problem{'s' * (count > 1)}; what did not run was not checked")
+    for machine, reason in summary.broken:
+        first = reason.splitlines()[0] if reason else ""
+        p(f"  {machine or 'campaign'}: {cut(first)}")
 
 
 def print_failure(p: Callable[..., None], failure: FailureSummary) -> None:
@@ -115,9 +130,9 @@ def write_junit(summary: CampaignSummary, path: Path) -> None:
     suite = ET.Element(
         "testsuite",
         name="radixspec fuzz",
-        tests=str(len(summary.machines)),
+        tests=str(len(summary.machines) + bool(summary.problems)),
         failures=str(len(summary.failures)),
-        errors="0",
+        errors=str(len(summary.broken)),
         skipped="0",
         time=elapsed,
         timestamp=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(summary.started_at)),
@@ -136,7 +151,11 @@ def write_junit(summary: CampaignSummary, path: Path) -> None:
             name=f"{machine.name}[{driven}]",
             time=elapsed,
         )
-        ET.SubElement(case, "system-out").text = f"batches {machine.batches}, examples {machine.examples}"
+        ET.SubElement(case, "system-out").text = f"batches {machine.batches}, examples {machine.examples_run}"
+        if machine.broken is not None:
+            ET.SubElement(
+                case, "error", message=one_line(machine.broken)[:500], type="radixspec.broken"
+            ).text = machine.broken
         for failure in machine.failures:
             element = ET.SubElement(case, "failure", message=one_line(failure.error)[:500], type="radixspec.failure")
             test_file = failure.regression_test
@@ -144,5 +163,10 @@ def write_junit(summary: CampaignSummary, path: Path) -> None:
             lines += [f"regression test: {test_file}" if test_file else "regression test: not written"]
             lines += ["", *failure.program]
             element.text = "\n".join(lines)
+    if summary.problems:
+        # the campaign's own breakage belongs to no machine: a case of its own
+        case = ET.SubElement(suite, "testcase", classname="radixspec.fuzz", name="campaign", time=elapsed)
+        text = "\n".join(summary.problems)
+        ET.SubElement(case, "error", message=one_line(text)[:500], type="radixspec.broken").text = text
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -10,9 +10,9 @@ from typing import TypeAlias
 
 from .stats import REACH, CampaignStats
 
-# the JSON summary's layout; docs/campaigns.md describes each field. A new field keeps the version; a renamed,
-# removed or retyped one bumps it
-SCHEMA_VERSION = 1
+# the JSON summary's layout; docs/campaigns.md describes each field. A new, renamed, removed or retyped field
+# bumps it (2: ``broken`` and ``machine_examples``)
+SCHEMA_VERSION = 2
 # a package's version, None when it is not installed
 Version: TypeAlias = str | None
 # each target's engine packages and their versions
@@ -46,6 +46,10 @@ class MachineSummary:
     failures: tuple[FailureSummary, ...]
     # failing batches whose failure repeated one already recorded
     extra_failures: int
+    # examples that ran (``examples``: those handed to its batches)
+    examples_run: int = 0
+    # why it could not run (a batch could not start it, or it ran no example); None when it ran
+    broken: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,14 @@ class CampaignSummary:
     started_at: float
     # radixspec, Python, Hypothesis, torch, and each target's engine packages (``versions``)
     versions: dict[str, Version | EngineVersions]
+    # why the campaign as a whole broke (its backend failed, it was interrupted)
+    problems: tuple[str, ...] = ()
+
+    @property
+    def broken(self) -> list[tuple[str | None, str]]:
+        """Why the campaign itself broke (exit 3), as (machine, reason); machine None: the whole campaign."""
+        found: list[tuple[str | None, str]] = [(None, problem) for problem in self.problems]
+        return found + [(machine.name, machine.broken) for machine in self.machines if machine.broken is not None]
 
     @property
     def batches(self) -> int:
@@ -90,6 +102,8 @@ class CampaignSummary:
             "seed": self.seed,
             "seed_was_fresh": self.seed_was_fresh,
             "machines": [machine.name for machine in self.machines],
+            "machine_examples": {machine.name: machine.examples_run for machine in self.machines},
+            "broken": [{"machine": machine, "reason": reason} for machine, reason in self.broken],
             "targets": list(self.targets),
             "lru": self.lru,
             "backend": self.backend,

@@ -11,7 +11,8 @@ the settings profile the user loaded (or the ``settings`` given here), except wh
 and ``--radixspec-seed`` options of the pytest plugin say otherwise; while it runs, a failure's shrinking is
 bounded (``--radixspec-shrink-seconds``, 60 by default; Hypothesis's own budget is restored after). A failure
 writes the regression file a campaign writes (into ``--radixspec-out``, default ``fuzz-failures/``) and names
-it in the error's notes.
+it in the error's notes. A test that ran no example fails (``NothingChecked``): it never passes having checked
+nothing.
 
 The factories take what the campaign's targets take (docs/targets.md):
 
@@ -40,8 +41,9 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from radixspec.spec.hit_rules import Window
 
 from .hypothesis_compat import seed_machine, shrinking_bounded
-from .machines import machine_for
+from .machines import FailureClock, Stop, machine_for
 from .options import Options, options
+from .stats import STATS
 from .targets import TargetError, check_methods, resolve
 from .targets.api import CacheManagerTarget, PrefixCacheTarget, Profile, TargetInfo
 
@@ -49,7 +51,11 @@ from .targets.api import CacheManagerTarget, PrefixCacheTarget, Profile, TargetI
 H = TypeVar("H")
 R = TypeVar("R")
 
-__all__ = ["Options", "cache_machine", "hybrid_machine", "manager_machine", "options"]
+__all__ = ["NothingChecked", "Options", "cache_machine", "hybrid_machine", "manager_machine", "options"]
+
+
+class NothingChecked(AssertionError):
+    """A machine's test ran no example against the user's target, so it checked nothing: a failure, not a pass."""
 
 
 def cache_machine(
@@ -153,13 +159,28 @@ def user_machine(
         def runTest(self) -> None:
             if options.seed is not None:
                 seed_machine(machine, options.seed)
+            # a campaign run earlier in this process leaves its batch's deadline and failure clock behind: under
+            # pytest the machine runs its examples whatever came before
+            Stop.deadline = float("inf")
+            FailureClock.first = FailureClock.first_wall = FailureClock.notify = None
+            examples = STATS.examples
             try:
                 with shrinking_bounded(options.shrink_seconds):
                     run_state_machine_as_test(machine, settings=effective_settings(self.settings))
+            except unittest.SkipTest as skip:
+                # Hypothesis skips a test its settings let run no example: for a machine that is a test of nothing
+                raise NothingChecked(
+                    f"radixspec: the {layer} machine against {info.name} ran no example: {skip}"
+                ) from None
             except Exception as exc:
                 for path in write_regressions(layer, replay_name, lru, exc):
                     exc.add_note(f"radixspec: regression test written to {path} (python -m pytest {path})")
                 raise
+            if STATS.examples == examples:
+                raise NothingChecked(
+                    f"radixspec: the {layer} machine against {info.name} ran no example, so it checked nothing"
+                    " (its settings' phases run no generated example, or every example was rejected)"
+                )
 
     label = re.sub(r"\W", "_", info.name)
     TestCase.__name__ = TestCase.__qualname__ = f"Test_{label}_{layer}"

@@ -5,6 +5,15 @@ TestMyCache = cache_machine(lambda page_size, num_pages: MyCache(page_size, num_
 """
 
 from radixspec.fuzz.targets.api import EXACT, Profile
-from radixspec.fuzz.testing import Options, cache_machine, hybrid_machine, manager_machine, options
+from radixspec.fuzz.testing import NothingChecked, Options, cache_machine, hybrid_machine, manager_machine, options
 
-__all__ = ["EXACT", "Options", "Profile", "cache_machine", "hybrid_machine", "manager_machine", "options"]
+__all__ = [
+    "EXACT",
+    "NothingChecked",
+    "Options",
+    "Profile",
+    "cache_machine",
+    "hybrid_machine",
+    "manager_machine",
+    "options",
+]

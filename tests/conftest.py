@@ -4,8 +4,10 @@ its own (a campaign's default ``--out fuzz-failures``, a wheel's ``build/``), th
 temporary one, and so are Hypothesis's storage (``.hypothesis/``) and pytest-benchmark's (``.benchmarks/``)
 unless a run names its own (``make bench`` saves under ``.benchmarks/``)."""
 
+import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis.configuration import set_hypothesis_home_dir
@@ -18,7 +20,21 @@ load_from_env()
 BENCHMARK_STORAGE_DEFAULT = "file://./.benchmarks"
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    import radixspec.fuzz
+
+    return f"radixspec under test: {Path(radixspec.fuzz.__file__).parent}"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # .ci/installed runs the suite against the wheel: a run that imports the checkout's radixspec instead tests
+    # something else than it says
+    if os.environ.get("RADIXSPEC_TEST_INSTALLED") == "1":
+        import radixspec.fuzz
+
+        where = Path(radixspec.fuzz.__file__).resolve()
+        if "site-packages" not in where.parts:
+            raise pytest.UsageError(f"RADIXSPEC_TEST_INSTALLED=1 but radixspec is imported from {where}")
     # runs before pytest-benchmark's own (trylast), which creates its storage folder
     if config.getoption("benchmark_storage", None) == BENCHMARK_STORAGE_DEFAULT:
         config.option.benchmark_storage = f"file://{tempfile.mkdtemp(prefix='radixspec-benchmarks-')}"

@@ -87,6 +87,7 @@ def run_fuzz(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.installed
 @pytest.mark.parametrize("name, source", target_examples(), ids=lambda x: x if len(x) < 40 else "source")
 def test_every_target_example_in_the_docs_passes_its_own_campaign(tmp_path: Path, name: str, source: str) -> None:
     (tmp_path / "mycache.py").write_text(source)
@@ -95,6 +96,7 @@ def test_every_target_example_in_the_docs_passes_its_own_campaign(tmp_path: Path
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
+@pytest.mark.installed
 def test_a_target_without_a_method_its_profile_promises_is_a_usage_error(tmp_path: Path) -> None:
     [(name, source), *_] = target_examples()
     without_reset = re.sub(r"\n    def reset\(self\).*?\n\n", "\n", source, flags=re.DOTALL)
@@ -105,6 +107,7 @@ def test_a_target_without_a_method_its_profile_promises_is_a_usage_error(tmp_pat
     assert "has no reset" in run.stderr and "reset='returns'" in run.stderr
 
 
+@pytest.mark.installed
 def test_the_testing_docs_example_runs_under_pytest_with_the_plugin(tmp_path: Path) -> None:
     """docs/testing.md's first block, saved as a user's test file: its machine and its fixture test pass."""
     (tmp_path / "test_mine.py").write_text(blocks(ROOT / "docs" / "testing.md", "python")[0])
@@ -113,6 +116,23 @@ def test_the_testing_docs_example_runs_under_pytest_with_the_plugin(tmp_path: Pa
     run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "2 passed" in run.stdout and re.search(r"radixspec \S+: seed \d+, examples 10", run.stdout)
+
+
+@pytest.mark.installed
+def test_the_testing_docs_example_fails_for_a_cache_whose_lock_protects_nothing(tmp_path: Path) -> None:
+    """The same user's file with a lock and an unlock that do nothing: its machines fail, with regression files."""
+    source = blocks(ROOT / "docs" / "testing.md", "python")[0]
+    for call in ("pc.lock(self.state, handle)", "pc.unlock(self.state, handle)"):
+        assert source.count(call) == 1, call
+        source = source.replace(call, "pass")
+    (tmp_path / "test_mine.py").write_text(source)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(tmp_path / "test_mine.py")]
+    command += ["--radixspec-examples", "100", "--radixspec-seed", "0", "--radixspec-shrink-seconds", "3"]
+    command += ["--radixspec-out", str(tmp_path / "out")]
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    # both of its tests drive MyCache: the machine of the class, and the one made through a fixture
+    assert run.returncode == 1 and "2 failed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "TestMyCache" in run.stdout and list((tmp_path / "out").glob("test_cache_*.py"))
 
 
 def test_the_ci_workflow_parses_and_every_radixspec_command_and_option_in_it_exists() -> None:

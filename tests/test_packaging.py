@@ -4,6 +4,7 @@ import email
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,38 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]
         yield archive
 
 
+# what a build leaves beside the sources (the extensions built in place, the cffi module's generated C): the wheel
+# carries its own builds of these
+BUILD_OUTPUTS = ("*.so", "*.pyc", "*.o", "_radix_c.c")
+
+
+def package_dirs(root: Path = ROOT) -> dict[str, Path]:
+    """pyproject.toml's mapping of import names to folders (``radixspec.fuzz`` -> fuzz/)."""
+    mapping = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: root / folder for name, folder in mapping.items()}
+
+
+def expected_wheel_files(root: Path = ROOT) -> set[str]:
+    """Every file of the mapped folders (modules, stubs, markers, whatever a module reads beside it), at the path
+    the wheel must hold it: a module of fuzz/cache/ is radixspec/fuzz/cache/..."""
+    expected = set()
+    for name, folder in package_dirs(root).items():
+        for path in folder.rglob("*"):
+            relative = path.relative_to(folder)
+            if path.is_dir() or "__pycache__" in relative.parts or any(path.match(p) for p in BUILD_OUTPUTS):
+                continue
+            # radixspec/ itself maps to radixspec/, and a sub-mapping's folder is not walked twice
+            if name == "radixspec" and relative.parts[0] in {n.split(".")[1] for n in package_dirs(root) if "." in n}:
+                continue
+            expected.add("/".join([*name.split("."), *relative.parts]))
+    return expected
+
+
+def missing_from_wheel(names: set[str], root: Path = ROOT) -> list[str]:
+    """The files of the mapped folders that a wheel listing ``names`` lacks, sorted."""
+    return sorted(expected_wheel_files(root) - names)
+
+
 def dist_info(wheel: zipfile.ZipFile, name: str) -> str:
     (path,) = [entry for entry in wheel.namelist() if entry.endswith(f".dist-info/{name}")]
     return wheel.read(path).decode()
@@ -49,6 +82,27 @@ def test_a_wheel_holds_the_four_layers_and_the_face_but_no_maintainer_tool(wheel
     assert "radixspec/optimized/_hotpath.pyi" in names, "the hot path's types are not shipped"
     for tool in ("mutate_c", "mutation_sample", "mutation_report", "sanitize", "planted"):
         assert not any(name.endswith(f"/{tool}.py") for name in names), f"{tool} is a maintainer tool (tools/)"
+
+
+def test_a_wheel_holds_every_module_and_data_file_of_the_mapped_folders(wheel: zipfile.ZipFile) -> None:
+    missing = missing_from_wheel(set(wheel.namelist()))
+    assert not missing, f"{len(missing)} files of the checkout are not in the wheel: {missing[:20]}"
+
+
+def test_the_wheel_comparison_names_a_subpackage_left_out(wheel: zipfile.ZipFile) -> None:
+    # the wheel as it was built when pyproject.toml listed the packages by hand (fuzz/cache/ was not listed)
+    names = {name for name in wheel.namelist() if not name.startswith("radixspec/fuzz/cache/")}
+    missing = missing_from_wheel(names)
+    assert "radixspec/fuzz/cache/__init__.py" in missing
+    assert all(name.startswith("radixspec/fuzz/cache/") for name in missing), missing
+
+
+def test_every_folder_of_modules_is_a_package() -> None:
+    # a folder of modules without __init__.py is not found by setup.py's discovery, so it would not be installed
+    for folder in package_dirs().values():
+        for path in folder.rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                assert (path.parent / "__init__.py").is_file(), f"{path.parent} has modules but no __init__.py"
 
 
 def test_a_wheel_carries_the_cuda_sources(wheel: zipfile.ZipFile) -> None:

@@ -34,3 +34,32 @@ def test_the_router_fault_table_has_a_row_per_fault_and_way_of_applying_batches(
     sequenced = {cell[2]: cell for cell in cells if cell[1] == "sequenced + replay"}
     # with the replay, a lost batch ends in sync; a silent restart never does
     assert int(sequenced["drop"][5]) > 0 and sequenced["silent_restart"][5] == "0"
+
+
+def test_a_planted_bug_whose_target_cannot_start_is_skipped_and_counted_apart(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from radixspec.fuzz.targets import TargetError
+    from tools import planted
+
+    def not_installed(name: str) -> None:
+        raise TargetError(f"target {name!r} needs dynamo (radixspec targets install dynamo)")
+
+    def never(*args: object) -> None:
+        raise AssertionError("no campaign runs for a bug whose target cannot start")
+
+    monkeypatch.setattr(planted, "resolve", not_installed)
+    monkeypatch.setattr(planted, "run_one", never)
+    dynamo_bugs = [bug for bug in planted.BUGS if bug.impl == "dynamo"]
+    assert planted.main(["--impl", "dynamo"]) == 1
+    out = capsys.readouterr().out
+    assert f"0 of 0 run caught (0 missed, 0 errors); {len(dynamo_bugs)} skipped, their target not ready" in out
+    assert "skipped: dynamo: target 'dynamo' needs dynamo (radixspec targets install dynamo)" in out
+    assert "not caught" not in out and "MISSED" not in out
+    assert planted.main(["--impl", "dynamo", "--allow-skips"]) == 0
+
+
+def test_a_planted_bug_on_our_implementations_is_never_skipped() -> None:
+    from tools import planted
+
+    assert all(planted.cannot_start(bug) is None for bug in planted.BUGS if bug.impl in ("reference", "optimized"))

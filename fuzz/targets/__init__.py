@@ -20,7 +20,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .api import (
@@ -33,7 +37,7 @@ from .api import (
     TargetError,
     TargetInfo,
 )
-from .releases import check_release
+from .releases import VARIANTS, check_release
 
 ENTRY_POINT_GROUP = "radixspec.targets"
 
@@ -184,38 +188,84 @@ def check_methods(info: TargetInfo) -> None:
             )
 
 
+# resolve one target in a fresh interpreter: exit 0 when ready, else 1 with the TargetError's message on stdout
+_RESOLVE_ALONE = """
+import sys
+from radixspec.fuzz.targets import TargetError, resolve
+try:
+    resolve(sys.argv[1])
+except TargetError as exc:
+    print(exc)
+    sys.exit(1)
+"""
+
+
+def readiness(names: Sequence[str]) -> dict[str, str | None]:
+    """Whether each target would start a campaign here: None when ready, else why not. Each is resolved (its
+    imports, one small instance) in a fresh interpreter, as a campaign starts it: an engine's targets stand in
+    for modules of the engine differently (SGLang's legacy cache and its unified one cannot share a process),
+    so probing them one after the other in one process would say what no campaign sees. Several at a time."""
+
+    def alone(name: str) -> str | None:
+        command = [sys.executable, "-c", _RESOLVE_ALONE, name]
+        run = subprocess.run(command, capture_output=True, text=True, check=False)
+        if run.returncode == 0:
+            return None
+        said = run.stdout.strip() or (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]
+        return said
+
+    with ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0)))) as pool:
+        return dict(zip(names, pool.map(alone, names), strict=True))
+
+
 def list_targets() -> list[str]:
-    """Lines of ``radixspec fuzz --list-targets``: every target, what it checks, what it needs, whether it is ready."""
+    """Lines of ``radixspec fuzz --list-targets``: every target, each variant of an engine's (``sglang:python``,
+    ...) included, what it checks, what it needs, whether it is ready."""
     lines = []
     entries: list[tuple[str, TargetInfo | None, str]] = []
+    variants = [variant for engine in VARIANTS.values() for variant in engine if ":" in variant]
     for name, make in builtin_targets().items():
         try:
             entries.append((name, make(None), ""))
         except TargetError as exc:  # minisgl without a path
             entries.append((name, None, str(exc)))
+        for variant in (v for v in variants if v.partition(":")[0] == name):
+            entries.append((variant, make(variant.partition(":")[2]), ""))
     for name, ep in entry_point_targets().items():
         try:
             entries.append((name, as_target_info(name, ep.load()), ""))
         except Exception as exc:  # a broken third-party entry point is listed, not fatal
             entries.append((name, None, f"entry point {ep.value} does not load: {exc}"))
+    width = max(len(name) for name, _, _ in entries)
+    # an engine's targets each in a fresh interpreter (readiness); ours and a user's here
+    alone = readiness([name for name, info, _ in entries if info is not None and info.probe is not None])
     for name, info, problem in entries:
         if info is None:
-            lines.append(f"{name:<10} {problem}")
+            lines.append(f"{name:<{width}} {problem}")
             continue
-        try:
-            check_requirements(info)
-            ready = "ready"
-        except TargetError as exc:
-            ready = f"NOT READY: {exc}"
-        layers = (("cache", info.cache_factory), ("manager", info.manager_factory), ("hybrid", info.hybrid_factory))
+        if name in alone:
+            said = alone[name]
+            ready = "ready" if said is None else f"NOT READY: {said}"
+        else:
+            try:
+                check_requirements(info)
+                ready = "ready"
+            except TargetError as exc:
+                ready = f"NOT READY: {exc}"
+        layers = (
+            ("cache", info.cache_factory),
+            ("manager", info.manager_factory),
+            ("hybrid", info.hybrid_factory),
+            ("router", info.router_factory),
+        )
         kinds = "+".join(k for k, f in layers if f)
-        lines.append(f"{name:<10} {info.description}")
+        lines.append(f"{name:<{width}} {info.description}")
         lines.append(
-            f"{'':<10} machines: {kinds}; profile: {info.profile.name}; default LRU: {info.profile.default_lru}"
+            f"{'':<{width}} machines: {kinds}; profile: {info.profile.name}; default LRU: {info.profile.default_lru}"
         )
         if info.how:
-            lines.append(f"{'':<10} {info.how}")
-        lines.append(f"{'':<10} {ready}")
+            lines.append(f"{'':<{width}} {info.how}")
+        lines.append(f"{'':<{width}} {ready}")
     return lines
 
 
@@ -234,5 +284,6 @@ __all__ = [
     "check_requirements",
     "list_targets",
     "promised_methods",
+    "readiness",
     "resolve",
 ]

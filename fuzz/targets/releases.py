@@ -20,6 +20,26 @@ RELEASES: dict[str, tuple[str, ...]] = {
 }
 # the distribution pip installs for an engine whose import name differs
 DISTRIBUTIONS: dict[str, str] = {"dynamo": "ai-dynamo-runtime"}
+# per engine package, every target that drives it (``radixspec targets install`` readies and probes each; the
+# listing shows each with its readiness). A new target or core of an engine is added here
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "sglang": (
+        "sglang",
+        "sglang:python",
+        "sglang:both",
+        "sglang:legacy",
+        "sglang-swa",
+        "sglang-swa:python",
+        "sglang-swa:both",
+        "sglang-swa:legacy",
+        "sglang-swa:legacy-rust",
+        "sglang-mamba",
+        "sglang-mamba:python",
+        "sglang-mamba:both",
+    ),
+    "vllm": ("vllm", "vllm-hybrid", "vllm-mamba"),
+    "dynamo": ("dynamo",),
+}
 
 
 def distribution(package: str) -> str:

@@ -11,6 +11,9 @@ import pytest
 import radixspec
 from radixspec.fuzz import commands
 
+# what an installed wheel must do: CI runs this module against the wheel too (.ci/installed)
+pytestmark = pytest.mark.installed
+
 
 def test_version_names_radixspec_python_hypothesis_and_torch(capsys: pytest.CaptureFixture[str]) -> None:
     assert commands.main(["--version"]) == 0

@@ -5,6 +5,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+# what an installed wheel must do: CI runs this module against the wheel too (.ci/installed)
+pytestmark = pytest.mark.installed
+
 HEAVY = "('torch', 'numpy', 'cffi', '_cffi_backend', 'radixspec.optimized')"
 
 CHECK = f"""

@@ -7,16 +7,20 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from radixspec import strategies
+from radixspec.fuzz.machines import Stop
 from radixspec.fuzz.options import Options
 from radixspec.reference.hybrid_cache import HybridRadixCache
 from radixspec.reference.hybrid_manager import HybridCacheManager
 from radixspec.spec import prefix_cache as pc
-from radixspec.testing import cache_machine, hybrid_machine, manager_machine, options
+from radixspec.testing import NothingChecked, cache_machine, hybrid_machine, manager_machine, options
 from tests.targets.toy import ForgetfulToyCache, PlainManager, ToyCache
+
+# what an installed wheel must do: CI runs this module against the wheel too (.ci/installed)
+pytestmark = pytest.mark.installed
 
 FEW = settings(max_examples=15, stateful_step_count=20, database=None, deadline=None)
 
@@ -75,6 +79,23 @@ def test_a_manager_and_a_hybrid_manager_run_through_the_api(plugin_options: obje
         return HybridCacheManager(HybridRadixCache(page_size, windows), num_pages)
 
     hybrid_machine(hybrid, settings=FEW).TestCase().runTest()
+
+
+def test_a_machine_that_ran_no_example_fails_rather_than_passing_having_checked_nothing(
+    plugin_options: object,
+) -> None:
+    # a user's replay-only profile (explicit examples, no generation): Hypothesis would pass the test having run none
+    replay_only = settings(FEW, phases=[Phase.explicit])
+    with pytest.raises(NothingChecked, match="cache machine against tests.targets.toy:ToyCache ran no example"):
+        cache_machine(ToyCache, settings=replay_only).TestCase().runTest()
+
+
+def test_a_deadline_left_by_an_earlier_campaign_in_the_process_does_not_reject_a_users_examples(
+    plugin_options: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # run_batch sets the deadline of its batch; a campaign run in-process before the user's test left it past
+    monkeypatch.setattr(Stop, "deadline", 0.0)
+    cache_machine(ToyCache, settings=FEW).TestCase().runTest()
 
 
 def test_a_factory_without_a_promised_method_is_refused_when_the_machine_is_made() -> None:

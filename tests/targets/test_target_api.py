@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from radixspec.fuzz import campaign
-from radixspec.fuzz.targets import TargetError, list_targets, resolve
+from radixspec.fuzz import campaign, targets
+from radixspec.fuzz.targets import TargetError, list_targets, releases, resolve
 
 from .toy import ToyCache
+
+# what an installed wheel must do: CI runs this module against the wheel too (.ci/installed)
+pytestmark = pytest.mark.installed
 
 
 def run(*argv: str) -> tuple[int, str]:
@@ -58,14 +61,21 @@ def test_a_target_is_found_through_the_entry_point_group(tmp_path: Path, monkeyp
     (dist / "entry_points.txt").write_text("[radixspec.targets]\ntoy = tests.targets.toy:ToyCache\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert resolve("toy").cache_factory is ToyCache
+    # the engines' targets are probed in fresh interpreters (seconds): not what this test is about
+    monkeypatch.setattr(targets, "readiness", lambda names: dict.fromkeys(names, "not probed in this test"))
     assert any(line.startswith("toy ") for line in list_targets())
 
 
-def test_the_listing_names_every_built_in_target_and_what_it_needs() -> None:
-    text = "\n".join(list_targets())
+def test_the_listing_names_every_target_of_every_engine_what_it_needs_and_whether_it_is_ready() -> None:
+    lines = list_targets()
+    text = "\n".join(lines)
     for name in ("reference", "optimized", "sglang", "vllm", "minisgl"):
         assert f"\n{name}" in f"\n{text}"
     assert "git clone https://github.com/sgl-project/mini-sglang" in text
+    for variant in (variant for variants in releases.VARIANTS.values() for variant in variants):
+        (at,) = [i for i, line in enumerate(lines) if line.split(" ")[0] == variant]
+        following = [line.strip() for line in lines[at + 1 : at + 5]]
+        assert any(line == "ready" or line.startswith("NOT READY") for line in following), (variant, following)
 
 
 def test_a_correct_users_cache_passes_a_campaign() -> None:
