@@ -209,14 +209,14 @@ class ManagerMachine(ManagerBase):
         """allocate_paged of the batch on every implementation, checked against the spec's relation."""
         mine = {live.uid: live.reqs for live in batch}
         others = self.live_reqs(but=batch)
-        before, others_before = self.observe(mine), self.observe(others)
+        before, others_before = self.observe_apart(mine, others)
         out = apply_all(
             "allocate_paged",
             self.impls,
             lambda impl, i: impl.allocate_paged([live.reqs[i] for live in batch] * copies),
             snapshot=self.snapshot,
         )
-        after, others_after = self.observe(mine), self.observe(others)
+        after, others_after = self.observe_apart(mine, others)
         if before is not None and after is not None and others_before is not None and others_after is not None:
             for index in self.exact:
                 views_before = [before[index][1][live.uid] for live in batch] * copies
@@ -236,11 +236,11 @@ class ManagerMachine(ManagerBase):
         """cache_req of one request on every implementation, checked against the spec's relation."""
         mine = {live.uid: live.reqs}
         others = self.live_reqs(but=[live])
-        before, others_before = self.observe(mine), self.observe(others)
+        before, others_before = self.observe_apart(mine, others)
         out = apply_all(
             label, self.impls, lambda impl, i: impl.cache_req(live.reqs[i], finished), snapshot=self.snapshot
         )
-        after, others_after = self.observe(mine), self.observe(others)
+        after, others_after = self.observe_apart(mine, others)
         if before is not None and after is not None and others_before is not None and others_after is not None:
             for index in self.exact:
                 sm.cache_req(

@@ -63,3 +63,27 @@ def test_a_planted_bug_on_our_implementations_is_never_skipped() -> None:
     from tools import planted
 
     assert all(planted.cannot_start(bug) is None for bug in planted.BUGS if bug.impl in ("reference", "optimized"))
+
+
+def test_bench_compare_names_a_workload_slower_than_the_threshold_a_regression_with_its_ratio() -> None:
+    from tools.bench_compare import Measured, Workload, regressions, table
+
+    # the manager machine at half its past speed (steps/s), the exhaustive checker 2.3x as long (seconds)
+    manager = Measured(Workload("campaign", "manager", 300), ref=[655.0, 640.0, 660.0], this=[354.0, 330.0, 350.0])
+    cache = Measured(Workload("campaign", "cache", 300), ref=[169.0, 170.0, 168.0], this=[608.0, 600.0, 610.0])
+    deep = Measured(Workload("exhaustive", "manager", 5), ref=[35.0, 36.0, 34.0], this=[81.4, 80.0, 82.0])
+    assert [r.workload.name for r in regressions([manager, cache, deep], 0.9)] == [
+        "manager campaign",
+        "exhaustive manager depth 5",
+    ]
+    assert deep.median_ratio() == pytest.approx(35.0 / 81.4) and cache.median_ratio() > 3.5
+    lines = table([manager, cache, deep], "79b4c1f", 0.9)
+    assert "0.54x" in lines[1] and lines[1].endswith("REGRESSION") and lines[2].endswith("ok")
+
+
+def test_bench_compare_runs_a_tree_from_before_the_move_under_radixspec_as_python_m_fuzz(tmp_path: Path) -> None:
+    from tools.bench_compare import Tree
+
+    assert Tree("this", ROOT).module == "radixspec.fuzz"
+    (tmp_path / "fuzz").mkdir()
+    assert Tree("79b4c1f", tmp_path).module == "fuzz"

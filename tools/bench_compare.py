@@ -1,0 +1,262 @@
+"""``python -m tools.bench_compare --against REF``: the fuzzer's own speed, this tree beside a past one, in one run.
+
+Bugs are found per example, so the fuzzer's throughput is part of what radixspec promises. A figure saved on
+another day (or another machine) says little on shared, noisy cores; this command measures both trees in one
+run, interleaved, so that what slows the machine slows both:
+
+1. REF (a tag or commit) is unpacked with ``git archive`` into a temporary folder, and this checkout (its
+   working tree: tracked and new files) copied beside it; each copy's C modules are built in place, the same
+   way (``setup.py build_ext --inplace``).
+2. Each workload runs on both, alternating which goes first, ``--rounds`` times: a campaign of one machine
+   (``--impl all --examples N --seed S --workers 1``; its steps per second from the JSON summary) and the
+   exhaustive checker of one alphabet at a fixed depth (its wall time). A tree from before the modules moved
+   under ``radixspec`` runs as ``python -m fuzz``; a newer one as ``python -m radixspec.fuzz``.
+3. Per workload: the ratio this / REF of each round (higher is faster), their median and spread. The run
+   exits 1 naming every workload whose median ratio is below ``--threshold`` (a regression), 2 on a usage
+   error or a tree that does not build or run.
+
+    python -m tools.bench_compare --against 79b4c1f                        # every machine both trees have
+    python -m tools.bench_compare --against 79b4c1f --machines manager --exhaustive manager:5 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.checkout import ROOT
+from tools.sanitize import COPY_IGNORE, build
+
+# the machines a campaign workload may name (a tree lacking one is told apart: it exits 2 on --machine)
+MACHINES = ("cache", "manager", "scheduler", "kv", "hybrid", "hostile", "router")
+# as the issue that introduced this tool measured them: the scheduler and kv machines' examples are longer
+EXAMPLES = {"scheduler": 200, "kv": 200}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One thing timed on both trees: a campaign of one machine, or the exhaustive checker of one alphabet."""
+
+    kind: str  # "campaign" or "exhaustive"
+    machine: str
+    # campaign: examples per run; exhaustive: depth
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.machine} campaign" if self.kind == "campaign" else f"exhaustive {self.machine} depth {self.size}"
+
+    @property
+    def unit(self) -> str:
+        return "steps/s" if self.kind == "campaign" else "s"
+
+
+@dataclass
+class Tree:
+    """A copy of a tree, built, and how to run its fuzzer."""
+
+    label: str
+    path: Path
+
+    @property
+    def module(self) -> str:
+        """The fuzzer's package: ``radixspec.fuzz`` once the modules moved under the one import name."""
+        return "radixspec.fuzz" if (self.path / "radixspec" / "__init__.py").is_file() else "fuzz"
+
+
+@dataclass
+class Measured:
+    """A workload's figures on both trees, round by round (steps/s for a campaign, seconds for the exhaustive)."""
+
+    workload: Workload
+    ref: list[float] = field(default_factory=list)
+    this: list[float] = field(default_factory=list)
+
+    def ratios(self) -> list[float]:
+        """This tree's speed over REF's, per round (higher is faster): steps/s this / REF; seconds REF / this."""
+        pairs = zip(self.this, self.ref, strict=True)
+        if self.workload.kind == "campaign":
+            return [this / ref for this, ref in pairs]
+        return [ref / this for this, ref in pairs]
+
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios())
+
+
+def unpack(ref: str, into: Path) -> Path:
+    """REF's tree (``git archive``) in ``into``; SystemExit(2) when git does not know REF."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=ROOT, capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"bench_compare: git does not know {ref!r}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def copy_checkout(into: Path) -> Path:
+    """This checkout's working tree, its build outputs and caches left out."""
+    shutil.copytree(ROOT, into, ignore=shutil.ignore_patterns(*COPY_IGNORE, "*.so", "*.egg-info", "_radix_c.c"))
+    return into
+
+
+def run_workload(tree: Tree, workload: Workload, seed: int, scratch: Path) -> float:
+    """Run ``workload`` on ``tree`` once: its steps per second (campaign) or its wall seconds (exhaustive)."""
+    out = scratch / f"{tree.label}-{workload.kind}-{workload.machine}"
+    shutil.rmtree(out, ignore_errors=True)
+    if workload.kind == "campaign":
+        summary = out / "summary.json"
+        command = [sys.executable, "-m", tree.module, "--machine", workload.machine, "--impl", "all"]
+        command += ["--examples", str(workload.size), "--seed", str(seed), "--workers", "1", "--quiet"]
+        command += ["--out", str(out), "--json", str(summary)]
+    else:
+        command = [sys.executable, "-m", f"{tree.module}.exhaustive", "--machine", workload.machine, "--depth"]
+        command += [str(workload.size), "--page-sizes", "1", "--workers", "1", "--out", str(out)]
+    # the tree's own modules first: a checkout copy runs as it would from its root
+    env = {**os.environ, "PYTHONPATH": str(tree.path), "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=tree.path, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
+        raise SystemExit(f"bench_compare: {workload.name} on {tree.label} exited {proc.returncode}:\n{tail}")
+    if workload.kind == "campaign":
+        return float(json.loads(summary.read_text())["steps_per_s"])
+    return seconds
+
+
+def measure(
+    trees: tuple[Tree, Tree], workloads: Sequence[Workload], rounds: int, seed: int, scratch: Path
+) -> list[Measured]:
+    """Every workload on both trees, ``rounds`` times, interleaved: REF then this in even rounds, this then REF
+    in odd ones; progress on stderr."""
+    ref, this = trees
+    results = [Measured(workload) for workload in workloads]
+    for number in range(rounds):
+        for result in results:
+            order = (ref, this) if number % 2 == 0 else (this, ref)
+            for tree in order:
+                value = run_workload(tree, result.workload, seed, scratch)
+                (result.ref if tree is ref else result.this).append(value)
+            print(
+                f"[round {number + 1}/{rounds}] {result.workload.name}: REF {result.ref[-1]:.1f}, this"
+                f" {result.this[-1]:.1f} {result.workload.unit}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return results
+
+
+def regressions(results: Sequence[Measured], threshold: float) -> list[Measured]:
+    """The workloads whose median ratio (this / REF, higher is faster) is below ``threshold``."""
+    return [result for result in results if result.median_ratio() < threshold]
+
+
+def table(results: Sequence[Measured], ref: str, threshold: float) -> list[str]:
+    """The comparison as lines: per workload the medians, the median ratio and the spread of the ratios."""
+    lines = [
+        f"{'workload':<30} {'REF ' + ref[:12]:>18} {'this tree':>14} {'ratio':>7} {'spread':>13}  verdict",
+    ]
+    for result in results:
+        ratios = result.ratios()
+        unit = result.workload.unit
+        verdict = "REGRESSION" if result.median_ratio() < threshold else "ok"
+        lines.append(
+            f"{result.workload.name:<30} {statistics.median(result.ref):>10.1f} {unit:<7}"
+            f" {statistics.median(result.this):>6.1f} {unit:<7} {result.median_ratio():>6.2f}x"
+            f" {min(ratios):>5.2f}-{max(ratios):.2f}x  {verdict}"
+        )
+    return lines
+
+
+def parse_exhaustive(text: str) -> Workload:
+    """``manager:5`` as the exhaustive workload of that alphabet at that depth."""
+    machine, _, depth = text.partition(":")
+    if machine not in ("cache", "manager") or not depth.isdigit() or not 1 <= int(depth) <= 8:
+        raise argparse.ArgumentTypeError(f"expected cache:DEPTH or manager:DEPTH (depth 1-8), got {text!r}")
+    return Workload("exhaustive", machine, int(depth))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.bench_compare",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--against", required=True, metavar="REF", help="the past tree: a tag or a commit")
+    parser.add_argument(
+        "--machines",
+        default="cache,manager,scheduler,kv",
+        help="campaign workloads, comma-separated (of " + ", ".join(MACHINES) + "; default: those 79b4c1f has)",
+    )
+    parser.add_argument("--examples", type=int, default=300, help="examples per campaign (scheduler, kv: 2/3 of it)")
+    parser.add_argument(
+        "--exhaustive",
+        type=parse_exhaustive,
+        action="append",
+        default=None,
+        metavar="MACHINE:DEPTH",
+        help="an exhaustive workload, page size 1, one worker (repeatable; default: manager:5)",
+    )
+    parser.add_argument("--no-exhaustive", action="store_true", help="no exhaustive workload")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each workload on each tree")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--threshold", type=float, default=0.9, help="a median ratio this / REF below it is a regression"
+    )
+    args = parser.parse_args(argv)
+    machines = [name for name in args.machines.split(",") if name]
+    unknown = [name for name in machines if name not in MACHINES]
+    if unknown or args.rounds < 1 or args.examples < 1 or not args.threshold > 0:
+        parser.error(f"unknown machines {unknown}" if unknown else "--rounds, --examples and --threshold must be > 0")
+    workloads = [
+        Workload("campaign", name, max(1, args.examples * EXAMPLES.get(name, 300) // 300)) for name in machines
+    ]
+    if not args.no_exhaustive:
+        workloads += args.exhaustive or [Workload("exhaustive", "manager", 5)]
+    if not workloads:
+        parser.error("nothing to measure")
+    with tempfile.TemporaryDirectory(prefix="radixspec-bench-compare-") as tmp:
+        scratch = Path(tmp)
+        trees = (
+            Tree(f"REF {args.against}", unpack(args.against, scratch / "ref")),
+            Tree("this tree", copy_checkout(scratch / "this")),
+        )
+        for tree in trees:
+            print(f"building {tree.label} ...", file=sys.stderr, flush=True)
+            try:
+                build(tree.path, sanitize=False)
+            except RuntimeError as exc:
+                raise SystemExit(f"bench_compare: {tree.label}: {exc}") from None
+        results = measure(trees, workloads, args.rounds, args.seed, scratch)
+    print(
+        f"this tree ({ROOT}) against {args.against}: {args.rounds} rounds each, interleaved; ratio = this / REF speed"
+        f" (higher is faster), the median of the rounds; spread = the rounds' lowest and highest ratio"
+    )
+    print("\n".join(table(results, args.against, args.threshold)))
+    slower = regressions(results, args.threshold)
+    for result in slower:
+        print(
+            f"REGRESSION: {result.workload.name} runs at {result.median_ratio():.2f}x of {args.against}'s speed"
+            f" (threshold {args.threshold:.2f}x)"
+        )
+    return 1 if slower else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            sys.exit(2)
+        raise
