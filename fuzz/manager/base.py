@@ -4,7 +4,7 @@ bad input): the spec's relations observed around every call, the accounting afte
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeGuard
 
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, MultipleResults, RuleBasedStateMachine, initialize, invariant, multiple
@@ -38,6 +38,20 @@ MAX_PAGES_PER_REQ = 12
 
 class BodyRaised(Exception):
     """Raised by the machine inside a lazy free region, after the frees: what a failing forward does."""
+
+
+# per class, whether its instances have the differential capability: the exhaustive checker builds a machine per
+# transition, and a runtime-checkable Protocol's isinstance reads every member of the Protocol (its members are
+# methods, so the answer is the class's)
+EXACT_CLASSES: dict[type, bool] = {}
+
+
+def is_exact(impl: object) -> TypeGuard[ExactManager[Any, Any]]:
+    """Whether ``impl`` offers the differential capability (``ExactManager``), answered once per class."""
+    cls = type(impl)
+    if cls not in EXACT_CLASSES:
+        EXACT_CLASSES[cls] = isinstance(impl, ExactManager)
+    return EXACT_CLASSES[cls]
 
 
 @dataclass
@@ -158,7 +172,7 @@ class ManagerBase(RuleBasedStateMachine):
         for info in self.TARGETS:
             assert info.manager_factory is not None, f"target {info.name} has no cache manager"
             self.impls.append(info.manager_factory(*args))
-        self.exact_impls = {index: impl for index, impl in enumerate(self.impls) if isinstance(impl, ExactManager)}
+        self.exact_impls = {index: impl for index, impl in enumerate(self.impls) if is_exact(impl)}
         self.exact = list(self.exact_impls)
         return multiple(*[tuple(build_sequence(page_size, pages, tail)) for pages, tail in first])
 
