@@ -28,6 +28,12 @@ from ..targets.ours import IMPLEMENTATIONS
 
 # a manager target, its requests and handles its own
 Target = CacheManagerTarget[Any, Any]
+# a target with the differential capability
+Exact = ExactManager[Any, Any]
+# uid -> one request per target
+ReqsByUid = dict[int, list[Any]]
+# per exact target (its index): its abstract state and its views of the requests observed
+Observed = dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]]
 
 ROWS = 6
 # how a batch's results or an abort run: outside a lazy free region, inside one, or inside one whose body then
@@ -46,7 +52,7 @@ class BodyRaised(Exception):
 EXACT_CLASSES: dict[type, bool] = {}
 
 
-def is_exact(impl: object) -> TypeGuard[ExactManager[Any, Any]]:
+def is_exact(impl: object) -> TypeGuard[Exact]:
     """Whether ``impl`` offers the differential capability (``ExactManager``), answered once per class."""
     cls = type(impl)
     if cls not in EXACT_CLASSES:
@@ -95,7 +101,7 @@ class ManagerBase(RuleBasedStateMachine):
         # the targets with the differential capability (their indices in impls), each resolved once at setup: a
         # runtime-checkable Protocol's isinstance reads every member, far too slow for every step
         self.exact: list[int] = []
-        self.exact_impls: dict[int, ExactManager[Any, Any]] = {}
+        self.exact_impls: dict[int, Exact] = {}
         self.live: list[LiveReq] = []
         self.page_size = 1
         # each target's KV events, replayed as a router would (spec/events.py)
@@ -121,9 +127,7 @@ class ManagerBase(RuleBasedStateMachine):
     def name(self, index: int) -> str:
         return self.TARGETS[index].name
 
-    def observe(
-        self, reqs: dict[int, list[Any]]
-    ) -> dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None:
+    def observe(self, reqs: ReqsByUid) -> Observed | None:
         """Each exact target's state and its views of ``reqs`` (uid -> one Req per target), by target index."""
         if not self.relations or not self.exact:
             return None
@@ -134,23 +138,18 @@ class ManagerBase(RuleBasedStateMachine):
             out[index] = (state, {uid: impl.view(state, per_impl[index]) for uid, per_impl in reqs.items()})
         return out
 
-    def observe_apart(
-        self, mine: dict[int, list[Any]], others: dict[int, list[Any]]
-    ) -> tuple[
-        dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None,
-        dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]] | None,
-    ]:
+    def observe_apart(self, mine: ReqsByUid, others: ReqsByUid) -> tuple[Observed | None, Observed | None]:
         """``observe(mine)`` and ``observe(others)`` (disjoint requests) from one abstract state per target."""
         both = self.observe({**mine, **others})
         if both is None:
             return None, None
 
-        def part(uids: dict[int, list[Any]]) -> dict[int, tuple[sm.ManagerState, dict[int, sm.RequestView]]]:
+        def part(uids: ReqsByUid) -> Observed:
             return {index: (state, {uid: views[uid] for uid in uids}) for index, (state, views) in both.items()}
 
         return part(mine), part(others)
 
-    def live_reqs(self, but: list[LiveReq] | None = None) -> dict[int, list[Any]]:
+    def live_reqs(self, but: list[LiveReq] | None = None) -> ReqsByUid:
         """uid -> the live request's Req per implementation (all of them, or those not in ``but``)."""
         skip = {live.uid for live in but or ()}
         return {live.uid: live.reqs for live in self.live if live.uid not in skip}
@@ -246,7 +245,7 @@ class ManagerBase(RuleBasedStateMachine):
                     f" {self.name(index)} {impl.row(live.reqs[index])}"
                 )
 
-    def exact_target(self, index: int) -> ExactManager[Any, Any]:
+    def exact_target(self, index: int) -> Exact:
         """The target at ``index`` with its differential capability (an index of ``exact``)."""
         return self.exact_impls[index]
 
