@@ -214,7 +214,8 @@ def readiness(names: Sequence[str]) -> dict[str, str | None]:
         said = run.stdout.strip() or (run.stderr.strip().splitlines() or [f"exit {run.returncode}"])[-1]
         return said
 
-    with ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0)))) as pool:
+    # os.cpu_count, not sched_getaffinity: the listing runs on macOS too
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return dict(zip(names, pool.map(alone, names), strict=True))
 
 
