@@ -49,14 +49,14 @@ compat:
 	$(COMPAT_VENV)/bin/python -m pip install --quiet --group test
 	RADIXSPEC_TEST_INSTALLED=1 $(COMPAT_VENV)/bin/pytest --import-mode=append $(ARGS)
 
-# the fuzzer's own speed against a past tree, side by side in one run (tools/bench_compare.py): the manager campaign,
-# three interleaved rounds; a median ratio below 0.8x of SPEED_REF fails (it ran at 0.54x before issue 55, 0.92x
-# after, rounds 0.87-0.98x). CI runs it; run it before pushing a change to a machine (ARGS="--machines ..." for
-# others: docs/campaigns.md). SPEED_REF is the release the throughput is held to (79b4c1f, 2026-12-01); move it
-# on deliberately, with the figures
+# the fuzzer's own speed against a past tree, side by side in one run (tools/bench_compare.py): a batch of the manager
+# machine (its shape fixed: 100 examples of 80 steps, tools/bench_batch.py) on both trees, three interleaved rounds;
+# a median ratio below 0.8x of SPEED_REF fails. CI runs it; run it before pushing a change to a machine
+# (ARGS="--machines ..." for others: docs/campaigns.md). SPEED_REF is the release the throughput is held to
+# (79b4c1f, 2026-12-01); move it on deliberately, with the figures
 SPEED_REF ?= 79b4c1f
 speed: $(STAMP)
-	$(PY) -m tools.bench_compare --against $(SPEED_REF) --machines manager --examples 150 --no-exhaustive \
+	$(PY) -m tools.bench_compare --against $(SPEED_REF) --machines manager --examples 100 --no-exhaustive \
 		--rounds 3 --threshold 0.8 $(ARGS)
 
 # the tox environments (tox.ini), run by the tox of .venv

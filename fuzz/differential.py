@@ -9,7 +9,7 @@ as it was.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ def apply_all(
     observe: Callable[[Any, Any], Any] = lambda impl, result: result,
     snapshot: Callable[[Any], Any] = lambda impl: impl.abstract_state(),
     names: Sequence[str] | None = None,
+    known: Mapping[int, Any] | None = None,
 ) -> Outcomes:
     """Run ``call(impl, i)`` on each implementation; the judge demands identical observations or identical
     rejections (the same error class with the same words), and a rejection must change nothing.
@@ -51,13 +52,16 @@ def apply_all(
     first implementation (the oracle) is snapshotted every time; the others
     only when the oracle rejected the call (a call the oracle accepts must
     not be rejected anyway, and snapshots of big trees are not free).
-    ``names``: the implementations' names in messages (else each one's ``name``).
+    ``names``: the implementations' names in messages (else each one's ``name``). ``known``: snapshots the
+    caller took of the state the call starts from (by implementation index), used rather than taken again.
     """
     named = list(names) if names is not None else [name_of(impl) for impl in impls]
     results: list[Any] = []
     outcomes: list[Outcome] = []
     for i, impl in enumerate(impls):
-        before = snapshot(impl) if i == 0 or not outcomes[0].ok else None
+        before = None
+        if i == 0 or not outcomes[0].ok:
+            before = known[i] if known is not None and i in known else snapshot(impl)
         raw = Outcome.of(functools.partial(call, impl, i))
         results.append(raw.value)
         outcome = raw.seen_as(functools.partial(observe, impl))

@@ -120,6 +120,7 @@ class ManagerMachine(ManagerBase):
             lambda impl, i: impl.match_req(reqs[i]),
             lambda impl, h: (impl.cached_len(h), impl.get_matched_indices(h)),
             snapshot=self.snapshot,
+            known=self.known(before),
         )
         after = self.observe({uid: reqs})
         if before is not None and after is not None:
@@ -143,7 +144,7 @@ class ManagerMachine(ManagerBase):
             return "admitted"
 
         before = after
-        out = apply_all("admit", self.impls, try_lock, snapshot=self.snapshot)
+        out = apply_all("admit", self.impls, try_lock, snapshot=self.snapshot, known=self.known(before))
         after = self.observe({})
         if before is not None and after is not None:
             for index in self.exact:
@@ -215,6 +216,7 @@ class ManagerMachine(ManagerBase):
             self.impls,
             lambda impl, i: impl.allocate_paged([live.reqs[i] for live in batch] * copies),
             snapshot=self.snapshot,
+            known=self.known(before),
         )
         after, others_after = self.observe_apart(mine, others)
         if before is not None and after is not None and others_before is not None and others_after is not None:
@@ -238,7 +240,11 @@ class ManagerMachine(ManagerBase):
         others = self.live_reqs(but=[live])
         before, others_before = self.observe_apart(mine, others)
         out = apply_all(
-            label, self.impls, lambda impl, i: impl.cache_req(live.reqs[i], finished), snapshot=self.snapshot
+            label,
+            self.impls,
+            lambda impl, i: impl.cache_req(live.reqs[i], finished),
+            snapshot=self.snapshot,
+            known=self.known(before),
         )
         after, others_after = self.observe_apart(mine, others)
         if before is not None and after is not None and others_before is not None and others_after is not None:

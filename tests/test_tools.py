@@ -1,5 +1,7 @@
 """The maintainer tools live in tools/ of a checkout, not in the installed package; outside one they say so."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,11 +71,11 @@ def test_bench_compare_names_a_workload_slower_than_the_threshold_a_regression_w
     from tools.bench_compare import Measured, Workload, regressions, table
 
     # the manager machine at half its past speed (steps/s), the exhaustive checker 2.3x as long (seconds)
-    manager = Measured(Workload("campaign", "manager", 300), ref=[655.0, 640.0, 660.0], this=[354.0, 330.0, 350.0])
-    cache = Measured(Workload("campaign", "cache", 300), ref=[169.0, 170.0, 168.0], this=[608.0, 600.0, 610.0])
+    manager = Measured(Workload("machine", "manager", 300), ref=[655.0, 640.0, 660.0], this=[354.0, 330.0, 350.0])
+    cache = Measured(Workload("machine", "cache", 300), ref=[169.0, 170.0, 168.0], this=[608.0, 600.0, 610.0])
     deep = Measured(Workload("exhaustive", "manager", 5), ref=[35.0, 36.0, 34.0], this=[81.4, 80.0, 82.0])
     assert [r.workload.name for r in regressions([manager, cache, deep], 0.9)] == [
-        "manager campaign",
+        "manager machine",
         "exhaustive manager depth 5",
     ]
     assert deep.median_ratio() == pytest.approx(35.0 / 81.4) and cache.median_ratio() > 3.5
@@ -87,3 +89,49 @@ def test_bench_compare_runs_a_tree_from_before_the_move_under_radixspec_as_pytho
     assert Tree("this", ROOT).module == "radixspec.fuzz"
     (tmp_path / "fuzz").mkdir()
     assert Tree("79b4c1f", tmp_path).module == "fuzz"
+
+
+def test_bench_batch_builds_one_batch_shape_from_either_trees_batch_spec() -> None:
+    import types
+    from dataclasses import dataclass
+
+    from tools.bench_batch import batch_spec
+
+    @dataclass(frozen=True)
+    class Before:  # 79b4c1f's BatchSpec: our implementations as impls, a foreign target apart, no shallow batches
+        machine: str
+        impls: tuple[str, ...]
+        target: str | None
+        lru: str | None
+        device: str
+        seed: int
+        examples: int
+        steps: int
+        shrink: bool
+        start: float
+        deadline: float
+
+    from radixspec.fuzz.batches import BatchSpec
+
+    old = batch_spec(types.SimpleNamespace(BatchSpec=Before), "manager", 7, 100, 80)
+    new = batch_spec(types.SimpleNamespace(BatchSpec=BatchSpec), "manager", 7, 100, 80)
+    assert (old.impls, old.target) == (("reference", "optimized"), None)
+    assert new.targets == ("reference", "optimized") and new.shallow is False and new.shrink is False
+    for spec in (old, new):
+        assert (spec.machine, spec.seed, spec.examples, spec.steps) == ("manager", 7, 100, 80)
+
+
+def test_bench_batch_measures_a_machine_of_this_tree_and_refuses_one_that_broke() -> None:
+    import json
+
+    from tools.bench_compare import DRIVER
+
+    run = [sys.executable, "-c", DRIVER.read_text(), "--machine", "kv", "--examples", "3", "--steps", "5"]
+    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["steps"] > 0 and figures["steps_per_s"] == pytest.approx(figures["steps"] / figures["seconds"], 0.01)
+    broken = subprocess.run(
+        [*run[:4], "no-such-machine", *run[5:]], cwd=ROOT, capture_output=True, text=True, check=False, timeout=300
+    )
+    assert broken.returncode != 0 and "did not run clean" in broken.stderr

@@ -7,10 +7,14 @@ run, interleaved, so that what slows the machine slows both:
 1. REF (a tag or commit) is unpacked with ``git archive`` into a temporary folder, and this checkout (its
    working tree: tracked and new files) copied beside it; each copy's C modules are built in place, the same
    way (``setup.py build_ext --inplace``).
-2. Each workload runs on both, alternating which goes first, ``--rounds`` times: a campaign of one machine
-   (``--impl all --examples N --seed S --workers 1``; its steps per second from the JSON summary) and the
-   exhaustive checker of one alphabet at a fixed depth (its wall time). A tree from before the modules moved
-   under ``radixspec`` runs as ``python -m fuzz``; a newer one as ``python -m radixspec.fuzz``.
+2. Each workload runs on both, alternating which goes first, ``--rounds`` times: one machine's batch
+   (``tools/bench_batch.py``: the tree's own ``run_batch`` beside the spec on the reference and optimized
+   implementations, the batch's shape the same in both trees: ``--examples`` examples of 80 steps, ``--seed``,
+   no shrinking; its steps per second) and the exhaustive checker of one alphabet at a fixed depth (its wall
+   time, one worker). A campaign's own steps per second are not compared: they depend on how the campaign shapes
+   its batches (shallow 20-step batches alternate with deep ones since 0ba7a2f), which is not the fuzzer's
+   speed. A tree from before the modules moved under ``radixspec`` is driven as the package ``fuzz``
+   (``python -m fuzz.exhaustive``); a newer one as ``radixspec.fuzz``.
 3. Per workload: the ratio this / REF of each round (higher is faster), their median and spread. The run
    exits 1 naming every workload whose median ratio is below ``--threshold`` (a regression), 2 on a usage
    error or a tree that does not build or run.
@@ -37,7 +41,10 @@ from pathlib import Path
 from tools.checkout import ROOT
 from tools.sanitize import COPY_IGNORE, build
 
-# the machines a campaign workload may name (a tree lacking one is told apart: it exits 2 on --machine)
+# one machine's batch in a tree, its shape held fixed (run from that tree's root)
+DRIVER = Path(__file__).with_name("bench_batch.py")
+
+# the machines a workload may name (a tree lacking one is told apart: its batch does not build, exit 2)
 MACHINES = ("cache", "manager", "scheduler", "kv", "hybrid", "hostile", "router")
 # as the issue that introduced this tool measured them: the scheduler and kv machines' examples are longer
 EXAMPLES = {"scheduler": 200, "kv": 200}
@@ -45,20 +52,20 @@ EXAMPLES = {"scheduler": 200, "kv": 200}
 
 @dataclass(frozen=True)
 class Workload:
-    """One thing timed on both trees: a campaign of one machine, or the exhaustive checker of one alphabet."""
+    """One thing timed on both trees: a batch of one machine, or the exhaustive checker of one alphabet."""
 
-    kind: str  # "campaign" or "exhaustive"
+    kind: str  # "machine" (a batch of it) or "exhaustive"
     machine: str
-    # campaign: examples per run; exhaustive: depth
+    # machine: examples per batch; exhaustive: depth
     size: int
 
     @property
     def name(self) -> str:
-        return f"{self.machine} campaign" if self.kind == "campaign" else f"exhaustive {self.machine} depth {self.size}"
+        return f"{self.machine} machine" if self.kind == "machine" else f"exhaustive {self.machine} depth {self.size}"
 
     @property
     def unit(self) -> str:
-        return "steps/s" if self.kind == "campaign" else "s"
+        return "steps/s" if self.kind == "machine" else "s"
 
 
 @dataclass
@@ -76,7 +83,7 @@ class Tree:
 
 @dataclass
 class Measured:
-    """A workload's figures on both trees, round by round (steps/s for a campaign, seconds for the exhaustive)."""
+    """A workload's figures on both trees, round by round (steps/s for a machine, seconds for the exhaustive)."""
 
     workload: Workload
     ref: list[float] = field(default_factory=list)
@@ -85,7 +92,7 @@ class Measured:
     def ratios(self) -> list[float]:
         """This tree's speed over REF's, per round (higher is faster): steps/s this / REF; seconds REF / this."""
         pairs = zip(self.this, self.ref, strict=True)
-        if self.workload.kind == "campaign":
+        if self.workload.kind == "machine":
             return [this / ref for this, ref in pairs]
         return [ref / this for this, ref in pairs]
 
@@ -110,15 +117,15 @@ def copy_checkout(into: Path) -> Path:
 
 
 def run_workload(tree: Tree, workload: Workload, seed: int, scratch: Path) -> float:
-    """Run ``workload`` on ``tree`` once: its steps per second (campaign) or its wall seconds (exhaustive)."""
-    out = scratch / f"{tree.label}-{workload.kind}-{workload.machine}"
-    shutil.rmtree(out, ignore_errors=True)
-    if workload.kind == "campaign":
-        summary = out / "summary.json"
-        command = [sys.executable, "-m", tree.module, "--machine", workload.machine, "--impl", "all"]
-        command += ["--examples", str(workload.size), "--seed", str(seed), "--workers", "1", "--quiet"]
-        command += ["--out", str(out), "--json", str(summary)]
+    """Run ``workload`` on ``tree`` once: its steps per second (a machine's batch) or its wall seconds
+    (exhaustive)."""
+    if workload.kind == "machine":
+        # the driver from this checkout, run from the tree's root: only that tree's modules import
+        command = [sys.executable, "-c", DRIVER.read_text(), "--package", tree.module, "--machine", workload.machine]
+        command += ["--examples", str(workload.size), "--seed", str(seed)]
     else:
+        out = scratch / f"{tree.label}-{workload.kind}-{workload.machine}"
+        shutil.rmtree(out, ignore_errors=True)
         command = [sys.executable, "-m", f"{tree.module}.exhaustive", "--machine", workload.machine, "--depth"]
         command += [str(workload.size), "--page-sizes", "1", "--workers", "1", "--out", str(out)]
     # the tree's own modules first: a checkout copy runs as it would from its root
@@ -129,8 +136,8 @@ def run_workload(tree: Tree, workload: Workload, seed: int, scratch: Path) -> fl
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
         raise SystemExit(f"bench_compare: {workload.name} on {tree.label} exited {proc.returncode}:\n{tail}")
-    if workload.kind == "campaign":
-        return float(json.loads(summary.read_text())["steps_per_s"])
+    if workload.kind == "machine":
+        return float(json.loads(proc.stdout.strip().splitlines()[-1])["steps_per_s"])
     return seconds
 
 
@@ -196,9 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--machines",
         default="cache,manager,scheduler,kv",
-        help="campaign workloads, comma-separated (of " + ", ".join(MACHINES) + "; default: those 79b4c1f has)",
+        help="machine workloads, comma-separated (of " + ", ".join(MACHINES) + "; default: those 79b4c1f has)",
     )
-    parser.add_argument("--examples", type=int, default=300, help="examples per campaign (scheduler, kv: 2/3 of it)")
+    parser.add_argument(
+        "--examples", type=int, default=100, help="examples per machine's batch (scheduler, kv: 2/3 of it)"
+    )
     parser.add_argument(
         "--exhaustive",
         type=parse_exhaustive,
@@ -218,9 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [name for name in machines if name not in MACHINES]
     if unknown or args.rounds < 1 or args.examples < 1 or not args.threshold > 0:
         parser.error(f"unknown machines {unknown}" if unknown else "--rounds, --examples and --threshold must be > 0")
-    workloads = [
-        Workload("campaign", name, max(1, args.examples * EXAMPLES.get(name, 300) // 300)) for name in machines
-    ]
+    workloads = [Workload("machine", name, max(1, args.examples * EXAMPLES.get(name, 300) // 300)) for name in machines]
     if not args.no_exhaustive:
         workloads += args.exhaustive or [Workload("exhaustive", "manager", 5)]
     if not workloads:

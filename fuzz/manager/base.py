@@ -191,11 +191,21 @@ class ManagerBase(RuleBasedStateMachine):
             return ()
         index = self.impls.index(impl)
         if index in self.exact:
-            exact = self.exact_target(index)
-            reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
-            return (exact.abstract_state(), reqs)
+            return self.exact_snapshot(index, self.exact_target(index).abstract_state())
         rows = [tuple(impl.row(live.reqs[index])) for live in self.live]
         return (tuple(impl.free_pages()), tuple(sorted(impl.cached_slots())), tuple(impl.size_info()), rows)
+
+    def exact_snapshot(self, index: int, state: sm.ManagerState) -> tuple[object, ...]:
+        """``snapshot`` of exact target ``index`` whose abstract state is ``state``."""
+        reqs = [(r.cached_len, r.device_len, r.alloc_len) for r in (live.reqs[index] for live in self.live)]
+        return (state, reqs)
+
+    def known(self, observed: Observed | None) -> dict[int, tuple[object, ...]]:
+        """The snapshots of the exact targets from the states ``observe`` just read (for ``apply_all(known=)``:
+        the call that follows starts from them, nothing to read twice)."""
+        if observed is None:
+            return {}
+        return {index: self.exact_snapshot(index, state) for index, (state, _) in observed.items()}
 
     @invariant()
     def targets_agree(self) -> None:
