@@ -83,6 +83,23 @@ def test_bench_compare_names_a_workload_slower_than_the_threshold_a_regression_w
     assert "0.54x" in lines[1] and lines[1].endswith("REGRESSION") and lines[2].endswith("ok")
 
 
+def test_bench_compare_judges_the_rounds_that_ran_the_same_program_when_there_are_any() -> None:
+    from tools.bench_compare import Measured, Workload, table
+
+    # rounds 1 and 3 ran other programs on the two trees (a longer prompt costs more per step): not the code
+    scheduler = Measured(
+        Workload("machine", "scheduler", 66),
+        ref=[700.0, 335.0, 288.0],
+        this=[230.0, 350.0, 210.0],
+        same=[False, True, False],
+    )
+    assert scheduler.judged() == [pytest.approx(350.0 / 335.0)] and scheduler.median_ratio() > 1.0
+    assert table([scheduler], "79b4c1f", 0.9)[1].split()[-2:] == ["1/3", "ok"]
+    # no round alike: every round is read
+    scheduler.same = [False, False, False]
+    assert scheduler.median_ratio() == pytest.approx(210.0 / 288.0)  # the median of 0.33x, 1.04x and 0.73x
+
+
 def test_bench_compare_runs_a_tree_from_before_the_move_under_radixspec_as_python_m_fuzz(tmp_path: Path) -> None:
     from tools.bench_compare import Tree
 

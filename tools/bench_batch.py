@@ -52,8 +52,29 @@ def batch_spec(batches: Any, machine: str, seed: int, examples: int, steps: int)
     return batches.BatchSpec(**{name: value for name, value in values.items() if name in fields})
 
 
-def run(batches: Any, machine: str, seed: int, examples: int, steps: int) -> tuple[Any, float]:
-    """One batch: its result and its wall seconds; a batch that broke or failed is an error (exit 1)."""
+class Counted:
+    """Hypothesis's own steps: it checks a machine's invariants once after each rule it runs (and once after the
+    initialize rules), whatever the machine counts as a step in its statistics (a rule may count several)."""
+
+    steps = 0
+
+    @classmethod
+    def install(cls) -> None:
+        from hypothesis.stateful import RuleBasedStateMachine
+
+        check = RuleBasedStateMachine.check_invariants
+
+        def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+            cls.steps += 1
+            return check(self, *args, **kwargs)
+
+        RuleBasedStateMachine.check_invariants = counting  # type: ignore[method-assign]
+
+
+def run(batches: Any, machine: str, seed: int, examples: int, steps: int) -> tuple[Any, float, int]:
+    """One batch: its result, its wall seconds and Hypothesis's steps; a batch that broke or failed is an error
+    (exit 1)."""
+    Counted.steps = 0
     start = time.perf_counter()
     result = batches.run_batch(batch_spec(batches, machine, seed, examples, steps))
     seconds = time.perf_counter() - start
@@ -61,7 +82,7 @@ def run(batches: Any, machine: str, seed: int, examples: int, steps: int) -> tup
     if error is not None or result.failures:
         what = error or result.failures[0].error
         raise SystemExit(f"bench_batch: the {machine} machine's batch did not run clean: {what}")
-    return result, seconds
+    return result, seconds, Counted.steps
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,11 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.examples < 1 or args.steps < 1:
         parser.error("--examples and --steps must be >= 1")
     batches = importlib.import_module(f"{args.package}.batches")
+    Counted.install()
     run(batches, args.machine, args.seed + 1, 2, args.steps)  # warm-up: imports, Hypothesis, the C modules
-    result, seconds = run(batches, args.machine, args.seed, args.examples, args.steps)
-    steps = int(result.stats.steps)
-    figures = {"steps": steps, "examples": int(result.stats.examples), "seconds": round(seconds, 3)}
-    print(json.dumps({**figures, "steps_per_s": round(steps / max(seconds, 1e-9), 1)}))
+    result, seconds, steps = run(batches, args.machine, args.seed, args.examples, args.steps)
+    figures = {"steps": steps, "rules": int(result.stats.steps), "examples": int(result.stats.examples)}
+    print(json.dumps({**figures, "seconds": round(seconds, 3), "steps_per_s": round(steps / max(seconds, 1e-9), 1)}))
     return 0
 
 

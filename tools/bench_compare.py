@@ -9,15 +9,19 @@ run, interleaved, so that what slows the machine slows both:
    way (``setup.py build_ext --inplace``).
 2. Each workload runs on both, alternating which goes first, ``--rounds`` times: one machine's batch
    (``tools/bench_batch.py``: the tree's own ``run_batch`` beside the spec on the reference and optimized
-   implementations, the batch's shape the same in both trees: ``--examples`` examples of 80 steps, ``--seed``,
-   no shrinking; its steps per second) and the exhaustive checker of one alphabet at a fixed depth (its wall
-   time, one worker). A campaign's own steps per second are not compared: they depend on how the campaign shapes
-   its batches (shallow 20-step batches alternate with deep ones since 0ba7a2f), which is not the fuzzer's
-   speed. A tree from before the modules moved under ``radixspec`` is driven as the package ``fuzz``
+   implementations, the batch's shape the same in both trees: ``--examples`` examples of at most 80 steps, no
+   shrinking; Hypothesis's steps per second) and the exhaustive checker of one alphabet at a fixed depth (its
+   wall time, one worker). Round r draws the programs from seed ``--seed`` + r on both trees. A campaign's own
+   steps per second are not compared: they depend on how the campaign shapes its batches (shallow 20-step
+   batches alternate with deep ones since 0ba7a2f) and on what a machine counts as a step, which is not the
+   fuzzer's speed. A tree from before the modules moved under ``radixspec`` is driven as the package ``fuzz``
    (``python -m fuzz.exhaustive``); a newer one as ``radixspec.fuzz``.
-3. Per workload: the ratio this / REF of each round (higher is faster), their median and spread. The run
-   exits 1 naming every workload whose median ratio is below ``--threshold`` (a regression), 2 on a usage
-   error or a tree that does not build or run.
+3. Per workload: the ratio this / REF of each round (higher is faster) and their spread; the verdict reads the
+   median of the rounds in which both trees ran the same program (equal steps and rule counts), or of every
+   round when none did. A machine whose strategies changed draws other programs from the same seed, and a
+   scheduler example's cost follows its prompts' lengths: a ratio of different programs measures the data,
+   not the code. The run exits 1 naming every workload whose median ratio is below ``--threshold`` (a
+   regression), 2 on a usage error or a tree that does not build or run.
 
     python -m tools.bench_compare --against 79b4c1f                        # every machine both trees have
     python -m tools.bench_compare --against 79b4c1f --machines manager --exhaustive manager:5 --rounds 5
@@ -83,11 +87,15 @@ class Tree:
 
 @dataclass
 class Measured:
-    """A workload's figures on both trees, round by round (steps/s for a machine, seconds for the exhaustive)."""
+    """A workload's figures on both trees, round by round (steps/s for a machine, seconds for the exhaustive),
+    and whether both trees ran the same program in that round."""
 
     workload: Workload
     ref: list[float] = field(default_factory=list)
     this: list[float] = field(default_factory=list)
+    # per round: the trees ran the same work (a machine: equal Hypothesis steps and rule counts on the round's
+    # seed; the exhaustive checker: always, the same states and transitions)
+    same: list[bool] = field(default_factory=list)
 
     def ratios(self) -> list[float]:
         """This tree's speed over REF's, per round (higher is faster): steps/s this / REF; seconds REF / this."""
@@ -96,8 +104,16 @@ class Measured:
             return [this / ref for this, ref in pairs]
         return [ref / this for this, ref in pairs]
 
+    def judged(self) -> list[float]:
+        """The ratios the verdict reads: the rounds in which both trees ran the same program, when there are any
+        (a machine whose strategies changed draws other programs from the same seed: their cost is the data's,
+        not the code's); else every round."""
+        ratios = self.ratios()
+        same = [ratio for ratio, alike in zip(ratios, self.same, strict=False) if alike]
+        return same or ratios
+
     def median_ratio(self) -> float:
-        return statistics.median(self.ratios())
+        return statistics.median(self.judged())
 
 
 def unpack(ref: str, into: Path) -> Path:
@@ -116,9 +132,9 @@ def copy_checkout(into: Path) -> Path:
     return into
 
 
-def run_workload(tree: Tree, workload: Workload, seed: int, scratch: Path) -> float:
+def run_workload(tree: Tree, workload: Workload, seed: int, scratch: Path) -> tuple[float, object]:
     """Run ``workload`` on ``tree`` once: its steps per second (a machine's batch) or its wall seconds
-    (exhaustive)."""
+    (exhaustive), and what identifies the work done (a machine: its Hypothesis steps and rule counts)."""
     if workload.kind == "machine":
         # the driver from this checkout, run from the tree's root: only that tree's modules import
         command = [sys.executable, "-c", DRIVER.read_text(), "--package", tree.module, "--machine", workload.machine]
@@ -137,26 +153,31 @@ def run_workload(tree: Tree, workload: Workload, seed: int, scratch: Path) -> fl
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
         raise SystemExit(f"bench_compare: {workload.name} on {tree.label} exited {proc.returncode}:\n{tail}")
     if workload.kind == "machine":
-        return float(json.loads(proc.stdout.strip().splitlines()[-1])["steps_per_s"])
-    return seconds
+        figures = json.loads(proc.stdout.strip().splitlines()[-1])
+        return float(figures["steps_per_s"]), (figures["steps"], figures["rules"])
+    return seconds, workload.size
 
 
 def measure(
     trees: tuple[Tree, Tree], workloads: Sequence[Workload], rounds: int, seed: int, scratch: Path
 ) -> list[Measured]:
     """Every workload on both trees, ``rounds`` times, interleaved: REF then this in even rounds, this then REF
-    in odd ones; progress on stderr."""
+    in odd ones; round r draws the machines' programs from seed ``seed + r`` (the same on both trees); progress
+    on stderr."""
     ref, this = trees
     results = [Measured(workload) for workload in workloads]
     for number in range(rounds):
         for result in results:
             order = (ref, this) if number % 2 == 0 else (this, ref)
+            work = {}
             for tree in order:
-                value = run_workload(tree, result.workload, seed, scratch)
+                value, work[tree.label] = run_workload(tree, result.workload, seed + number, scratch)
                 (result.ref if tree is ref else result.this).append(value)
+            result.same.append(work[ref.label] == work[this.label])
             print(
                 f"[round {number + 1}/{rounds}] {result.workload.name}: REF {result.ref[-1]:.1f}, this"
-                f" {result.this[-1]:.1f} {result.workload.unit}",
+                f" {result.this[-1]:.1f} {result.workload.unit}"
+                + ("" if result.same[-1] else f" (other programs: REF {work[ref.label]}, this {work[this.label]})"),
                 file=sys.stderr,
                 flush=True,
             )
@@ -169,18 +190,20 @@ def regressions(results: Sequence[Measured], threshold: float) -> list[Measured]
 
 
 def table(results: Sequence[Measured], ref: str, threshold: float) -> list[str]:
-    """The comparison as lines: per workload the medians, the median ratio and the spread of the ratios."""
+    """The comparison as lines: per workload the medians, the median ratio (of the rounds the verdict reads) and
+    the spread of every round's ratio, and in how many rounds both trees ran the same program."""
     lines = [
-        f"{'workload':<30} {'REF ' + ref[:12]:>18} {'this tree':>14} {'ratio':>7} {'spread':>13}  verdict",
+        f"{'workload':<30} {'REF ' + ref[:12]:>18} {'this tree':>14} {'ratio':>7} {'spread':>13} {'same':>5}  verdict",
     ]
     for result in results:
         ratios = result.ratios()
         unit = result.workload.unit
         verdict = "REGRESSION" if result.median_ratio() < threshold else "ok"
+        same = f"{sum(result.same)}/{len(result.same)}" if result.same else "-"
         lines.append(
             f"{result.workload.name:<30} {statistics.median(result.ref):>10.1f} {unit:<7}"
             f" {statistics.median(result.this):>6.1f} {unit:<7} {result.median_ratio():>6.2f}x"
-            f" {min(ratios):>5.2f}-{max(ratios):.2f}x  {verdict}"
+            f" {min(ratios):>5.2f}-{max(ratios):.2f}x {same:>5}  {verdict}"
         )
     return lines
 
@@ -249,8 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise SystemExit(f"bench_compare: {tree.label}: {exc}") from None
         results = measure(trees, workloads, args.rounds, args.seed, scratch)
     print(
-        f"this tree ({ROOT}) against {args.against}: {args.rounds} rounds each, interleaved; ratio = this / REF speed"
-        f" (higher is faster), the median of the rounds; spread = the rounds' lowest and highest ratio"
+        f"this tree ({ROOT}) against {args.against}: {args.rounds} rounds each, interleaved, round r on seed"
+        f" {args.seed}+r; ratio = this / REF speed (higher is faster), the median of the rounds in which both trees"
+        f" ran the same program (same; all rounds when none did); spread = every round's lowest and highest ratio"
     )
     print("\n".join(table(results, args.against, args.threshold)))
     slower = regressions(results, args.threshold)
