@@ -538,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--page-sizes: expected comma-separated ints, got {args.page_sizes!r}")
     if not sizes or min(sizes) < 1 or max(sizes) > MAX_PAGE_SIZE:
         parser.error(f"--page-sizes must be in [1, {MAX_PAGE_SIZE}] (a small scope), got {args.page_sizes}")
+    if args.workers == 1:
+        one_thread()  # this process explores: its tensors are tiny, more threads only contend (as in a worker)
     print(
         f"radixspec exhaustive: depth {args.depth}, page sizes {sizes}, machines {args.machine},"
         f" spec + {', '.join(IMPLEMENTATIONS)}, {args.workers} workers"
