@@ -138,17 +138,26 @@ def test_bench_batch_builds_one_batch_shape_from_either_trees_batch_spec() -> No
         assert (spec.machine, spec.seed, spec.examples, spec.steps) == ("manager", 7, 100, 80)
 
 
-def test_bench_batch_measures_a_machine_of_this_tree_and_refuses_one_that_broke() -> None:
+def test_bench_batch_measures_a_machine_of_this_tree_and_refuses_one_that_broke(tmp_path: Path) -> None:
     import json
+    import os
 
     from tools.bench_compare import DRIVER
 
+    # this checkout's modules, run from elsewhere: Hypothesis keeps its files (.hypothesis/) where it runs
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = [sys.executable, "-c", DRIVER.read_text(), "--machine", "kv", "--examples", "3", "--steps", "5"]
-    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, check=False, timeout=300)
+    done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["steps"] > 0 and figures["steps_per_s"] == pytest.approx(figures["steps"] / figures["seconds"], 0.01)
     broken = subprocess.run(
-        [*run[:4], "no-such-machine", *run[5:]], cwd=ROOT, capture_output=True, text=True, check=False, timeout=300
+        [*run[:4], "no-such-machine", *run[5:]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
     )
     assert broken.returncode != 0 and "did not run clean" in broken.stderr

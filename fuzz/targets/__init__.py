@@ -29,7 +29,6 @@ from typing import Any
 
 from .api import (
     EXACT,
-    OPTIONAL_CACHE_METHODS,
     CacheManagerTarget,
     PageKey,
     PrefixCacheTarget,
@@ -273,7 +272,6 @@ def list_targets() -> list[str]:
 __all__ = [
     "ENTRY_POINT_GROUP",
     "EXACT",
-    "OPTIONAL_CACHE_METHODS",
     "CacheManagerTarget",
     "PageKey",
     "PrefixCacheTarget",

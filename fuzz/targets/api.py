@@ -294,14 +294,14 @@ class CacheCapabilities(Generic[H]):
         )
 
 
-# the capabilities' methods by name: evict(size) and reset() a profile promises (eviction_trigger == "evict",
+# a cache target's optional methods (the machines look each up on the target; none is listed here): evict(size)
+# and reset() a profile promises (eviction_trigger == "evict",
 # reset != "none"; checked when a target is resolved: promised_methods in fuzz/targets/__init__.py); the others
 # a target offers at will: check_integrity() (raise on a broken invariant); cached_pages() -> {PageKey: first
 # slot} (the whole content, compared with the spec's after every step); page_stamps() -> {PageKey: comparable}
 # (the target's clock, when clock != "none"); take_events() -> the KV events emitted since the last call, as
 # spec.events' (spec.events.from_block_events converts vLLM-style ones), replayed after every step: the replay
 # must give exactly the cached pages
-OPTIONAL_CACHE_METHODS = ("evict", "reset", "check_integrity", "cached_pages", "page_stamps", "take_events")
 
 
 @runtime_checkable
