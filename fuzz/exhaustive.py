@@ -366,7 +366,8 @@ def run_ops(page_size: int, ops: Sequence[Op], check: bool = True, machine: str 
     """Replay ``ops`` from an empty cache (or manager), every check after each (``check``); the world after.
 
     The search replays a known state's path unchecked (it was checked when found): outcomes are still
-    compared on every call; the checks run after the new operation.
+    compared on every call that moves the state (the manager's calls made only to see a refusal are not made
+    again); the checks run after the new operation.
     """
     world: World | ManagerWorld = World(page_size) if machine == "cache" else ManagerWorld(page_size)
     for op in ops:

@@ -150,7 +150,9 @@ def test_bench_batch_measures_a_machine_of_this_tree_and_refuses_one_that_broke(
     done = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert figures["steps"] > 0 and figures["steps_per_s"] == pytest.approx(figures["steps"] / figures["seconds"], 0.01)
+    assert figures["steps"] > 0 and figures["steps_per_s"] == pytest.approx(
+        figures["steps"] / figures["seconds"], rel=0.05
+    )  # seconds rounded to 1 ms
     broken = subprocess.run(
         [*run[:4], "no-such-machine", *run[5:]],
         cwd=tmp_path,

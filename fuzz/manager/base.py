@@ -90,8 +90,9 @@ class ManagerBase(RuleBasedStateMachine):
     TARGETS: ClassVar[tuple[TargetInfo, ...]] = tuple(IMPLEMENTATIONS.values())
     LRU: ClassVar[str] = "strict"
     prompts = prompts
-    # the spec's relations are checked around every call on exact targets (the exhaustive checker turns them
-    # off while it replays a path it already checked)
+    # the spec's relations are checked around every call on exact targets, and calls made only to see them
+    # refused (a nested lazy free region, a second release) are made; the exhaustive checker turns both off
+    # while it replays a path it checked when it found it
     relations = True
 
     def __init__(self) -> None:
