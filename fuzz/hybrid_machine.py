@@ -33,6 +33,7 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
 
 from .judge import Outcome, expect_same
+from .lifecycle import LifecycleLaws, laws_for
 from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
 from .stats import STATS
@@ -105,8 +106,9 @@ class HybridMachine(RuleBasedStateMachine):
         self.foreign = False
         # the foreign manager, resolved once, when it tells how many pages it caches (the reach)
         self.page_counter: CountsPages | None = None
-        # per live request, the slots of the pages it attends, as last seen: they may change only in cache_req
-        self.attended: dict[int, dict[tuple[int, int], int]] = {}
+        # the lifecycle laws and their KV shadow (fuzz/lifecycle.py): the spec's manager (every manager of ours
+        # holds its rows), or each tree core of a foreign one
+        self.laws: list[LifecycleLaws] = []
 
     # small pools evict often; big ones let trees and keys grow
     @initialize(
@@ -132,6 +134,7 @@ class HybridMachine(RuleBasedStateMachine):
                 self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]
+            self.laws = laws_for(target)
             self.page_counter = target if isinstance(target, CountsPages) else None
             return multiple(*self.first_sequences(first))
         self.model = hy.new_state(page_size, self.windows)
@@ -139,6 +142,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.free = [deque(range(0, num_pages * page_size, page_size)) for _ in self.windows]
         makers = [SpecHybridCache, *(HYBRID_IMPLEMENTATIONS[name] for name in self.names)]
         self.managers = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
+        self.laws = laws_for(self.managers[0])
         return multiple(*self.first_sequences(first))
 
     def first_sequences(self, first: list[tuple[list[int], list[int]]]) -> list[tuple[int, ...]]:
@@ -351,6 +355,7 @@ class HybridMachine(RuleBasedStateMachine):
             manager_outcome(lambda m=manager, r=req: m.match_req(r), self.foreign, manager)
             for manager, req in zip(self.managers, reqs, strict=True)
         ]
+        self.copied()
         if not self.same(f"match_req of request {uid}", got).ok:
             # not admitted (an engine's scheduler waits for a free row or state slot): nothing changed
             STATS.record_rule("hybrid.match_req[not admitted]")
@@ -379,9 +384,14 @@ class HybridMachine(RuleBasedStateMachine):
             manager_outcome(lambda m=m, r=r: call(m, r), self.foreign, m)
             for m, r in zip(self.managers, self.reqs[uid], strict=True)
         ]
+        self.copied()
         self.same(f"{what} of request {uid}", got)
         self.same_requests(what, self.reqs[uid])
         return got
+
+    def copied(self) -> None:
+        for laws in self.laws:
+            laws.copied()
 
     @precondition(lambda self: self.reqs)
     @rule(which=st.integers(0, 63), tokens=st.integers(1, 40))
@@ -393,7 +403,12 @@ class HybridMachine(RuleBasedStateMachine):
         length = min(len(req.input_ids), req.computed + tokens)
         got = self.manager_call("allocate_paged", uid, lambda m, r: m.allocate_paged(r, length))
         if got[0].ok:
+            # the slots the KV goes to, read before the call (a store may free window slots it passed)
+            req, begin = self.reqs[uid][0], self.reqs[uid][0].computed
+            slots = [laws.slots(req) for laws in self.laws]
             self.manager_call("store", uid, lambda m, r: m.store(r, length - r.computed))
+            for laws, written in zip(self.laws, slots, strict=True):
+                laws.stored(req, begin, written)
 
     @precondition(lambda self: self.reqs)
     @rule(which=st.integers(0, 63), token=st.integers(0, 3))
@@ -411,7 +426,8 @@ class HybridMachine(RuleBasedStateMachine):
         STATS.record_rule(f"hybrid.cache_req[{'finished' if finished else 'running'}]")
         uid = sorted(self.reqs)[which % len(self.reqs)]
         self.manager_call("cache_req", uid, lambda m, r: m.cache_req(r, finished))
-        self.attended.pop(uid, None)
+        for laws in self.laws:
+            laws.finished(uid, finished)
         if finished:
             del self.reqs[uid]
 
@@ -438,34 +454,17 @@ class HybridMachine(RuleBasedStateMachine):
 
     @invariant()
     def managers_keep_the_laws(self) -> None:
-        """Every manager keeps conservation, rows and the safety law; they agree; attended slots stay put."""
+        """Every manager's own checks; the lifecycle laws (fuzz/lifecycle.py); our managers agree."""
         if not self.managers:
             return
         live = [[reqs[i] for reqs in self.reqs.values()] for i in range(len(self.managers))]
         for manager, reqs in zip(self.managers, live, strict=True):
             manager.check_integrity(reqs)
-            # the safety law on the rows the manager reports, whatever its own check covers
-            rows = {req.uid: (req.computed, req.rows) for req in reqs}
-            problem = hy.attended_pages_are_held(self.windows, self.page_size, rows)
-            assert problem is None, f"attended_pages_are_held: {problem}"
+        for laws in self.laws:
+            laws.check(live[0])
         for name, manager in zip(self.names, self.managers[1:], strict=True):
             free = [list(q) for q in self.managers[0].free_slots]
             assert [list(q) for q in manager.free_slots] == free, f"{name}'s manager free lists differ from the spec's"
-        p = self.page_size
-        for uid, reqs in self.reqs.items():
-            req = reqs[0]
-            now = {
-                (group, page): start
-                for group, (window, row) in enumerate(zip(self.windows, req.rows, strict=True))
-                for page in hy.compute_used_pages(req.computed, window, p)
-                if (start := row[page]) is not None
-            }
-            seen = self.attended.get(uid, {})
-            moved = [key for key in now.keys() & seen.keys() if now[key] != seen[key]]
-            assert not moved, (
-                f"request {uid}: attended page {moved[0]} moved from slot {seen[moved[0]]} to {now[moved[0]]}"
-            )
-            self.attended[uid] = now
 
     def teardown(self) -> None:
         """Every request finishes; then every page of every group is free or cached, and no lock is left."""

@@ -16,9 +16,9 @@ longest prefix whose window is held (``prev_prefix_len`` = the hit, the released
 request is cached only when it finishes.
 
 The machine checks what holds whatever SGLang chooses: the hit is a valid match (``spec/hybrid.py``)
-of what the tree holds (every full token before it; no SWA tombstone in its last W - 1 tokens), the
-safety law, a shadow of every KV write (an attended slot holds the request's own tokens), and both
-allocators' conservation (free + cached + private == pool size).
+of what the tree holds (every full token before it; no SWA tombstone in its last W - 1 tokens), SGLang's
+``sanity_check``; and the lifecycle laws (``fuzz/lifecycle.py``: the safety law, a shadow of every KV write,
+both allocators' conservation), to which this shows its rows (a slot per token) and its two pools.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
+from ..lifecycle import Pool
 from ..stats import STATS
 from .api import Profile, TargetInfo
 from .sglang import VERSION
@@ -241,8 +242,6 @@ class SGLangSWAManager:
         # the cache's lock of each request's match, passed back to unlock it
         self.locks: dict[int, object] = {}
         self.hits: dict[int, int] = {}
-        # (group, slot) -> (namespace, the tokens up to and including the one written there)
-        self.shadow: dict[tuple[int, int], tuple[Namespace, tuple[int, ...]]] = {}
 
     # ------------------------------------------------------------ reading SGLang's state
 
@@ -305,14 +304,9 @@ class SGLangSWAManager:
         req.rows[1].extend(self.swa_of(full))
 
     def store(self, req: HybridReq, tokens: int) -> None:
-        """KV written for ``tokens`` more tokens (the shadow records where); SWA slots the window passed freed."""
-        begin, end = req.computed, req.computed + tokens
-        for position in range(begin, end):
-            written = (req.namespace, tuple(req.input_ids[: position + 1]))
-            full, swa = req.rows[0][position], req.rows[1][position]
-            assert full is not None and swa is not None, "a slot written now has its SWA peer"
-            self.shadow[(0, full)] = written
-            self.shadow[(1, swa)] = written
+        """KV written for ``tokens`` more tokens (the machine's shadow records where); SWA slots the window passed
+        freed."""
+        end = req.computed + tokens
         req.computed = end
         # free_swa_out_of_window_slots: private SWA slots no query from here on attends
         first = hy.compute_used_pages(end, self.windows[1], 1).start
@@ -355,36 +349,20 @@ class SGLangSWAManager:
     # ------------------------------------------------------------ universal checks
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
-        """The safety law, the shadow of every attended slot, both allocators' conservation, SGLang's own check."""
-        attended = {req.uid: (req.computed, req.rows) for req in live_reqs}
-        problem = hy.attended_pages_are_held(self.windows, 1, attended)
-        if problem is not None:
-            raise IntegrityError(f"attended_pages_are_held: {problem}")
-        for req in live_reqs:
-            tokens = tuple(req.input_ids)
-            for group, (window, row) in enumerate(zip(self.windows, req.rows, strict=True)):
-                for position in hy.compute_used_pages(req.computed, window, 1):
-                    slot = row[position]
-                    seen = self.shadow.get((group, slot)) if slot is not None else None
-                    if seen != (req.namespace, tokens[: position + 1]):
-                        held = "nothing" if seen is None else f"KV of {len(seen[1])} tokens"
-                        raise IntegrityError(
-                            f"attended_kv_is_the_requests: request {req.uid} attends group {group} slot {slot}"
-                            f" for position {position}, which holds {held}"
-                        )
+        """SGLang's own check (the lifecycle laws are the machine's)."""
+        self.cache.sanity_check()
+
+    def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
+        """Both allocators, in slots: free, cached, held privately by the live requests, size."""
         cache, alloc = self.cache, self.alloc
         private_full = sum(len(req.rows[0]) - self.hits[req.uid] for req in live_reqs)
         private_swa = sum(sum(1 for s in req.rows[1][self.hits[req.uid] :] if s is not None) for req in live_reqs)
-        for group, free, cached, private in (
-            (0, alloc.full_available_size(), cache.full_evictable_size() + cache.full_protected_size(), private_full),
-            (1, alloc.swa_available_size(), cache.swa_evictable_size() + cache.swa_protected_size(), private_swa),
-        ):
-            if free + cached + private != self.num_pages:
-                raise IntegrityError(
-                    f"group {group} pages_are_partitioned: free {free} + cached {cached} + private {private}"
-                    f" != {self.num_pages}"
-                )
-        cache.sanity_check()
+        full_cached = cache.full_evictable_size() + cache.full_protected_size()
+        swa_cached = cache.swa_evictable_size() + cache.swa_protected_size()
+        return [
+            Pool("group 0", alloc.full_available_size(), full_cached, private_full, self.num_pages),
+            Pool("group 1", alloc.swa_available_size(), swa_cached, private_swa, self.num_pages),
+        ]
 
     def cached_page_count(self) -> int:
         """Full-attention pages the tree holds (the reach of a campaign; SGLang's SWA cache runs at page size 1)."""

@@ -22,8 +22,8 @@ request-to-token table (a tensor and its ``write``); modules the cache never cal
 
 Checks, whatever SGLang chooses: the hit is the spec's longest valid match (``spec/hit_rules.py``) of the
 pages the cache's own KV events say it holds; the events replayed from empty hold as many pages as the tree;
-the safety law; a shadow of every KV write (an attended slot holds the request's own tokens); conservation
-(free + cached + private == the pool); every page of a row is a run of P slots; SGLang's ``sanity_check``.
+every page of a row is a run of P slots; SGLang's ``sanity_check``; and the lifecycle laws (``fuzz/lifecycle.py``:
+the safety law, a shadow of every KV write, conservation per pool), to which this shows its rows and pools.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
+from ..lifecycle import Pool
 from ..stats import STATS
 from .api import Profile, TargetError, TargetInfo
 from .sglang import VERSION
@@ -210,8 +211,6 @@ class SGLangUnifiedManager:
         # cache_salt -> namespace: the events name a namespace by its salt
         self.salts: dict[str, Namespace] = {}
         self.mirror = ev.Replayer(page_size, check_hashes=False)
-        # slot -> (namespace, the tokens up to and including the one written there)
-        self.shadow: dict[int, Written] = {}
 
     def make_table(self) -> RequestTable:
         return RequestTable(self.torch.zeros((ROWS, ROW_TOKENS), dtype=self.torch.int64), list(range(ROWS)))
@@ -257,6 +256,11 @@ class SGLangUnifiedManager:
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
         """The request's row as the spec counts it: the first slot of each page."""
         return [list(self.row(record, length)[:: self.page_size])]
+
+    def kv_slots(self, req: HybridReq) -> list[list[int | None]]:
+        """Per group, the slot of each allocated position (fuzz/lifecycle.py): the row as SGLang keeps it."""
+        record = self.records[req.uid]
+        return [list(self.row(record, record.kv.kv_allocated_len))]
 
     # ------------------------------------------------------------ the scheduler's lifecycle
 
@@ -348,12 +352,9 @@ class SGLangUnifiedManager:
         return out
 
     def store(self, req: HybridReq, tokens: int) -> None:
-        """KV written for ``tokens`` more tokens (the shadow records where)."""
+        """KV written for ``tokens`` more tokens (the machine's shadow records where, fuzz/lifecycle.py)."""
         record = self.records[req.uid]
-        begin, end = req.computed, self.chunk_end(req, req.computed + tokens)
-        slots = self.row(record, end)
-        for position in range(begin, end):
-            self.shadow[slots[position]] = (req.namespace, tuple(req.input_ids[: position + 1]))
+        end = self.chunk_end(req, req.computed + tokens)
         req.computed = record.extend_end = end
         record.full_untruncated_fill_ids = array("q", req.input_ids)
 
@@ -408,12 +409,13 @@ class SGLangUnifiedManager:
     # ------------------------------------------------------------ universal checks
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
-        """The shadow of every attended slot, pages as runs, the events against the tree, conservation."""
+        """SGLang's own: pages as runs, the events against the tree, its sanity_check (the lifecycle laws, the KV
+        shadow and the pools' conservation among them, are the machine's: fuzz/lifecycle.py)."""
         p = self.page_size
         for req in live_reqs:
             record = self.records[req.uid]
             slots = self.row(record, record.kv.kv_allocated_len)
-            self.check_attended(req, record, slots)
+            self.check_states(req, record)
             for first in range(0, len(slots), p):
                 page = slots[first : first + p]
                 if page != list(range(page[0], page[0] + len(page))) or page[0] % p:
@@ -424,36 +426,21 @@ class SGLangUnifiedManager:
             raise IntegrityError(
                 f"events_replay_to_the_cache: the events hold {announced} pages, the tree {tree} tokens"
             )
-        for pool, free, cached, private, size in self.pools(live_reqs):
-            if free + cached + private != size:
-                raise IntegrityError(
-                    f"{pool}pages_are_partitioned: free {free} + cached {cached} + private {private} != {size}"
-                )
         self.cache.sanity_check()
         STATS.record_reach(largest_tree_pages=tree // p)
 
-    def check_attended(self, req: HybridReq, record: Record, slots: list[int]) -> None:
-        """Every slot the request attends holds its own KV (full attention: every computed position)."""
-        for position in range(req.computed):
-            self.check_slot(req, "", self.shadow.get(slots[position]), slots[position], position)
+    def check_states(self, req: HybridReq, record: Record) -> None:
+        """The recurrent states' laws, where the cache has a MAMBA component."""
 
-    def check_slot(self, req: HybridReq, pool: str, seen: Written | None, slot: int | None, position: int) -> None:
-        if seen != (req.namespace, tuple(req.input_ids[: position + 1])):
-            held = "nothing" if seen is None else f"KV of {len(seen[1])} tokens"
-            raise IntegrityError(
-                f"attended_kv_is_the_requests: request {req.uid} attends {pool}slot {slot} for position"
-                f" {position}, which holds {held}"
-            )
-
-    def pools(self, live_reqs: list[HybridReq]) -> list[tuple[str, int, int, int, int]]:
-        """Per pool, in pages: (name, free, cached, held privately by the live requests, size)."""
+    def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
+        """Per pool, in pages: free, cached, held privately by the live requests, size (fuzz/lifecycle.py)."""
         p = self.page_size
         private = sum(
             -(-self.records[r.uid].kv.kv_allocated_len // p) - self.records[r.uid].kv.cache_protected_len // p
             for r in live_reqs
         )
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
-        return [("full ", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
+        return [Pool("full", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
 
     def cached_page_count(self) -> int:
         """Pages the tree holds (the reach of a campaign)."""
@@ -469,6 +456,8 @@ class BothCores:
     def __init__(self, managers: Sequence[SGLangUnifiedManager]) -> None:
         self.managers = list(managers)
         self.windows, self.page_size = managers[0].windows, managers[0].page_size
+        # each core under the lifecycle laws (fuzz/lifecycle.py), with a shadow of its own
+        self.cores = [(manager.core, manager) for manager in self.managers]
 
     def both(self, what: str, req: HybridReq, call: Any) -> None:
         copies = [

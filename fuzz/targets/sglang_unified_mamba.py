@@ -43,8 +43,10 @@ from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
+from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
+from ..lifecycle import Pool, StateShadow
 from ..stats import STATS
 from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
@@ -58,7 +60,6 @@ from .sglang_unified import (
     Record,
     RequestTable,
     SGLangUnifiedManager,
-    Written,
     unified_profile,
 )
 from .sglang_unified_swa import SGLangSWAUnifiedManager
@@ -77,7 +78,7 @@ PROFILE = unified_profile(
 )
 
 # a prefix a state is of: (namespace, its tokens)
-StateOf = Written
+StateOf = tuple[Namespace, tuple[int, ...]]
 
 
 class StatePool:
@@ -87,11 +88,11 @@ class StatePool:
     replayssm_spec_write_pos = None
 
     def __init__(self) -> None:
-        self.states: dict[int, StateOf | None] = {}
+        self.shadow = StateShadow()
 
     def copy_from(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         for source, target in zip(src.view(-1).tolist(), dst.view(-1).tolist(), strict=True):
-            self.states[int(target)] = self.states.get(int(source))
+            self.shadow.copy(int(source), int(target))
 
 
 def state_table(base: type) -> type:
@@ -246,7 +247,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         torch = self.torch
         table: Any = self.v.table(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
         table.mamba_allocator = self.v.slots.MambaSlotAllocator(self.states, "cpu")
-        table.mamba_pool.states = {}
+        table.mamba_pool.shadow = StateShadow()
         if self.buffer is not None:
             table.enable_mamba_extra_buffer = True
             n = self.buffer.tracking_slots
@@ -315,7 +316,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         super().match_req(req)
 
     def match_params(self, key: object, record: Record) -> object:
-        self.tree_states = {s for slot in self.tree_slots() if (s := self.pool.states.get(slot)) is not None}
+        self.tree_states = {s for slot in self.tree_slots() if (s := self.pool.shadow.get(slot)) is not None}
         return self.v.base.MatchPrefixParams(key=key, req=record, cow_mamba=True)
 
     def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
@@ -345,12 +346,9 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         source = record.kv.mamba_cow_src_index
         if source is not None:
             # the scheduler's copy on the forward stream (copy on match)
-            copied = self.pool.states.get(int(source))
-            if copied != (req.namespace, tuple(tokens[:hit])):
-                raise IntegrityError(
-                    f"the_copied_state_is_the_hits: request {req.uid} hit {hit} tokens and copies the state of"
-                    f" {'nothing' if copied is None else f'{len(copied[1])} tokens'}"
-                )
+            who = f"request {req.uid}'s copy of its hit of {hit} tokens"
+            prefix = tuple(tokens[:hit])
+            self.pool.shadow.expect("the_copied_state_is_the_hits", who, int(source), req.namespace, prefix)
             STATS.record_rule("sglang-mamba.copy_on_match")
             record.kv.mamba_cow_src_index = None
         elif not record.kv.holds_mamba:
@@ -358,13 +356,13 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
             slot = self.slots.alloc(1)
             assert slot is not None, "make_room left a slot"
             record.kv.mamba_pool_idx = slot[0]
-        self.pool.states[int(record.kv.mamba_pool_idx)] = (req.namespace, tuple(tokens[:hit]))
+        self.pool.shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(tokens[:hit]))
         if self.buffer is not None:
             # HybridReqToTokenPool.alloc: the tracking slots, nothing written in them yet
             table: Any = self.table
             table.alloc_tracking_slots(record)
             for slot in record.kv.mamba_ping_pong_track_buffer.tolist():
-                self.pool.states[int(slot)] = None
+                self.pool.shadow.clear(int(slot))
 
     def chunk_end(self, req: HybridReq, length: int) -> int:
         """With pages above 1, a chunk that does not finish the prompt ends on a page (SGLang's PrefillAdder
@@ -381,7 +379,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         record = self.records[req.uid]
         begin = req.computed
         super().store(req, tokens)
-        self.pool.states[int(record.kv.mamba_pool_idx)] = (req.namespace, tuple(req.input_ids[: req.computed]))
+        self.pool.shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(req.input_ids[: req.computed]))
         if self.buffer is not None:
             self.track(req, record, begin, req.computed)
         req.rows = self.page_rows(record, record.kv.kv_allocated_len)
@@ -417,7 +415,7 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         kv.mamba_last_track_idx, kv.mamba_last_track_seqlen = position, length
         kv.mamba_next_track_idx = table.get_mamba_ping_pong_other_idx(position)
         snapshot = int(kv.mamba_ping_pong_track_buffer[position])
-        self.pool.states[snapshot] = (req.namespace, tuple(req.input_ids[:length]))
+        self.pool.shadow.write(snapshot, req.namespace, tuple(req.input_ids[:length]))
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         if not finished and not self.make_room():
@@ -427,30 +425,21 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
 
     # ------------------------------------------------------------ universal checks
 
-    def check_attended(self, req: HybridReq, record: Record, slots: list[int]) -> None:
-        super().check_attended(req, record, slots)
-        state = self.pool.states.get(int(record.kv.mamba_pool_idx))
-        if state != (req.namespace, tuple(req.input_ids[: req.computed])):
-            raise IntegrityError(
-                f"the_requests_state_is_its_own: request {req.uid} computed {req.computed} tokens; its state slot"
-                f" {int(record.kv.mamba_pool_idx)} holds that of"
-                f" {'nothing' if state is None else f'{len(state[1])} tokens'}"
-            )
+    def check_states(self, req: HybridReq, record: Record) -> None:
+        """The request's state slot holds the state of its computed tokens; its latest snapshot, of its length."""
+        shadow, who = self.pool.shadow, f"request {req.uid}"
+        slot, computed = int(record.kv.mamba_pool_idx), tuple(req.input_ids[: req.computed])
+        shadow.expect("the_requests_state_is_its_own", who, slot, req.namespace, computed)
         length = record.kv.mamba_last_track_seqlen
         if self.buffer is not None and length is not None:
             slot = int(record.kv.mamba_ping_pong_track_buffer[record.kv.mamba_last_track_idx])
-            tracked = self.pool.states.get(slot)
-            if tracked != (req.namespace, tuple(req.input_ids[:length])):
-                raise IntegrityError(
-                    f"the_latest_snapshot_is_of_its_length: request {req.uid}'s latest tracked length is {length};"
-                    f" its tracking slot {slot} holds the state of"
-                    f" {'nothing' if tracked is None else f'{len(tracked[1])} tokens'}"
-                )
+            who = f"request {req.uid}'s latest snapshot (tracked length {length})"
+            shadow.expect("the_latest_snapshot_is_of_its_length", who, slot, req.namespace, computed[:length])
 
-    def pools(self, live_reqs: list[HybridReq]) -> list[tuple[str, int, int, int, int]]:
+    def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
         cached = int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size())
         held = len(self.request_slots())
-        return [*super().pools(live_reqs), ("state ", self.slots.available_size(), cached, held, self.states)]
+        return [*super().pools(live_reqs), Pool("state", self.slots.available_size(), cached, held, self.states)]
 
 
 class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
@@ -471,7 +460,6 @@ class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
         eagle: bool = False,
     ) -> None:
         self.window, self.out_of_window, self.swa_pages = window, True, max(2, (3 * num_pages) // 4)
-        self.swa_shadow: dict[int, Written] = {}
         super().__init__(num_pages, core, policy, states, max_states_per_path, page_size, buffer, eagle)
         self.windows = (None, window, hr.STATE)
 

@@ -17,9 +17,9 @@ request freed already go back on the full side only).
 
 Checks beside the ``sglang`` target's: the hit is a valid match by the hit rule of (full, window W) over what
 the tree holds (the events' full pages, the tree core's SWA tombstones), never longer than the spec's longest
-valid match (shorter ones are counted: SGLang asks W live tokens after a tombstone, one more than needed); a
-request's attended window positions hold live SWA slots with its own KV (the safety law, and the shadow); both
-pools' conservation.
+valid match (shorter ones are counted: SGLang asks W live tokens after a tombstone, one more than needed); its
+SWA slots per position shown to the lifecycle laws (``fuzz/lifecycle.py``: a request's attended window positions
+hold live SWA slots with its own KV), both pools to their conservation.
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError
 
+from ..lifecycle import Pool
 from ..stats import STATS
 from .api import TargetError, TargetInfo
 from .sglang import VERSION
 from .sglang_swa import import_swa_cache, mapping_pool
-from .sglang_unified import CORES, POLICIES, BothCores, Record, SGLangUnifiedManager, Written, unified_profile
+from .sglang_unified import CORES, POLICIES, BothCores, Record, SGLangUnifiedManager, unified_profile
 
 if TYPE_CHECKING:
     import torch
@@ -82,8 +83,6 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
         self.swa_pages = max(2, (3 * num_pages) // 4)
         super().__init__(page_size, num_pages, core, policy, eagle)
         self.windows = (None, window)
-        # SWA slot -> what was written there
-        self.swa_shadow: dict[int, Written] = {}
 
     def make_allocator(self) -> Any:
         p = self.page_size
@@ -111,6 +110,12 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
 
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
         full = self.row(record, length)[:: self.page_size]
+        return [list(full), [self.swa_slot(f) for f in full]]
+
+    def kv_slots(self, req: HybridReq) -> list[list[int | None]]:
+        """Per position, its full slot and the SWA slot paired with it (None: freed)."""
+        record = self.records[req.uid]
+        full = self.row(record, record.kv.kv_allocated_len)
         return [list(full), [self.swa_slot(f) for f in full]]
 
     def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
@@ -170,36 +175,13 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
         out: torch.Tensor | None = self.alloc.alloc(need)
         return out
 
-    def store(self, req: HybridReq, tokens: int) -> None:
-        record = self.records[req.uid]
-        begin = req.computed
-        super().store(req, tokens)
-        slots = self.row(record, req.computed)
-        for position in range(begin, req.computed):
-            swa = self.swa_slot(slots[position])
-            if swa is not None:
-                self.swa_shadow[swa] = (req.namespace, tuple(req.input_ids[: position + 1]))
-
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         with free_out_of_window(self.out_of_window):
             super().cache_req(req, finished)
 
-    # ------------------------------------------------------------ universal checks
+    # ------------------------------------------------------------ the view the lifecycle laws read
 
-    def check_attended(self, req: HybridReq, record: Record, slots: list[int]) -> None:
-        """Full attention: every computed position; the window: the positions the next query attends, which
-        must have live SWA slots holding the request's KV."""
-        super().check_attended(req, record, slots)
-        for position in range(max(0, req.computed - (self.window - 1)), req.computed):
-            swa = self.swa_slot(slots[position])
-            if swa is None:
-                raise IntegrityError(
-                    f"attended_pages_are_held: request {req.uid} attends position {position} in its window"
-                    f" of {self.window}, whose SWA slot was freed"
-                )
-            self.check_slot(req, "SWA ", self.swa_shadow.get(swa), swa, position)
-
-    def pools(self, live_reqs: list[HybridReq]) -> list[tuple[str, int, int, int, int]]:
+    def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
         p, cache = self.page_size, self.cache
         full = super().pools(live_reqs)[0]
         private = 0
@@ -210,8 +192,8 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
                 1 for first in range(kv.cache_protected_len, len(row), p) if self.swa_slot(row[first]) is not None
             )
         cached = int(cache.swa_evictable_size() + cache.swa_protected_size()) // p
-        swa = ("SWA ", self.alloc.swa_available_size() // p, cached, private, self.swa_pages)
-        return [("full ", self.alloc.full_available_size() // p, *full[2:]), swa]
+        swa = Pool("SWA", self.alloc.swa_available_size() // p, cached, private, self.swa_pages)
+        return [full._replace(free=self.alloc.full_available_size() // p), swa]
 
 
 def target(argument: str | None) -> TargetInfo:

@@ -19,9 +19,10 @@ The machine checks what holds whatever vLLM chooses (docs/hybrid.md):
 
 * the hit is the longest valid match length (``spec/hybrid.py``) of what the pool caches per group at
   that moment, at most the prompt less its last token;
-* the safety law: every page a live request still attends is a real block in its list;
-* each attended block holds the KV of the request's own tokens, in its group: a shadow of what was
-  written where, by group, namespace and token prefix (a block reused while still attended fails);
+* the lifecycle laws (``fuzz/lifecycle.py``), to which this shows its rows (a block's slots), its one pool
+  for every group, the worker's copy-on-write copies and the cached blocks: the safety law (every page a live
+  request still attends is a real block in its list); each attended block holds the KV of the request's own
+  tokens, in its group (a block reused while still attended fails); each cached block holds its prefix's;
 * the pool's accounting: a block's ``ref_cnt`` is the number of live requests' lists (and deferred frees)
   that hold it; a block is in the free queue exactly when no one holds it; a block two requests share is a
   cached one;
@@ -46,6 +47,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
+from ..lifecycle import CachedKV, KVCopy
 from ..stats import STATS
 from .api import PageKey, Profile, TargetInfo
 from .shims import install
@@ -284,8 +286,9 @@ class VllmHybridManager:
         self.empty = tuple(() for _ in specs)
         self.requests: dict[int, HybridRequest] = {}
         self.namespaces: dict[int, Namespace] = {}
-        # block id -> (group, namespace, the tokens up to the end of what was written into it)
-        self.shadow: dict[int, tuple[int, Namespace, tuple[int, ...]]] = {}
+        # every group's blocks come from the one pool; the copies the worker made, until the machine reads them
+        self.kv_pools = (0,) * len(self.windows)
+        self.kv_copies: list[KVCopy] = []
         # a block hash -> (namespace, tokens, length): the prefix it names is tokens[:length]
         self.prefix_of: dict[bytes, tuple[Namespace, tuple[int, ...], int]] = {}
         # finished requests' blocks the scheduler has not given back yet: (the chunk count that frees them, blocks)
@@ -435,11 +438,13 @@ class VllmHybridManager:
             self.pool.free_blocks(retained)
 
     def copy_block(self, group: int, source: BlockView, copy: BlockView) -> None:
-        """What the worker copies from ``source`` into ``copy`` (the KV shadow)."""
-        if source.block_id in self.shadow:
-            self.shadow[copy.block_id] = self.shadow[source.block_id]
-        else:
-            self.shadow.pop(copy.block_id, None)
+        """What the worker copies from ``source`` into ``copy`` (the KV, told to the machine's shadow)."""
+        p = self.page_size
+        self.kv_copies.append(KVCopy(0, (source.block_id - 1) * p, (copy.block_id - 1) * p, p))
+
+    def take_kv_copies(self) -> list[KVCopy]:
+        copies, self.kv_copies = self.kv_copies, []
+        return copies
 
     def sync(self, req: HybridReq) -> HybridRequest:
         """The request, with the tokens it decoded since (hashed as Request.append_output_token_ids does)."""
@@ -461,19 +466,11 @@ class VllmHybridManager:
         req.rows = self.rows(req.uid)
 
     def store(self, req: HybridReq, tokens: int) -> None:
-        """The chunk's KV is written (the shadow records where), then cache_blocks (allocate_slots caches the
-        chunk's blocks before the request's computed tokens advance)."""
+        """The chunk's KV is written (the machine's shadow records where), then cache_blocks (allocate_slots
+        caches the chunk's blocks before the request's computed tokens advance)."""
         request = self.sync(req)
-        begin, end, p = request.num_computed_tokens, request.num_computed_tokens + tokens, self.page_size
+        begin, end = request.num_computed_tokens, request.num_computed_tokens + tokens
         self.write_states(request, req.namespace, begin, end)
-        for group, blocks in enumerate(self.coordinator.get_blocks(request.request_id)):
-            if self.windows[group] == hr.STATE:
-                continue
-            for page in range(begin // p, -(-end // p)):
-                block = blocks[page]
-                assert not block.is_null, "a block written this chunk is a real one"
-                written = tuple(request.all_token_ids[: min(end, (page + 1) * p)])
-                self.shadow[block.block_id] = (group, req.namespace, written)
         self.coordinator.cache_blocks(request, min(end, request.num_tokens))
         request.num_computed_tokens = end
         req.computed, req.rows = end, self.rows(req.uid)
@@ -501,15 +498,8 @@ class VllmHybridManager:
     # ------------------------------------------------------------ universal checks
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
-        """The safety law, the shadow of every attended block, and the pool's accounting."""
-        attended = {req.uid: (req.computed, self.rows(req.uid)) for req in live_reqs}
-        problem = hy.attended_pages_are_held(self.windows, self.page_size, attended)
-        if problem is not None:
-            raise IntegrityError(f"attended_pages_are_held: {problem}")
-        for req in live_reqs:
-            self.check_attended_kv(req)
+        """vLLM's own: the pool's accounting and the events (the lifecycle laws are the machine's)."""
         self.check_pool(live_reqs)
-        self.check_cached_blocks()
         if self.replay is not None:
             self.replay.check(self.pool)
 
@@ -521,43 +511,15 @@ class VllmHybridManager:
             found.append((block, self.utils.get_group_id(key), namespace, tokens[:length]))
         return found
 
-    def check_cached_blocks(self) -> None:
-        """cached_blocks_hold_their_prefix: every entry of a full or window group is a block holding the KV of
-        the prefix its hash names, in its group (a stale hash on a block written since: vLLM #44237, #49125)."""
-        for block, group, namespace, tokens in self.entries():
-            if self.windows[group] == hr.STATE:
-                continue
-            seen = self.shadow.get(block.block_id)
-            if seen is None or seen[:2] != (group, namespace) or seen[2][: len(tokens)] != tokens:
-                held = "nothing" if seen is None else f"group {seen[0]}'s KV of {len(seen[2])} tokens"
-                raise IntegrityError(
-                    f"cached_blocks_hold_their_prefix: block {block.block_id} is cached in group {group} for a"
-                    f" prefix of {len(tokens)} tokens and holds {held}, not that prefix's"
-                )
-
-    def check_attended_kv(self, req: HybridReq) -> None:
-        """Every block the request attends holds what it wrote there, or what another wrote for the same prefix."""
-        p, tokens = self.page_size, tuple(self.requests[req.uid].all_token_ids)
-        for group, (window, blocks) in enumerate(
-            zip(self.windows, self.coordinator.get_blocks(str(req.uid)), strict=True)
-        ):
-            if window == hr.STATE:
-                continue  # a state, not KV: the state group's own check
-            for page in hy.compute_used_pages(req.computed, window, p):
-                block = blocks[page].block_id
-                seen = self.shadow.get(block)
-                needed = min(req.computed, (page + 1) * p)
-                if (
-                    seen is None
-                    or seen[:2] != (group, req.namespace)
-                    or len(seen[2]) < needed
-                    or seen[2][:needed] != tokens[:needed]
-                ):
-                    held = "nothing" if seen is None else f"group {seen[0]}'s KV of {len(seen[2])} tokens"
-                    raise IntegrityError(
-                        f"attended_kv_is_the_requests: request {req.uid} attends block {block} (group {group},"
-                        f" page {page}), which holds {held}, not the KV of its own first {needed} tokens"
-                    )
+    def cached_kv(self) -> list[CachedKV]:
+        """Every block a full or window group caches, with the prefix its hash names (fuzz/lifecycle.py checks it
+        holds that prefix's KV: a stale hash on a block written since is vLLM #44237, #49125)."""
+        p = self.page_size
+        return [
+            CachedKV(group, namespace, tokens, range((block.block_id - 1) * p, block.block_id * p))
+            for block, group, namespace, tokens in self.entries()
+            if self.windows[group] != hr.STATE
+        ]
 
     def check_pool(self, live_reqs: list[HybridReq]) -> None:
         """ref_cnt == holders (request lists, and blocks whose free waits: a finished request's, a copy's ends);

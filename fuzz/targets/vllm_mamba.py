@@ -35,6 +35,7 @@ from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
 
+from ..lifecycle import StateShadow
 from ..stats import STATS
 from .api import Profile, TargetInfo, mix
 from .shims import install
@@ -110,7 +111,7 @@ class VllmMambaManager(VllmHybridManager):
         super().__init__(page_size, windows, num_pages, eagle, retention, defer_free, unit)
         self.state_group = self.windows.index(hr.STATE)
         # block id -> (namespace, tokens): the state it holds is of these tokens
-        self.state: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
+        self.state = StateShadow()
         # request -> the block index of its running state (the worker's mamba_state_idx)
         self.state_at: dict[int, int] = {}
         # request -> where the scheduler's split ends the chunk allocated last
@@ -224,16 +225,13 @@ class VllmMambaManager(VllmHybridManager):
             self.check_state(uid, blocks[current], namespace, tokens[:begin], "state_resumes_from_its_prefix")
         if self.checkpoints:
             self.export_checkpoint(blocks, namespace, tokens, begin, end)
-        self.state[blocks[current].block_id] = (namespace, tokens[:end])
+        self.state.write(blocks[current].block_id, namespace, tokens[:end])
         self.state_at[uid] = current
         for manager in self.coordinator.single_type_managers:
             manager.take_pending_boundary_state_offloads()  # a KV connector's; none here
 
     def copy_state(self, source: BlockView, target: BlockView) -> None:
-        if source.block_id in self.state:
-            self.state[target.block_id] = self.state[source.block_id]
-        else:
-            self.state.pop(target.block_id, None)
+        self.state.copy(source.block_id, target.block_id)
 
     def export_checkpoint(
         self, blocks: Sequence[BlockView], namespace: Namespace, tokens: tuple[int, ...], begin: int, end: int
@@ -251,16 +249,11 @@ class VllmMambaManager(VllmHybridManager):
         column = cdiv(end, self.page_size) - 2
         if valid and 0 <= column < len(blocks) and not blocks[column].is_null:
             STATS.record_rule("vllm-mamba.prefill_checkpoint")
-            self.state[blocks[column].block_id] = (namespace, tokens[:position])
+            self.state.write(blocks[column].block_id, namespace, tokens[:position])
 
     def check_state(self, uid: int, block: BlockView, namespace: Namespace, tokens: tuple[int, ...], law: str) -> None:
-        held = self.state.get(block.block_id)
-        if held != (namespace, tokens):
-            what = "no state" if held is None else f"the state of {len(held[1])} tokens in {held[0]!r}"
-            raise IntegrityError(
-                f"{law}: request {uid} starts from block {block.block_id}, which holds {what}, not the state of"
-                f" its first {len(tokens)} tokens"
-            )
+        who = "the cache" if uid < 0 else f"request {uid}"
+        self.state.expect(law, f"{who} (block {block.block_id})", block.block_id, namespace, tokens)
 
     # ------------------------------------------------------------ the operations and checks
 

@@ -1,0 +1,297 @@
+"""The laws of the request-lifecycle layer, each written once, for every manager the hybrid machine drives.
+
+A request-lifecycle target (ours, or an engine's adapter) drives its engine's calls and shows its state through
+the hybrid manager's surface: per request its rows (per group, per page, the page's first slot, or None) and its
+computed tokens. From that, and from what the machine saw it do, :class:`LifecycleLaws` keeps a shadow of every
+KV write (which prefix's KV each slot holds, in which group) and checks after every step:
+
+* ``attended_pages_are_held`` (the safety law, ``spec.hybrid``): every page a live request can still attend is in
+  its row, in every group;
+* ``attended_pages_stay_put``: an attended page keeps its slot until the request caches it;
+* ``attended_kv_is_the_requests``: every slot a live request attends holds the KV of its own tokens up to there,
+  in its group (written by it, or by another request for the same prefix, or copied from such a slot);
+* ``pages_are_partitioned``: each pool's free, cached and privately held pages add up to its size;
+* ``cached_blocks_hold_their_prefix``: every page the engine caches under a prefix holds that prefix's KV;
+
+and ``StateShadow`` holds the recurrent-state law (a state slot holds the state of the prefix it is read as).
+
+What a target may show beyond the rows, each optional (:class:`LifecycleView`): per position slots where a page's
+slots are not one run from its first (``kv_slots``), which groups share one pool (``kv_pools``), the copies its
+worker made (``take_kv_copies``), its pools' accounting (``pools``), the pages it caches (``cached_kv``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Protocol, cast
+
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.domains import Namespace
+from radixspec.spec.errors import IntegrityError
+
+# a slot of a pool, as one int: pool * SLOTS_PER_POOL + slot
+SLOTS_PER_POOL = 1 << 40
+
+
+class Pool(NamedTuple):
+    """One pool's accounting, in pages: what ``pages_are_partitioned`` adds up."""
+
+    name: str
+    free: int
+    cached: int
+    private: int
+    size: int
+
+
+class CachedKV(NamedTuple):
+    """A page the engine caches: its group, the prefix it is cached under (through the page's last token), and the
+    slots of the page's positions that the prefix covers (the first of them is at ``(len(tokens) - 1) // P * P``)."""
+
+    group: int
+    namespace: Namespace
+    tokens: tuple[int, ...]
+    slots: Sequence[int]
+
+
+class KVCopy(NamedTuple):
+    """``size`` slots copied by the worker, from ``source`` on into ``target`` on, in one pool."""
+
+    pool: int
+    source: int
+    target: int
+    size: int
+
+
+class LifecycleView(Protocol):
+    """What every request-lifecycle target shows (the hybrid manager's surface); the rest is optional."""
+
+    windows: tuple[hy.Window, ...]
+    page_size: int
+
+
+class Prefixes:
+    """Prefixes interned as ints: a prefix is its parent's id and its last token (a namespace is a root)."""
+
+    __slots__ = ("children", "memo", "parents")
+
+    def __init__(self) -> None:
+        self.children: dict[tuple[int, object], int] = {}
+        self.parents: list[int] = []
+        self.memo: dict[tuple[Namespace, tuple[int, ...]], int] = {}
+
+    def child(self, parent: int, token: object) -> int:
+        key = (parent, token)
+        found = self.children.get(key)
+        if found is None:
+            found = self.children[key] = len(self.parents)
+            self.parents.append(parent)
+        return found
+
+    def root(self, namespace: Namespace) -> int:
+        return self.child(-1, ("namespace", namespace))
+
+    def extend(self, ids: list[int], namespace: Namespace, tokens: Sequence[int], upto: int) -> list[int]:
+        """``ids[i]`` is the id of ``tokens[: i + 1]``; grown in place to ``upto`` positions."""
+        parent = ids[-1] if ids else self.root(namespace)
+        for position in range(len(ids), upto):
+            parent = self.child(parent, tokens[position])
+            ids.append(parent)
+        return ids
+
+    def of(self, namespace: Namespace, tokens: tuple[int, ...]) -> int:
+        """The id of ``tokens`` under ``namespace`` (remembered: an engine's cached prefixes repeat every step)."""
+        key = (namespace, tokens)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.extend([], namespace, tokens, len(tokens))[-1] if tokens else self.root(namespace)
+            self.memo[key] = found
+        return found
+
+
+class StateShadow:
+    """Which prefix's recurrent state each state slot holds, as the target saw its worker write and copy them."""
+
+    __slots__ = ("states",)
+
+    def __init__(self) -> None:
+        self.states: dict[int, tuple[Namespace, tuple[int, ...]]] = {}
+
+    def write(self, slot: int, namespace: Namespace, tokens: tuple[int, ...]) -> None:
+        self.states[slot] = (namespace, tokens)
+
+    def clear(self, slot: int) -> None:
+        self.states.pop(slot, None)
+
+    def copy(self, source: int, target: int) -> None:
+        if source in self.states:
+            self.states[target] = self.states[source]
+        else:
+            self.states.pop(target, None)
+
+    def get(self, slot: int) -> tuple[Namespace, tuple[int, ...]] | None:
+        return self.states.get(slot)
+
+    def expect(self, law: str, who: str, slot: int, namespace: Namespace, tokens: tuple[int, ...]) -> None:
+        """``slot`` holds the state of ``tokens`` under ``namespace``, else ``law`` is broken (``who`` reads it)."""
+        held = self.states.get(slot)
+        if held != (namespace, tokens):
+            what = "no state" if held is None else f"the state of {len(held[1])} tokens in {held[0]!r}"
+            raise IntegrityError(
+                f"{law}: {who} reads state slot {slot}, which holds {what}, not the state of its first {len(tokens)}"
+                " tokens"
+            )
+
+
+class LifecycleLaws:
+    """The laws above for one manager (one tree core of it), with the KV shadow the machine keeps for it."""
+
+    def __init__(self, view: LifecycleView, label: str = "") -> None:
+        self.view, self.label = view, label
+        self.windows, self.page_size = view.windows, view.page_size
+        groups = range(len(self.windows))
+        self.kv_groups = [g for g in groups if self.windows[g] != hy.STATE]
+        self.pool_of: Sequence[int] = getattr(view, "kv_pools", None) or tuple(groups)
+        # (pool, slot) -> (group, prefix id): whose KV the slot holds
+        self.shadow: dict[int, tuple[int, int]] = {}
+        self.prefixes = Prefixes()
+        self.ids: dict[int, list[int]] = {}
+        # per live request, the slots of the pages it attends, as last seen: they change only in cache_req
+        self.attended: dict[int, dict[tuple[int, int], int]] = {}
+
+    def fail(self, law: str, problem: str) -> IntegrityError:
+        return IntegrityError(f"{self.label}{law}: {problem}")
+
+    # ------------------------------------------------------------ what the machine saw
+
+    def slots(self, req: HybridReq) -> list[Sequence[int | None]]:
+        """Per group, per position of the request's rows, its slot (None where the page is not held)."""
+        shown = getattr(self.view, "kv_slots", None)
+        if shown is not None:
+            slots: list[Sequence[int | None]] = shown(req)
+            return slots
+        p = self.page_size
+        return [[None if start is None else start + offset for start in row for offset in range(p)] for row in req.rows]
+
+    def stored(self, req: HybridReq, begin: int, slots: list[Sequence[int | None]]) -> None:
+        """The request's KV of positions ``[begin, req.computed)`` was written to ``slots`` (read before the call)."""
+        ids = self.prefixes.extend(self.ids.setdefault(req.uid, []), req.namespace, req.input_ids, req.computed)
+        for group in self.kv_groups:
+            base, row = self.pool_of[group] * SLOTS_PER_POOL, slots[group]
+            for position in range(begin, min(req.computed, len(row))):
+                slot = row[position]
+                if slot is not None:
+                    self.shadow[base + slot] = (group, ids[position])
+
+    def copied(self) -> None:
+        """The copies the target's worker made since last asked (vLLM's copy-on-write of a partial hit)."""
+        take = getattr(self.view, "take_kv_copies", None)
+        if take is None:
+            return
+        copies: list[KVCopy] = take()
+        for pool, source, target, size in copies:
+            base = pool * SLOTS_PER_POOL
+            for offset in range(size):
+                held = self.shadow.get(base + source + offset)
+                if held is None:
+                    self.shadow.pop(base + target + offset, None)
+                else:
+                    self.shadow[base + target + offset] = held
+
+    def finished(self, uid: int, cached: bool) -> None:
+        """``cache_req``: the request's attended slots may move; a finished request is forgotten."""
+        self.attended.pop(uid, None)
+        if cached:
+            self.ids.pop(uid, None)
+
+    # ------------------------------------------------------------ the laws
+
+    def check(self, live_reqs: Sequence[HybridReq]) -> None:
+        """Every law, in order: the safety law first (a freed page is named as such, not by what it holds)."""
+        problem = hy.attended_pages_are_held(
+            self.windows, self.page_size, {req.uid: (req.computed, req.rows) for req in live_reqs}
+        )
+        if problem is not None:
+            raise self.fail("attended_pages_are_held", problem)
+        for req in live_reqs:
+            self.attended_pages_stay_put(req)
+            self.attended_kv_is_the_requests(req)
+        pools = getattr(self.view, "pools", None)
+        if pools is not None:
+            self.pages_are_partitioned(pools(list(live_reqs)))
+        cached = getattr(self.view, "cached_kv", None)
+        if cached is not None:
+            self.cached_blocks_hold_their_prefix(cached())
+
+    def attended_pages_stay_put(self, req: HybridReq) -> None:
+        now = {
+            (group, page): start
+            for group, (window, row) in enumerate(zip(self.windows, req.rows, strict=True))
+            for page in hy.compute_used_pages(req.computed, window, self.page_size)
+            if (start := row[page]) is not None
+        }
+        seen = self.attended.get(req.uid, {})
+        moved = [key for key in now.keys() & seen.keys() if now[key] != seen[key]]
+        if moved:
+            raise self.fail(
+                "attended_pages_stay_put",
+                f"request {req.uid}: attended page {moved[0]} moved from slot {seen[moved[0]]} to {now[moved[0]]}",
+            )
+        self.attended[req.uid] = now
+
+    def attended_kv_is_the_requests(self, req: HybridReq) -> None:
+        ids = self.prefixes.extend(self.ids.setdefault(req.uid, []), req.namespace, req.input_ids, req.computed)
+        slots, p = self.slots(req), self.page_size
+        for group in self.kv_groups:
+            base, row = self.pool_of[group] * SLOTS_PER_POOL, slots[group]
+            for page in hy.compute_used_pages(req.computed, self.windows[group], p):
+                for position in range(page * p, min(req.computed, (page + 1) * p)):
+                    slot = row[position] if position < len(row) else None
+                    held = None if slot is None else self.shadow.get(base + slot)
+                    if held != (group, ids[position]):
+                        raise self.fail(
+                            "attended_kv_is_the_requests",
+                            f"request {req.uid} attends group {group} slot {slot} for position {position}, which"
+                            f" holds {self.describe(held, group)}",
+                        )
+
+    def pages_are_partitioned(self, pools: Iterable[Pool]) -> None:
+        for name, free, cached, private, size in pools:
+            if free + cached + private != size:
+                raise self.fail(
+                    f"{name} pages_are_partitioned", f"free {free} + cached {cached} + private {private} != {size}"
+                )
+
+    def cached_blocks_hold_their_prefix(self, pages: Iterable[CachedKV]) -> None:
+        """Every cached page holds its prefix's KV, in its group (a stale hash on a block written since)."""
+        p = self.page_size
+        for group, namespace, tokens, slots in pages:
+            base = self.pool_of[group] * SLOTS_PER_POOL
+            prefix = self.prefixes.of(namespace, tokens)
+            first = (len(tokens) - 1) // p * p
+            for position in range(len(tokens) - 1, first - 1, -1):
+                slot = slots[position - first]
+                held = self.shadow.get(base + slot)
+                if held != (group, prefix):
+                    raise self.fail(
+                        "cached_blocks_hold_their_prefix",
+                        f"slot {slot} (position {position}) is cached in group {group} for a prefix of"
+                        f" {len(tokens)} tokens and holds {self.describe(held, group)}, not that prefix's",
+                    )
+                prefix = self.prefixes.parents[prefix]
+
+    def describe(self, held: tuple[int, int] | None, group: int) -> str:
+        if held is None:
+            return "nothing"
+        length, prefix = 0, held[1]
+        while self.prefixes.parents[prefix] != -1:
+            length, prefix = length + 1, self.prefixes.parents[prefix]
+        return f"group {held[0]}'s KV of {length} tokens" if held[0] != group else f"KV of {length} tokens"
+
+
+def laws_for(manager: object) -> list[LifecycleLaws]:
+    """One set of laws per tree core the manager runs (``cores``: (label, manager) pairs), else one."""
+    cores: Sequence[tuple[str, LifecycleView]] | None = getattr(manager, "cores", None)
+    if cores is not None:
+        return [LifecycleLaws(view, f"{label} core: ") for label, view in cores]
+    return [LifecycleLaws(cast(LifecycleView, manager))]

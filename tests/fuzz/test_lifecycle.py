@@ -1,0 +1,145 @@
+"""The lifecycle laws (fuzz/lifecycle.py), each seen holding on a small state and failing on a broken one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from radixspec.fuzz.lifecycle import CachedKV, KVCopy, LifecycleLaws, Pool, Prefixes, StateShadow, laws_for
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hybrid as hy
+from radixspec.spec.errors import IntegrityError
+
+
+@dataclass
+class View:
+    """A target's view: two groups (full attention, a window of 3), pages of 2, optional parts set per test."""
+
+    windows: tuple[hy.Window, ...] = (None, 3)
+    page_size: int = 2
+    copies: list[KVCopy] = field(default_factory=list)
+
+    def take_kv_copies(self) -> list[KVCopy]:
+        copies, self.copies = self.copies, []
+        return copies
+
+
+def stored(laws: LifecycleLaws, req: HybridReq, tokens: int) -> None:
+    """The machine's store: slots read before, the request's computed tokens advanced, the writes recorded."""
+    slots, begin = laws.slots(req), req.computed
+    req.computed += tokens
+    laws.stored(req, begin, slots)
+
+
+def written() -> tuple[LifecycleLaws, HybridReq, View]:
+    """A request of 6 tokens stored in pages at slots 0, 2, 4 of both groups."""
+    view = View()
+    laws = LifecycleLaws(view)
+    req = HybridReq(1, [5, 6, 7, 8, 9, 10], "a", rows=[[0, 2, 4], [0, 2, 4]])
+    stored(laws, req, 6)
+    return laws, req, view
+
+
+def test_prefixes_intern_each_prefix_once_per_namespace() -> None:
+    prefixes = Prefixes()
+    ids = prefixes.extend([], "a", [1, 2, 3], 3)
+    assert prefixes.extend([], "a", [1, 2, 9], 3)[:2] == ids[:2]
+    assert prefixes.extend([], "b", [1, 2, 3], 3)[2] != ids[2]
+    assert prefixes.of("a", (1, 2, 3)) == ids[2]
+    assert prefixes.parents[ids[2]] == ids[1]
+
+
+def test_a_request_that_reads_what_it_wrote_keeps_every_law() -> None:
+    laws, req, _ = written()
+    laws.check([req])
+    # another request of the same prefix, sharing the first two pages, reads what the first wrote
+    other = HybridReq(2, [5, 6, 7, 8, 1], "a", computed=4, rows=[[0, 2], [0, 2]])
+    laws.check([req, other])
+
+
+def test_attended_kv_is_the_requests_fails_on_a_slot_another_prefix_overwrote() -> None:
+    laws, req, _ = written()
+    intruder = HybridReq(2, [1, 2, 3, 4], "a", rows=[[10, 2], [10, 2]])
+    stored(laws, intruder, 4)  # writes slots 2 and 3: the first request's second page
+    with pytest.raises(IntegrityError, match="attended_kv_is_the_requests: request 1 attends group 0 slot 2"):
+        laws.check([req])
+
+
+def test_attended_kv_is_the_requests_tells_namespaces_and_groups_apart() -> None:
+    laws, req, _ = written()
+    salted = HybridReq(3, list(req.input_ids), "b", computed=6, rows=req.rows)
+    with pytest.raises(IntegrityError, match="attended_kv_is_the_requests: request 3 .* holds KV of 1 tokens"):
+        laws.check([salted])
+    shared = LifecycleLaws(View())
+    shared.pool_of = (0, 0)  # both groups in one pool (vLLM's): a block written for group 0, read by group 1
+    req = HybridReq(1, [5, 6], "a", rows=[[0], [None]])
+    stored(shared, req, 2)
+    window = HybridReq(2, [5, 6], "a", computed=2, rows=[[0], [0]])
+    with pytest.raises(IntegrityError, match="group 1 slot 0 .* holds group 0's KV of 1 tokens"):
+        shared.check([window])
+
+
+def test_the_safety_law_comes_first_and_attended_pages_stay_put() -> None:
+    laws, req, _ = written()
+    req.rows[1][2] = None
+    with pytest.raises(IntegrityError, match="^attended_pages_are_held: request 1, group 1"):
+        laws.check([req])
+    laws, req, _ = written()
+    laws.check([req])
+    req.rows[0][0] = 40
+    with pytest.raises(IntegrityError, match="attended_pages_stay_put: request 1: attended page \\(0, 0\\) moved"):
+        laws.check([req])
+    laws.finished(req.uid, cached=False)  # cache_req may move them
+    stored(laws, req, 0)
+
+
+def test_copies_carry_the_kv_and_a_copy_of_nothing_clears() -> None:
+    laws, req, view = written()
+    view.copies = [KVCopy(0, 2, 20, 2), KVCopy(0, 90, 4, 2)]
+    laws.copied()
+    copy = HybridReq(2, [5, 6, 7, 8], "a", computed=4, rows=[[0, 20], [0, 2]])
+    laws.check([copy])
+    with pytest.raises(IntegrityError, match="request 1 attends group 0 slot 4 for position 4, which holds nothing"):
+        laws.check([req])
+
+
+def test_pages_are_partitioned_names_the_pool() -> None:
+    laws = LifecycleLaws(View())
+    laws.pages_are_partitioned([Pool("full", 2, 3, 1, 6)])
+    with pytest.raises(IntegrityError, match="^SWA pages_are_partitioned: free 2 \\+ cached 3 \\+ private 0 != 6"):
+        laws.pages_are_partitioned([Pool("full", 2, 3, 1, 6), Pool("SWA", 2, 3, 0, 6)])
+
+
+def test_cached_blocks_hold_their_prefix_reads_every_position_of_the_page() -> None:
+    laws = written()[0]
+    laws.cached_blocks_hold_their_prefix([CachedKV(0, "a", (5, 6, 7, 8), range(2, 4))])
+    laws.cached_blocks_hold_their_prefix([CachedKV(0, "a", (5, 6, 7), range(2, 4))])
+    stale = "cached_blocks_hold_their_prefix: slot 5 \\(position 5\\) .* holds KV of 6 tokens"
+    with pytest.raises(IntegrityError, match=stale):
+        laws.cached_blocks_hold_their_prefix([CachedKV(0, "a", (5, 6, 7, 8, 1, 1), range(4, 6))])
+    with pytest.raises(IntegrityError, match="cached_blocks_hold_their_prefix: slot 3 .* group 1"):
+        laws.cached_blocks_hold_their_prefix([CachedKV(1, "a", (5, 6, 7, 9), range(2, 4))])
+
+
+def test_a_state_slot_holds_the_state_it_is_read_as() -> None:
+    shadow = StateShadow()
+    shadow.write(3, "a", (1, 2))
+    shadow.copy(3, 4)
+    shadow.expect("state_law", "request 1", 4, "a", (1, 2))
+    shadow.copy(9, 4)
+    with pytest.raises(IntegrityError, match="^state_law: request 1 reads state slot 4, which holds no state"):
+        shadow.expect("state_law", "request 1", 4, "a", (1, 2))
+    shadow.clear(3)
+    with pytest.raises(IntegrityError, match="holds no state"):
+        shadow.expect("state_law", "request 1", 3, "a", (1, 2))
+
+
+def test_each_tree_core_gets_laws_of_its_own() -> None:
+    class Both:
+        def __init__(self) -> None:
+            self.cores = [("rust", View()), ("python", View())]
+
+    laws = laws_for(Both())
+    assert [law.label for law in laws] == ["rust core: ", "python core: "]
+    assert len(laws_for(View())) == 1
