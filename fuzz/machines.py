@@ -11,7 +11,6 @@ from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
 from .registry import IMPLEMENTATIONS, MACHINES
-from .targets import resolve
 from .targets.api import TargetInfo
 
 
@@ -98,18 +97,10 @@ def machine_for(
         "__module__": base.__module__,
         "SHALLOW": shallow,
     }
-    drives = MACHINES[name].drives
-    if drives == "layer":
-        infos = tuple(target if isinstance(target, TargetInfo) else resolve(target, check=False) for target in targets)
-        attributes["TARGETS"] = infos
-        attributes["LRU"] = lru or (infos[0].profile.default_lru if len(infos) == 1 else "strict")
-    elif drives == "router":
-        infos = tuple(target if isinstance(target, TargetInfo) else resolve(target, check=False) for target in targets)
-        attributes["ROUTERS"] = tuple(info for info in infos if info.router_factory is not None)
-        workers = tuple(info for info in infos if info.router_factory is None)
-        if workers:
-            attributes["WORKERS"] = workers
-    elif drives == "device":
+    entry = MACHINES[name]
+    if entry.layer is not None:
+        attributes.update(entry.layer.configure(targets, lru))
+    elif entry.drives == "device":
         attributes["DEVICE"] = device
     else:
         attributes["IMPLS"] = targets

@@ -25,8 +25,6 @@ from .options import options
 if TYPE_CHECKING:
     from .targets.api import TargetInfo
 
-LAYERS = ("cache", "manager", "hybrid")
-
 
 def positive(text: str) -> int:
     value = int(text)
@@ -115,14 +113,15 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not names:
         return
     from .targets import TargetError, resolve
+    from .targets.layers import layers_of
 
     for name in names:
         try:
             info = resolve(name)
         except TargetError as exc:
             raise pytest.UsageError(f"--radixspec-target {name}: {exc}") from None
-        layers = [layer for layer in LAYERS if getattr(info, f"{layer}_factory") is not None]
-        for layer in layers:
+        # every layer of the target that a user's tests drive (fuzz/targets/layers.py)
+        for layer in [layer.name for layer in layers_of(info) if layer.user]:
             items.append(
                 MachineItem.from_parent(session, name=f"radixspec[{layer}:{name}]", layer=layer, target=name, info=info)
             )

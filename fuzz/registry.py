@@ -12,14 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .targets.api import TargetInfo
+from .targets.layers import LAYERS, Layer
 from .targets.ours import HYBRID_IMPLEMENTATIONS, IMPLEMENTATIONS
 
-# what a machine drives beside the spec, and so how machine_for configures it (the router machine: routers with a
-# ``router_factory`` as ROUTERS, beside ours, over workers that are the selected caches or ours, as WORKERS):
-# "layer": any target that has its ``layer`` (a TargetInfo factory), as TARGETS (TargetInfo objects) with an LRU
-#          mode; "ours": our implementations only, by name, as IMPLS; "device": the optimized layer on a device,
-#          as DEVICE; "hybrid": our hybrid twins and targets with a hybrid factory, as IMPLS
-DRIVES = ("layer", "ours", "device", "hybrid", "router")
+# what a machine drives beside the spec, and so how machine_for configures it: a layer of fuzz/targets/layers.py
+# (the targets with that layer's factory, and ours), or "ours" (our implementations only, by name, as IMPLS), or
+# "device" (the optimized layer on a device, as DEVICE)
+DRIVES = ("ours", "device", *LAYERS)
 
 
 @dataclass(frozen=True)
@@ -30,39 +29,32 @@ class MachineEntry:
     module: str
     attribute: str
     drives: str
-    # for drives == "layer": the TargetInfo attribute a target needs (cache_factory, manager_factory)
-    layer: str | None
     what: str
+
+    @property
+    def layer(self) -> Layer | None:
+        """The layer it drives, if it drives one."""
+        return LAYERS.get(self.drives)
 
     def can_drive(self, names: Sequence[str], foreign: Mapping[str, TargetInfo]) -> bool:
         """Whether it drives every selected target (``names``; ``foreign``: those not ours, resolved)."""
-        if self.drives == "layer":
-            return all(getattr(info, str(self.layer)) is not None for info in foreign.values())
-        if self.drives == "hybrid":
-            return all(
-                name in HYBRID_IMPLEMENTATIONS or (name in foreign and foreign[name].hybrid_factory is not None)
-                for name in names
-            )
-        if self.drives == "router":
-            # routers selected, over workers: the selected caches that take the caller's pages and evict and reset on
-            # request (ours, SGLang's legacy RadixCache, a user's), else both of ours
-            return any(info.router_factory is not None for info in foreign.values()) and all(
-                info.router_factory is not None or serves_as_worker(info) for info in foreign.values()
-            )
+        layer = self.layer
+        if layer is not None:
+            return layer.can_drive(names, foreign)
         return not foreign  # "ours" and "device": our implementations only
 
 
-def _entry(name: str, attribute: str, drives: str, what: str, layer: str | None = None) -> MachineEntry:
-    assert drives in DRIVES and (layer is not None) == (drives == "layer"), name
-    return MachineEntry(name, f"radixspec.fuzz.{name}_machine", attribute, drives, layer, what)
+def _entry(name: str, attribute: str, drives: str, what: str) -> MachineEntry:
+    assert drives in DRIVES, name
+    return MachineEntry(name, f"radixspec.fuzz.{name}_machine", attribute, drives, what)
 
 
 # in the order a campaign cycles through them
 MACHINES: dict[str, MachineEntry] = {
     entry.name: entry
     for entry in (
-        _entry("cache", "CacheMachine", "layer", "prefix caches against the spec", layer="cache_factory"),
-        _entry("manager", "ManagerMachine", "layer", "cache managers against the spec's relations", "manager_factory"),
+        _entry("cache", "CacheMachine", "cache", "prefix caches against the spec"),
+        _entry("manager", "ManagerMachine", "manager", "cache managers against the spec's relations"),
         _entry("scheduler", "SchedulerMachine", "ours", "schedulers (overlap, aborts) against a no-sharing run"),
         _entry("kv", "KVStoreMachine", "device", "the KV pool's store against a model of it"),
         _entry("hybrid", "HybridMachine", "hybrid", "hybrid (sliding window) caches against the spec"),
@@ -70,21 +62,8 @@ MACHINES: dict[str, MachineEntry] = {
         _entry("router", "RouterMachine", "router", "a router's index of many workers against their caches"),
     )
 }
-
-
-def serves_as_worker(info: TargetInfo) -> bool:
-    """Whether a cache target can be a worker of the router machine: it takes the caller's pages, and a small one
-    shows its pages, evicts and resets on request and emits KV events (built here, as ``check_methods`` does)."""
-    from .targets.api import CacheCapabilities
-
-    profile = info.profile
-    if info.cache_factory is None or profile.slots != "caller" or profile.eviction_trigger != "evict":
-        return False
-    try:
-        caps = CacheCapabilities.of(info.cache_factory(info.page_sizes[0] if info.page_sizes else 1, 16))
-    except Exception:  # a factory that cannot build here: not a worker (resolve reports why)
-        return False
-    return all((caps.pages, caps.evicts, caps.resets, caps.events))
+# every layer's machine is in the registry, driving that layer
+assert all(MACHINES[layer.machine].drives == layer.name for layer in LAYERS.values())
 
 
 def machines_for(names: Sequence[str], foreign: Mapping[str, TargetInfo]) -> list[str]:
@@ -92,4 +71,10 @@ def machines_for(names: Sequence[str], foreign: Mapping[str, TargetInfo]) -> lis
     return [name for name, entry in MACHINES.items() if entry.can_drive(names, foreign)]
 
 
-__all__ = ["HYBRID_IMPLEMENTATIONS", "IMPLEMENTATIONS", "MACHINES", "MachineEntry", "machines_for"]
+__all__ = [
+    "HYBRID_IMPLEMENTATIONS",
+    "IMPLEMENTATIONS",
+    "MACHINES",
+    "MachineEntry",
+    "machines_for",
+]

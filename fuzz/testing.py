@@ -32,7 +32,7 @@ import unittest
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck
 from hypothesis import settings as Settings
@@ -46,6 +46,7 @@ from .options import Options, options
 from .stats import STATS
 from .targets import TargetError, check_methods, resolve
 from .targets.api import CacheManagerTarget, PrefixCacheTarget, Profile, TargetInfo
+from .targets.layers import LAYERS
 
 # a factory's target's handle type, and its request type (a manager's)
 H = TypeVar("H")
@@ -69,7 +70,7 @@ def cache_machine(
     """The cache machine driving the spec beside ``factory(page_size, num_pages)``'s cache. ``profile``:
     where the cache differs from the spec (default: the factory's ``profile`` attribute, else the exact
     one); ``lru``: "strict" or "sync" (default: the profile's)."""
-    info = target_info("cache", factory, profile, name, lambda info: replace(info, cache_factory=factory))
+    info = target_info("cache", factory, profile, name)
     return user_machine("cache", info, lru, settings)
 
 
@@ -83,7 +84,7 @@ def manager_machine(
 ) -> type[RuleBasedStateMachine]:
     """The manager machine driving the spec's page accounting beside ``factory(num_pages, page_size, rows,
     max_seq_len)``'s cache manager (request lifecycles: match, allocate, cache, free)."""
-    info = target_info("manager", factory, profile, name, lambda info: replace(info, manager_factory=factory))
+    info = target_info("manager", factory, profile, name)
     return user_machine("manager", info, lru, settings)
 
 
@@ -95,7 +96,7 @@ def hybrid_machine(
 ) -> type[RuleBasedStateMachine]:
     """The hybrid machine driving ``factory(page_size, windows, num_pages)``'s manager of several attention
     groups (full attention and sliding windows) under the universal checks (docs/hybrid.md)."""
-    info = target_info("hybrid", factory, None, name, lambda info: replace(info, hybrid_factory=factory))
+    info = target_info("hybrid", factory, None, name)
     return user_machine("hybrid", info, None, settings)
 
 
@@ -111,15 +112,9 @@ def importable_name(factory: object) -> str | None:
     return f"{module}:{qualname}" if found.name else None
 
 
-def target_info(
-    layer: str,
-    factory: object,
-    profile: Profile | None,
-    name: str | None,
-    with_factory: Callable[[TargetInfo], TargetInfo],
-) -> TargetInfo:
-    """A TargetInfo for ``factory`` at ``layer`` (``with_factory`` sets it as that layer's factory); TypeError
-    naming what is wrong, before any test runs."""
+def target_info(layer: str, factory: object, profile: Profile | None, name: str | None) -> TargetInfo:
+    """A TargetInfo with ``factory`` as its factory of ``layer`` (fuzz/targets/layers.py); TypeError naming what
+    is wrong, before any test runs."""
     if isinstance(factory, TargetInfo):
         return factory
     if not callable(factory):
@@ -131,10 +126,11 @@ def target_info(
     chosen = profile or (declared if isinstance(declared, Profile) else None)
     doc = (getattr(factory, "__doc__", None) or "").strip()
     description = doc.splitlines()[0] if doc else label
-    info = with_factory(TargetInfo(name=label, description=description))
+    made: dict[str, Any] = {LAYERS[layer].factory: factory}
+    info = TargetInfo(name=label, description=description, **made)
     if chosen is not None:
         info = replace(info, profile=chosen)
-    if layer in ("cache", "manager"):
+    if LAYERS[layer].protocol is not None:
         try:
             check_methods(info)
         except TargetError as exc:
@@ -148,7 +144,7 @@ def user_machine(
     """``machine_for`` over one TargetInfo, with a ``TestCase`` that honours the plugin's options and writes a
     regression file when it fails."""
     machine = machine_for(layer, (info,), lru=lru)
-    replay_name = importable_name(info.cache_factory or info.manager_factory or info.hybrid_factory) or info.name
+    replay_name = importable_name(LAYERS[layer].factory_of(info)) or info.name
     # as Hypothesis's own TestCase: the user's loaded profile, no deadline, no health check; a user may set
     # TestMyCache.settings as for any state machine
     chosen = settings or Settings(deadline=None, suppress_health_check=list(HealthCheck))

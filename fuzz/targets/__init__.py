@@ -36,6 +36,7 @@ from .api import (
     TargetError,
     TargetInfo,
 )
+from .layers import layers_of
 from .releases import VARIANTS, check_release
 
 ENTRY_POINT_GROUP = "radixspec.targets"
@@ -164,16 +165,14 @@ def check_methods(info: TargetInfo) -> None:
     """Build one small instance of each of the target's factories and check that it has every method its
     profile promises; TargetError naming what is missing (a command-line error, never a fuzz failure)."""
     p = info.page_sizes[0] if info.page_sizes else 1
-    made: list[tuple[str, type, Callable[[], object]]] = []
-    if info.cache_factory is not None:
-        cache_factory = info.cache_factory
-        made.append((f"cache_factory({p}, 16)", PrefixCacheTarget, lambda: cache_factory(p, 16)))
-    if info.manager_factory is not None:
-        manager_factory = info.manager_factory
-        made.append((f"manager_factory(16, {p}, 4, 64)", CacheManagerTarget, lambda: manager_factory(16, p, 4, 64)))
-    for call, protocol, make in made:
+    for layer in layers_of(info):
+        factory = layer.factory_of(info)
+        if layer.protocol is None or layer.example is None or factory is None:
+            continue  # a layer whose machine checks its targets as it builds them
+        protocol, args = layer.protocol, layer.example(p)
+        call = f"{layer.factory}({', '.join(map(str, args))})"
         try:
-            target = make()
+            target = factory(*args)
         except Exception as exc:  # a user's factory that cannot build: a setup problem, reported as such
             raise TargetError(f"target {info.name!r}: {call} raised {exc!r}") from None
         profile = getattr(target, "profile", info.profile)
@@ -252,13 +251,7 @@ def list_targets() -> list[str]:
                 ready = "ready"
             except TargetError as exc:
                 ready = f"NOT READY: {exc}"
-        layers = (
-            ("cache", info.cache_factory),
-            ("manager", info.manager_factory),
-            ("hybrid", info.hybrid_factory),
-            ("router", info.router_factory),
-        )
-        kinds = "+".join(k for k, f in layers if f)
+        kinds = "+".join(layer.name for layer in layers_of(info))
         lines.append(f"{name:<{width}} {info.description}")
         lines.append(
             f"{'':<{width}} machines: {kinds}; profile: {info.profile.name}; default LRU: {info.profile.default_lru}"
