@@ -119,6 +119,21 @@ class Profile:
 EXACT = Profile(name="exact (the spec's semantics)")
 
 
+def lifecycle_profile(name: str, *notes: str) -> Profile:
+    """The profile every request-lifecycle target shares (an engine's cache as its scheduler drives it): whole
+    nodes or blocks evicted when the allocator needs pages, the engine's own clock and pages, no validation of
+    ours (the scheduler's checks refuse what it cannot serve); ``notes``: where this engine differs."""
+    return Profile(
+        name=name,
+        eviction_unit="node",
+        eviction_trigger="allocate",
+        clock="order",
+        errors="none",
+        slots="target",
+        notes=notes,
+    )
+
+
 @runtime_checkable
 class PrefixCacheTarget(Protocol[H]):
     """A prefix cache seen through lists and ints. What it may offer beyond this is a capability, a protocol of

@@ -39,27 +39,20 @@ from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import Pool
 from ..stats import STATS
-from .api import Profile, TargetInfo
+from .api import TargetInfo, lifecycle_profile
 from .sglang import VERSION
 from .shims import bare, import_with_stand_ins, install, package_root, register, stub, stub_any
 
 if TYPE_CHECKING:
     import torch
 
-PROFILE = Profile(
-    name=f"sglang {VERSION} UnifiedRadixCache FULL + SWA",
-    eviction_unit="node",
-    eviction_trigger="allocate",
-    clock="order",
-    errors="none",
-    slots="target",
-    notes=(
-        "window_tokens: after an SWA tombstone a match needs W live tokens, one more than the spec's W - 1",
-        "holes: SWA tombstones; an insert over a tombstone adopts the request's new slots (healing)",
-        "full_evicts_window: evicting a full leaf frees its SWA value too",
-        "pools: one full pool and one SWA pool, tied by a full-to-SWA index mapping",
-        "the insert frees the duplicates of [prev_prefix_len, prefix_len) itself, full and SWA",
-    ),
+PROFILE = lifecycle_profile(
+    f"sglang {VERSION} UnifiedRadixCache FULL + SWA",
+    "window_tokens: after an SWA tombstone a match needs W live tokens, one more than the spec's W - 1",
+    "holes: SWA tombstones; an insert over a tombstone adopts the request's new slots (healing)",
+    "full_evicts_window: evicting a full leaf frees its SWA value too",
+    "pools: one full pool and one SWA pool, tied by a full-to-SWA index mapping",
+    "the insert frees the duplicates of [prev_prefix_len, prefix_len) itself, full and SWA",
 )
 
 # pure helpers of sglang/srt/utils/common.py (the module imports orjson, triton, psutil): their own source

@@ -46,7 +46,7 @@ from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import Pool
 from ..stats import STATS
-from .api import Profile, TargetError, TargetInfo
+from .api import Profile, TargetError, TargetInfo, lifecycle_profile
 from .sglang import VERSION
 from .sglang_swa import import_swa_cache, mapping_pool
 
@@ -56,15 +56,7 @@ if TYPE_CHECKING:
 
 def unified_profile(components: str, *notes: str) -> Profile:
     """The profile of SGLang's unified cache with ``components``: what every tree of it does, and ``notes``."""
-    return Profile(
-        name=f"sglang {VERSION} UnifiedRadixCache {components}",
-        eviction_unit="node",
-        eviction_trigger="allocate",
-        clock="order",
-        errors="none",
-        slots="target",
-        notes=notes,
-    )
+    return lifecycle_profile(f"sglang {VERSION} UnifiedRadixCache {components}", *notes)
 
 
 PROFILE = unified_profile(
