@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import types
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -166,21 +168,121 @@ class RequestTable:
         self.req_to_token[index] = values
 
 
+# SGLang reads this switch at each checkpoint (the SWA component frees a running request's out-of-window slots)
+OUT_OF_WINDOW = "SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS"
+
+
+@dataclass(frozen=True)
+class SlidingWindow:
+    """SGLang's SWA component as a manager combines it with the others: the window, its pool (smaller than the
+    full one, as SGLang sizes it: window slots run short first) tied to the full pool by the full-to-SWA index
+    mapping, and whether a checkpoint frees a running request's out-of-window slots. Its methods take the
+    manager whose allocator and tree they read."""
+
+    window: int
+    pages: int
+    out_of_window: bool
+
+    @staticmethod
+    def sized(window: int, num_pages: int, out_of_window: bool) -> SlidingWindow:
+        return SlidingWindow(window, max(2, (3 * num_pages) // 4), out_of_window)
+
+    def allocator(self, m: SGLangUnifiedManager) -> Any:
+        p = m.page_size
+        return m.v.swa.SWATokenToKVPoolAllocator(
+            size=m.num_pages * p,
+            size_swa=self.pages * p,
+            page_size=p,
+            dtype=m.torch.float16,
+            device="cpu",
+            kvcache=mapping_pool(m.v),
+            need_sort=False,
+            req_to_token_pool=m.table,
+        )
+
+    def slot(self, m: SGLangUnifiedManager, full: int) -> int | None:
+        """The SWA slot paired with a full slot (None: freed or tombstoned)."""
+        swa = int(m.alloc.full_to_swa_index_mapping[full])
+        return None if swa <= 0 else swa
+
+    def column(self, m: SGLangUnifiedManager, full: Sequence[int]) -> list[int | None]:
+        return [self.slot(m, f) for f in full]
+
+    def holes(self, m: SGLangUnifiedManager, key: object, tokens: int) -> list[range]:
+        """The tree core's SWA tombstones along the whole pages of the key (key units: bigrams under EAGLE)."""
+        units = (tokens - int(m.eagle)) // m.page_size * m.page_size
+        ranges = m.cache.tree_core.swa_tombstone_ranges(key, 0, units) if units > 0 else []
+        return [range(a, b) for a, b in ranges]
+
+    def holds(self, page_size: int, holes: list[range], end: int) -> bool:
+        """The page ending at ``end`` has live SWA (no tombstone in it)."""
+        page = range(max(0, end - page_size), end)
+        return not any(h and page.start < h.stop and h.start < page.stop for h in holes)
+
+    def slide(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, start: int) -> None:
+        """A decoding request first frees the window slots it passed (``maybe_evict_swa``)."""
+        if start >= len(record.origin_input_ids):
+            STATS.record_rule("sglang-swa.evict_sliding_windows")
+            m.cache.evict_sliding_windows(record, len(req.input_ids) - 1)
+            req.rows = m.page_rows(record, start)
+
+    def alloc_tokens(self, m: SGLangUnifiedManager, need: int) -> torch.Tensor | None:
+        """Page size 1 (``alloc_token_slots``): evict both shortfalls, then allocate."""
+        full_short = need - m.alloc.full_available_size()
+        swa_short = need - m.alloc.swa_available_size()
+        if full_short > 0 or swa_short > 0:
+            STATS.record_rule("sglang.evict_for_alloc")
+            m.cache.evict_for_alloc(
+                m.v.base.EvictParams(num_tokens=max(0, full_short), swa_num_tokens=max(0, swa_short))
+            )
+        out: torch.Tensor | None = m.alloc.alloc(need)
+        return out
+
+    @contextmanager
+    def checkpointing(self) -> Iterator[None]:
+        """SGLang reads the out-of-window switch at each checkpoint: set for this manager's calls only."""
+        before = os.environ.get(OUT_OF_WINDOW)
+        os.environ[OUT_OF_WINDOW] = "true" if self.out_of_window else "false"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[OUT_OF_WINDOW]
+            else:
+                os.environ[OUT_OF_WINDOW] = before
+
+    def pool(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> Pool:
+        """The SWA pool, in pages: a live request holds privately the pages past its protected prefix with live
+        SWA."""
+        p, private = m.page_size, 0
+        for req in live_reqs:
+            kv = m.records[req.uid].kv
+            row = m.row(m.records[req.uid], kv.kv_allocated_len)
+            private += sum(
+                1 for first in range(kv.cache_protected_len, len(row), p) if self.slot(m, row[first]) is not None
+            )
+        cached = int(m.cache.swa_evictable_size() + m.cache.swa_protected_size()) // p
+        return Pool("SWA", m.alloc.swa_available_size() // p, cached, private, self.pages)
+
+
 class SGLangUnifiedManager:
-    """SGLang's unified cache (FULL) and paged allocator behind the hybrid manager's methods, on one tree core."""
+    """SGLang's unified cache and its allocator behind the hybrid manager's methods, on one tree core: FULL, with
+    the SWA component (``swa``) where a subclass sets it, the MAMBA one in ``sglang_unified_mamba.py``."""
 
     profile = PROFILE
     # a refusal is an OutOfPagesError of ours (the scheduler's checks); anything else escaping SGLang is a crash
     raises_only_cache_errors = True
     # whether the tree keys by bigrams when the server runs EAGLE (SGLang: not with a MAMBA component)
     bigram_keys_under_eagle = True
+    # the SWA component, where the model has sliding-window layers
+    swa: SlidingWindow | None = None
 
     def __init__(self, page_size: int, num_pages: int, core: str, policy: str, eagle: bool = False) -> None:
         import torch
 
         self.torch = torch
         v = self.v = import_swa_cache()
-        self.windows: tuple[hy.Window, ...] = (None,)
+        self.windows: tuple[hy.Window, ...] = (None,) if self.swa is None else (None, self.swa.window)
         self.page_size, self.num_pages, self.core = page_size, num_pages, core
         # the tree's keys are bigrams: EAGLE's (``is_eagle``), where the components take them
         self.eagle = eagle and self.bigram_keys_under_eagle
@@ -208,7 +310,9 @@ class SGLangUnifiedManager:
         return RequestTable(self.torch.zeros((ROWS, ROW_TOKENS), dtype=self.torch.int64), list(range(ROWS)))
 
     def make_allocator(self) -> Any:
-        """SGLang's paged allocator over the pool (a mapping-only KV pool: no tensors)."""
+        """SGLang's paged allocator over the pool (a mapping-only KV pool: no tensors); with SWA, its SWA one."""
+        if self.swa is not None:
+            return self.swa.allocator(self)
         paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
         return paged.PagedTokenToKVPoolAllocator(
             size=self.num_pages * self.page_size,
@@ -220,8 +324,11 @@ class SGLangUnifiedManager:
         )
 
     def components(self) -> dict[str, object]:
-        """The tree's components, as SGLang builds them for a dense model."""
-        return {"tree_components": (self.v.components.FULL,)}
+        """The tree's components, as SGLang builds them for the model (a dense one: FULL only)."""
+        c = self.v.components
+        if self.swa is None:
+            return {"tree_components": (c.FULL,)}
+        return {"tree_components": (c.FULL, c.SWA), "sliding_window_size": self.swa.window}
 
     # ------------------------------------------------------------ reading SGLang's state
 
@@ -246,13 +353,19 @@ class SGLangUnifiedManager:
         return [int(s) for s in self.table.req_to_token[record.kv.req_pool_idx, :length].tolist()]
 
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
-        """The request's row as the spec counts it: the first slot of each page."""
-        return [list(self.row(record, length)[:: self.page_size])]
+        """The request's rows as the spec counts them: the first slot of each page (SWA: its paired slot)."""
+        full = self.row(record, length)[:: self.page_size]
+        rows: list[list[int | None]] = [list(full)]
+        if self.swa is not None:
+            rows.append(self.swa.column(self, full))
+        return rows
 
     def kv_slots(self, req: HybridReq) -> list[list[int | None]]:
-        """Per group, the slot of each allocated position (fuzz/lifecycle.py): the row as SGLang keeps it."""
+        """Per group, the slot of each allocated position (fuzz/lifecycle.py): the row as SGLang keeps it, and
+        with SWA the slot paired with each."""
         record = self.records[req.uid]
-        return [list(self.row(record, record.kv.kv_allocated_len))]
+        full = self.row(record, record.kv.kv_allocated_len)
+        return [list(full)] if self.swa is None else [list(full), self.swa.column(self, full)]
 
     # ------------------------------------------------------------ the scheduler's lifecycle
 
@@ -294,16 +407,49 @@ class SGLangUnifiedManager:
         return self.v.base.MatchPrefixParams(key=key, req=record)
 
     def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
-        """The hit is the hit rule's longest valid match of the pages the events say the cache holds."""
-        tokens = req.input_ids[:-1]
+        """The hit by the hit rule over what the cache holds, per group: the full pages the events say it holds,
+        live SWA in the window (the tree core's tombstones), a state of exactly the prefix (Mamba). Without a
+        window it is the longest valid match; with one, a valid match never longer (SGLang asks W live tokens
+        after a tombstone, one more than needed: shorter hits are counted). Then the components' part of the
+        match (Mamba: the state's copy)."""
+        tokens = len(req.input_ids) - 1
+        full = self.event_pages(req, cached)
+        holes = [] if self.swa is None else self.swa.holes(self, key, tokens)
+
+        def is_cached(group: int, end: int) -> bool:
+            kind = self.windows[group]
+            if kind is None:
+                return full(0, end)
+            if kind == hr.STATE:
+                return full(0, end) and self.has_state(req, end)
+            return full(0, end) and self.swa is not None and self.swa.holds(self.page_size, holes, end)
+
         # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
         rule = hr.HitRule(self.page_size, self.windows, self.page_size, lookahead=int(self.eagle))
-        expected = hr.compute_hit(rule, self.event_pages(req, cached), len(tokens), len(tokens))
-        if hit != expected:
+        longest = hr.compute_hit(rule, is_cached, tokens, tokens)
+        why = "the events' pages" + ("" if self.swa is None else f", the SWA tombstones {holes}")
+        why += ", the tree's states" if hr.STATE in self.windows else ""
+        if self.swa is None and hit != longest:
             raise IntegrityError(
-                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens;"
-                f" the cache's events say it holds {expected}"
+                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {tokens} tokens; by {why} the"
+                f" longest valid match is {longest}"
             )
+        if hit > longest or (hit and not hr.is_valid_length(rule, hit, is_cached)):
+            raise IntegrityError(
+                f"hit_is_a_valid_match: request {req.uid} hit {hit} of {tokens} tokens; by {why} the longest valid"
+                f" match is {longest}"
+            )
+        if hit < longest:
+            STATS.record_rule("sglang-swa.hit_below_the_spec")
+        self.adopt(req, record, hit)
+
+    def has_state(self, req: HybridReq, end: int) -> bool:
+        """The tree held, before the match, a recurrent state of exactly the prompt's first ``end`` tokens
+        (none without a MAMBA component)."""
+        return False
+
+    def adopt(self, req: HybridReq, record: Record, hit: int) -> None:
+        """The components' part of a match, once the hit is judged (Mamba: the request's state)."""
 
     def event_pages(self, req: HybridReq, cached: dict[pc.PageKey, int]) -> hr.IsCached:
         """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
@@ -332,7 +478,12 @@ class SGLangUnifiedManager:
         return length
 
     def allocate_slots(self, req: HybridReq, record: Record, start: int, length: int) -> torch.Tensor | None:
-        """Evict what the scheduler's conservative demand (a new page beside the tokens) exceeds, then extend."""
+        """Evict what the scheduler's conservative demand (a new page beside the tokens) exceeds, then extend;
+        with SWA a decoding request first frees the window slots it passed, and page size 1 allocates tokens."""
+        if self.swa is not None:
+            self.swa.slide(self, req, record, start)
+            if self.page_size == 1:
+                return self.swa.alloc_tokens(self, length - start)
         tensor = self.torch.tensor
         shortfall = length - start + self.page_size - self.alloc.available_size()
         if shortfall > 0:
@@ -351,7 +502,16 @@ class SGLangUnifiedManager:
         record.full_untruncated_fill_ids = array("q", req.input_ids)
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
-        """checkpoint_kv_cache after a chunk; release_kv_cache when the request finishes or is aborted.
+        """checkpoint_kv_cache after a chunk; release_kv_cache when the request finishes or is aborted (with
+        SWA under this manager's out-of-window switch)."""
+        if self.swa is None:
+            self.checkpoint_or_release(req, finished)
+            return
+        with self.swa.checkpointing():
+            self.checkpoint_or_release(req, finished)
+
+    def checkpoint_or_release(self, req: HybridReq, finished: bool) -> None:
+        """The scheduler's call after a chunk, or at the end.
 
         The scheduler checkpoints only after a chunk was computed, so a running request with nothing computed
         since its match or last checkpoint is left alone (a checkpoint then is no state SGLang reaches: under
@@ -432,7 +592,10 @@ class SGLangUnifiedManager:
             for r in live_reqs
         )
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
-        return [Pool("full", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
+        if self.swa is None:
+            return [Pool("full", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
+        full = Pool("full", self.alloc.full_available_size() // p, tree // p, private, self.num_pages)
+        return [full, self.swa.pool(self, live_reqs)]
 
     def cached_page_count(self) -> int:
         """Pages the tree holds (the reach of a campaign)."""

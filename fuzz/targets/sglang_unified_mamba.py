@@ -42,9 +42,8 @@ from typing import TYPE_CHECKING, Any, cast
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
-from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
-from radixspec.spec.errors import IntegrityError, OutOfPagesError
+from radixspec.spec.errors import OutOfPagesError
 
 from ..lifecycle import Pool, StateShadow
 from ..stats import STATS
@@ -60,9 +59,9 @@ from .sglang_unified import (
     Record,
     RequestTable,
     SGLangUnifiedManager,
+    SlidingWindow,
     unified_profile,
 )
-from .sglang_unified_swa import SGLangSWAUnifiedManager
 from .shims import install
 
 if TYPE_CHECKING:
@@ -237,9 +236,9 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         if core == "rust":
             adapter: Any = importlib.import_module("sglang.srt.mem_cache.rust_tree_core.adapter")
             adapter.get_exec, adapter.mamba_cache_chunk_size = (lambda: settings), mamba.mamba_cache_chunk_size
-        # the unified manager's own set-up (with SWA beside, the combined class sets the window's part)
-        SGLangUnifiedManager.__init__(self, page_size, num_pages, core, policy, eagle)
-        self.windows = (None, hr.STATE)
+        super().__init__(page_size, num_pages, core, policy, eagle)
+        # the state group after the KV groups (full attention, and the window where SWA is combined)
+        self.windows = (*self.windows, hr.STATE)
         # the prefixes of the states the tree holds, as last read before a match
         self.tree_states: set[StateOf] = set()
 
@@ -256,8 +255,14 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         return cast(RequestTable, table)
 
     def components(self) -> dict[str, object]:
-        c = self.v.components
-        return {"tree_components": (c.FULL, c.MAMBA), "enable_mamba_extra_buffer": self.buffer is not None}
+        """The KV components, then MAMBA with or without its extra buffer."""
+        found = super().components()
+        kv = found["tree_components"]
+        assert isinstance(kv, tuple)
+        return found | {
+            "tree_components": (*kv, self.v.components.MAMBA),
+            "enable_mamba_extra_buffer": self.buffer is not None,
+        }
 
     # ------------------------------------------------------------ reading SGLang's state
 
@@ -298,12 +303,12 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         return bool(self.slots.available_size() >= needed)
 
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
-        """The full row, and the state group's: the request's state slot at the page of its last computed token."""
-        full = SGLangUnifiedManager.page_rows(self, record, length)[0]
-        state: list[int | None] = [None] * len(full)
+        """The KV rows, and the state group's: the request's state slot at the page of its last computed token."""
+        rows = super().page_rows(record, length)
+        state: list[int | None] = [None] * len(rows[0])
         if record.extend_end and record.kv.mamba_pool_idx is not None:
             state[(record.extend_end - 1) // self.page_size] = int(record.kv.mamba_pool_idx)
-        return [full, state]
+        return [*rows, state]
 
     # ------------------------------------------------------------ the state's lifecycle
 
@@ -319,28 +324,11 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         self.tree_states = {s for slot in self.tree_slots() if (s := self.pool.shadow.get(slot)) is not None}
         return self.v.base.MatchPrefixParams(key=key, req=record, cow_mamba=True)
 
-    def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
-        """The longest length with full KV before it and a state of exactly that prefix; then the copy."""
-        tokens = req.input_ids[:-1]
-        full = self.event_pages(req, cached)
-
-        def is_cached(group: int, end: int) -> bool:
-            return full(0, end) if group == 0 else self.has_state(req, end)
-
-        rule = hr.HitRule(self.page_size, self.windows, self.page_size)
-        expected = hr.compute_hit(rule, is_cached, len(tokens), len(tokens))
-        if hit != expected:
-            raise IntegrityError(
-                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {len(tokens)} tokens; with full KV"
-                f" and a cached state for exactly that prefix the longest is {expected}"
-            )
-        self.adopt_state(req, record, hit)
-
     def has_state(self, req: HybridReq, end: int) -> bool:
         """The tree held, before the match, a state of exactly the prompt's first ``end`` tokens."""
         return (req.namespace, tuple(req.input_ids[:end])) in self.tree_states
 
-    def adopt_state(self, req: HybridReq, record: Record, hit: int) -> None:
+    def adopt(self, req: HybridReq, record: Record, hit: int) -> None:
         """The request's state after the match: the hit's, copied (checked), or a cleared one."""
         tokens = req.input_ids[:-1]
         source = record.kv.mamba_cow_src_index
@@ -442,8 +430,9 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         return [*super().pools(live_reqs), Pool("state", self.slots.available_size(), cached, held, self.states)]
 
 
-class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
-    """FULL + SWA + MAMBA (a hybrid model with sliding-window and linear-attention layers)."""
+class SGLangSWAMambaManager(SGLangMambaUnifiedManager):
+    """FULL + SWA + MAMBA (a hybrid model with sliding-window and linear-attention layers): the Mamba manager with
+    the SWA component, as SGLang combines them (SWA slots freed out of the window at checkpoints: its default)."""
 
     profile = PROFILE
 
@@ -459,35 +448,8 @@ class SGLangSWAMambaManager(SGLangMambaUnifiedManager, SGLangSWAUnifiedManager):
         buffer: ExtraBuffer | None = None,
         eagle: bool = False,
     ) -> None:
-        self.window, self.out_of_window, self.swa_pages = window, True, max(2, (3 * num_pages) // 4)
+        self.swa = SlidingWindow.sized(window, num_pages, True)
         super().__init__(num_pages, core, policy, states, max_states_per_path, page_size, buffer, eagle)
-        self.windows = (None, window, hr.STATE)
-
-    def components(self) -> dict[str, object]:
-        c = self.v.components
-        return {
-            "tree_components": (c.FULL, c.SWA, c.MAMBA),
-            "sliding_window_size": self.window,
-            "enable_mamba_extra_buffer": self.buffer is not None,
-        }
-
-    def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
-        full, state = SGLangMambaUnifiedManager.page_rows(self, record, length)
-        return [full, SGLangSWAUnifiedManager.page_rows(self, record, length)[1], state]
-
-    def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
-        """Valid by the three groups (full KV, live SWA in the window, a state of exactly the prefix), never
-        longer than the longest valid match; then the state's copy."""
-        full, holes = self.event_pages(req, cached), self.swa_holes(key, len(req.input_ids) - 1)
-
-        def is_cached(group: int, end: int) -> bool:
-            kind = self.windows[group]
-            holds = self.has_state(req, end) if kind == hr.STATE else kind is None or self.window_holds(holes, end)
-            return full(0, end) and holds
-
-        why = f"the events' pages, the SWA tombstones {holes} and the tree's states"
-        self.judge_valid(req, hit, hr.HitRule(self.page_size, self.windows, self.page_size), is_cached, why)
-        self.adopt_state(req, record, hit)
 
 
 def target(argument: str | None) -> TargetInfo:
