@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .api import CacheManagerTarget, PrefixCacheTarget, TargetInfo
 
@@ -44,8 +43,8 @@ class Layer:
     # or a target with the factory); the router's differs (routers over workers)
     drives: Callable[[Sequence[str], Mapping[str, TargetInfo]], bool] | None = None
 
-    def factory_of(self, info: TargetInfo) -> Callable[..., Any] | None:
-        found: Callable[..., Any] | None = getattr(info, self.factory)
+    def factory_of(self, info: TargetInfo) -> Callable[..., object] | None:
+        found: Callable[..., object] | None = getattr(info, self.factory)
         return found
 
     def can_drive(self, names: Sequence[str], foreign: Mapping[str, TargetInfo]) -> bool:
