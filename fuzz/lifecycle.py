@@ -13,6 +13,10 @@ KV write (which prefix's KV each slot holds, in which group) and checks after ev
 * ``pages_are_partitioned``: each pool's free, cached and privately held pages add up to its size;
 * ``cached_blocks_hold_their_prefix``: every page the engine caches under a prefix holds that prefix's KV;
 
+the hit law (``hit_law``, called by each adapter as it matches, with what its engine caches at that moment): the
+hit is the hit rule's longest valid match (``spec/hit_rules.py``), or, where an engine is known to stop short of
+it (SGLang under a window), a valid match never longer;
+
 and ``StateShadow`` holds the recurrent-state law (a state slot holds the state of the prefix it is read as).
 
 What a target may show beyond the rows, each optional (:class:`LifecycleView`): per position slots where a page's
@@ -26,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
@@ -287,6 +292,37 @@ class LifecycleLaws:
         while self.prefixes.parents[prefix] != -1:
             length, prefix = length + 1, self.prefixes.parents[prefix]
         return f"group {held[0]}'s KV of {length} tokens" if held[0] != group else f"KV of {length} tokens"
+
+
+def hit_law(
+    uid: int,
+    hit: int,
+    rule: hr.HitRule,
+    is_cached: hr.IsCached,
+    known: int,
+    limit: int,
+    why: str,
+    *,
+    exact: bool = True,
+    margin: int = 0,
+) -> int:
+    """A match's hit against the hit rule over what the engine caches (``is_cached``, per group and entry end),
+    its keys reading ``known`` tokens, at most ``limit`` reused (``margin``: the drop's look past it):
+    ``hit_is_the_longest_valid_match``, or with ``exact`` off ``hit_is_a_valid_match`` (never longer than the
+    longest; a shorter hit is the caller's to count). ``why`` says what the engine was read as caching. Returns
+    the longest valid match."""
+    longest = hr.compute_hit(rule, is_cached, known, limit, margin)
+    if exact and hit != longest:
+        raise IntegrityError(
+            f"hit_is_the_longest_valid_match: request {uid} hit {hit} of {limit} tokens; by {why} the longest valid"
+            f" match is {longest}"
+        )
+    if hit > longest or (hit and not hr.is_valid_length(rule, hit, is_cached)):
+        raise IntegrityError(
+            f"hit_is_a_valid_match: request {uid} hit {hit} of {limit} tokens; by {why} the longest valid match is"
+            f" {longest}"
+        )
+    return longest
 
 
 def laws_for(manager: object) -> list[LifecycleLaws]:

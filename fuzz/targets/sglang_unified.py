@@ -46,7 +46,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
-from ..lifecycle import Pool
+from ..lifecycle import Pool, hit_law
 from ..stats import STATS
 from .api import Profile, TargetError, TargetInfo, lifecycle_profile
 from .sglang import VERSION
@@ -426,19 +426,10 @@ class SGLangUnifiedManager:
 
         # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
         rule = hr.HitRule(self.page_size, self.windows, self.page_size, lookahead=int(self.eagle))
-        longest = hr.compute_hit(rule, is_cached, tokens, tokens)
         why = "the events' pages" + ("" if self.swa is None else f", the SWA tombstones {holes}")
         why += ", the tree's states" if hr.STATE in self.windows else ""
-        if self.swa is None and hit != longest:
-            raise IntegrityError(
-                f"hit_is_the_longest_valid_match: request {req.uid} hit {hit} of {tokens} tokens; by {why} the"
-                f" longest valid match is {longest}"
-            )
-        if hit > longest or (hit and not hr.is_valid_length(rule, hit, is_cached)):
-            raise IntegrityError(
-                f"hit_is_a_valid_match: request {req.uid} hit {hit} of {tokens} tokens; by {why} the longest valid"
-                f" match is {longest}"
-            )
+        # the scheduler's key is the prompt less its last token: the tree reads those, and may reuse them all
+        longest = hit_law(req.uid, hit, rule, is_cached, tokens, tokens, why, exact=self.swa is None)
         if hit < longest:
             STATS.record_rule("sglang-swa.hit_below_the_spec")
         self.adopt(req, record, hit)

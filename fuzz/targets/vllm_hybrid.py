@@ -47,7 +47,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
-from ..lifecycle import CachedKV, KVCopy
+from ..lifecycle import CachedKV, KVCopy, hit_law
 from ..stats import STATS
 from .api import PageKey, TargetInfo, lifecycle_profile
 from .shims import install
@@ -315,18 +315,13 @@ class VllmHybridManager:
             for e in ends
         )
 
-    def expected_hit(self, request: HybridRequest) -> int:
-        """The hit rule's longest valid match of what the pool caches now, at most the prompt less its last token
-        (``spec/hit_rules.py``: with EAGLE's drop, one unit more found, then dropped)."""
+    def judge_hit(self, uid: int, request: HybridRequest, hit: int) -> None:
+        """The hit is the hit rule's longest valid match of what the pool caches now, at most the prompt less its
+        last token (with EAGLE's drop, one unit more found, then dropped)."""
         limit = request.num_tokens - 1
         margin = self.rule.unit if self.rule.drop else 0
-        return hr.compute_hit(
-            self.rule,
-            lambda group, end: self.is_cached(request, group, end, limit + margin),
-            known=request.num_tokens,
-            limit=limit,
-            margin=margin,
-        )
+        cached = lambda group, end: self.is_cached(request, group, end, limit + margin)  # noqa: E731
+        hit_law(uid, hit, self.rule, cached, request.num_tokens, limit, "the pool's cached blocks", margin=margin)
 
     def hasher_for(self, tokens: list[int], namespace: Namespace = None) -> list[bytes]:
         """vLLM's block hashes of ``tokens`` (in ``namespace``), as a request of them would carry."""
@@ -351,13 +346,8 @@ class VllmHybridManager:
         self.coordinator.new_step_starts()  # each operation is a step of its own: the stores before it are done
         salt = None if req.namespace is None else repr(req.namespace)
         request = HybridRequest(req.input_ids, salt, req.uid, self.hasher)
-        expected = self.expected_hit(request)
         blocks, hit, uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
-        if hit != expected:
-            raise IntegrityError(
-                f"hit_is_the_longest_valid_match: request {req.uid} of {request.num_tokens} tokens hit {hit},"
-                f" the pool's cached blocks give {expected}"
-            )
+        self.judge_hit(req.uid, request, hit)
         request.shared_prefix_boundary = hit + uncached if uncached else 0
         self.requests[req.uid] = request
         self.namespaces[req.uid] = req.namespace

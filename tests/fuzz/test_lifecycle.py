@@ -6,8 +6,18 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from radixspec.fuzz.lifecycle import CachedKV, KVCopy, LifecycleLaws, Pool, Prefixes, StateShadow, laws_for
+from radixspec.fuzz.lifecycle import (
+    CachedKV,
+    KVCopy,
+    LifecycleLaws,
+    Pool,
+    Prefixes,
+    StateShadow,
+    hit_law,
+    laws_for,
+)
 from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec.errors import IntegrityError
 
@@ -143,3 +153,20 @@ def test_each_tree_core_gets_laws_of_its_own() -> None:
     laws = laws_for(Both())
     assert [law.label for law in laws] == ["rust core: ", "python core: "]
     assert len(laws_for(View())) == 1
+
+
+def test_the_hit_law_is_the_longest_valid_match_or_with_a_window_a_valid_one_never_longer() -> None:
+    # one full-attention group and a window of 3 tokens, pages of 2: the window group lacks the page ending at 4
+    rule = hr.HitRule(2, (None, 3), 2)
+
+    def cached(group: int, end: int) -> bool:
+        return end <= 8 and (group == 0 or end != 4)
+
+    assert hit_law(1, 8, rule, cached, 9, 9, "pages") == 8
+    with pytest.raises(IntegrityError, match="^hit_is_the_longest_valid_match: request 1 hit 6 of 9 tokens; by pages"):
+        hit_law(1, 6, rule, cached, 9, 9, "pages")
+    assert hit_law(1, 6, rule, cached, 9, 9, "pages", exact=False) == 8  # shorter and valid: the caller counts it
+    with pytest.raises(IntegrityError, match="^hit_is_a_valid_match: request 1 hit 4 of 9"):
+        hit_law(1, 4, rule, cached, 9, 9, "pages", exact=False)  # the window's page ending at 4 is not cached
+    with pytest.raises(IntegrityError, match="^hit_is_a_valid_match: request 1 hit 10 of 9"):
+        hit_law(1, 10, rule, cached, 9, 9, "pages", exact=False)
