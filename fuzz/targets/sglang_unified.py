@@ -33,7 +33,7 @@ import itertools
 import os
 import types
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -605,7 +605,7 @@ class BothCores:
         # each core under the lifecycle laws (fuzz/lifecycle.py), with a shadow of its own
         self.cores = [(manager.core, manager) for manager in self.managers]
 
-    def both(self, what: str, req: HybridReq, call: Any) -> None:
+    def both(self, what: str, req: HybridReq, call: Callable[[SGLangUnifiedManager, HybridReq], None]) -> None:
         copies = [
             HybridReq(
                 req.uid, list(req.input_ids), req.namespace, req.computed, [list(r) for r in req.rows], req.handle
@@ -663,7 +663,7 @@ def target(argument: str | None) -> TargetInfo:
         raise TargetError(f"sglang takes rust, python, both or legacy, got {argument!r}")
     cores = CORES[argument]
 
-    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> Any:
+    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = POLICIES[num_pages % len(POLICIES)]
         eagle = (num_pages // len(POLICIES)) % 2 == 1
         STATS.record_rule(f"sglang.config[P={page_size},{policy}{',eagle' if eagle else ''}]")

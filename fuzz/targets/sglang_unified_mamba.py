@@ -458,7 +458,7 @@ def target(argument: str | None) -> TargetInfo:
         raise TargetError(f"sglang-mamba takes rust, python or both, got {argument!r}")
     cores = CORES[argument]
 
-    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> Any:
+    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = POLICIES[num_pages % len(POLICIES)]
         per_path = 2 if (num_pages // len(POLICIES)) % 2 else -1
         # FULL + SWA + MAMBA in half the configurations, with the drawn window

@@ -24,7 +24,7 @@ hold live SWA slots with its own KV), both pools to their conservation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from radixspec.spec import hybrid as hy
 
@@ -69,7 +69,7 @@ def target(argument: str | None) -> TargetInfo:
         raise TargetError(f"sglang-swa takes rust, python, both, legacy or legacy-rust, got {argument!r}")
     cores = CORES[argument]
 
-    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> Any:
+    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         window = max(2, next((w for w in windows if isinstance(w, int)), 4))
         policy = POLICIES[num_pages % len(POLICIES)]
         eagle = (num_pages // len(POLICIES)) % 2 == 1
