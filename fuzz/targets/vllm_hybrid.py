@@ -37,7 +37,7 @@ import inspect
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import events as ev
@@ -52,6 +52,9 @@ from ..stats import STATS
 from .api import PageKey, TargetInfo, lifecycle_profile
 from .shims import install
 from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
+
+if TYPE_CHECKING:
+    from .vllm_mamba import MambaGroup
 
 PROFILE = lifecycle_profile(
     f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
@@ -217,6 +220,8 @@ class VllmHybridManager:
     # the driver checks every allocation against the free blocks first (OutOfPagesError): anything else that
     # escapes vLLM's calls is a crash, not a refusal
     raises_only_cache_errors = True
+    # the Mamba group, where the model has linear-attention layers (vllm_mamba.py)
+    mamba: MambaGroup | None = None
 
     def __init__(
         self,
@@ -240,6 +245,8 @@ class VllmHybridManager:
         # the hash unit (prefix_match_unit, a divisor of P): block hashes are computed every unit tokens
         self.unit = page_size if unit is None else unit
         self.windows = self.group_kinds(windows)
+        if self.mamba is not None:
+            self.mamba.group = self.windows.index(hr.STATE)
         specs = [self.group_spec(v, kind) for kind in self.windows]
         layers = [f"layer{group}" for group in range(len(specs))]
         page_bytes = page_size * 2 * 4
@@ -289,12 +296,19 @@ class VllmHybridManager:
         self.chunks = 0
         self.replay = GroupReplay(self.windows, page_size, self.unit, self.utils) if self.events else None
 
+    @property
+    def partial_hits(self) -> bool:
+        """Hits inside a block are on (the coordinator found every group able to look them up)."""
+        return bool(getattr(self.coordinator, "enable_partial_hash_hits", False))
+
     def group_kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
         """The groups this coordinator is built with, from the drawn windows."""
-        return group_kinds(windows, self.page_size)
+        return group_kinds(windows, self.page_size) if self.mamba is None else self.mamba.kinds(windows)
 
     def group_spec(self, v: types.ModuleType, kind: hy.Window) -> object:
         """vLLM's KV cache spec of a group of ``kind``."""
+        if kind == hr.STATE and self.mamba is not None:
+            return self.mamba.spec(self, v)
         common = {"block_size": self.page_size, "num_kv_heads": 1, "head_size": 1, "dtype": v.torch.float32}
         return v.full_spec(**common) if kind is None else v.window_spec(**common, sliding_window=kind)
 
@@ -359,6 +373,8 @@ class VllmHybridManager:
         req.handle, req.computed, req.rows = Match(hit), hit, self.rows(req.uid)
         self.learn(request, req.namespace)
         self.take_events(request, req.namespace)
+        if self.mamba is not None:
+            self.mamba.matched(self, req)
 
     def learn(self, request: HybridRequest, namespace: Namespace) -> None:
         """The prefix each of ``request``'s hashes names (one tuple of its tokens shared by all)."""
@@ -421,7 +437,11 @@ class VllmHybridManager:
             self.pool.free_blocks(retained)
 
     def copy_block(self, group: int, source: BlockView, copy: BlockView) -> None:
-        """What the worker copies from ``source`` into ``copy`` (the KV, told to the machine's shadow)."""
+        """What the worker copies from ``source`` into ``copy`` (the KV, told to the machine's shadow; a Mamba
+        block's state, to the group's)."""
+        if self.mamba is not None and group == self.mamba.group:
+            self.mamba.copy(source, copy)
+            return
         p = self.page_size
         self.kv_copies.append(KVCopy(0, (source.block_id - 1) * p, (copy.block_id - 1) * p, p))
 
@@ -439,8 +459,13 @@ class VllmHybridManager:
         return request
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
-        """The blocks for the request's tokens up to ``length``."""
+        """The blocks for the request's tokens up to ``length`` (with a Mamba group, for the chunk the scheduler's
+        split leaves of them; none when it leaves none)."""
         request = self.sync(req)
+        if self.mamba is not None:
+            length = self.mamba.chunk(self, req.uid, request, length)
+            if length <= request.num_computed_tokens:
+                return
         self.coordinator.new_step_starts()
         try:
             self.allocate(request, length)
@@ -450,7 +475,12 @@ class VllmHybridManager:
 
     def store(self, req: HybridReq, tokens: int) -> None:
         """The chunk's KV is written (the machine's shadow records where), then cache_blocks (allocate_slots
-        caches the chunk's blocks before the request's computed tokens advance)."""
+        caches the chunk's blocks before the request's computed tokens advance; with a Mamba group, the chunk as
+        the split left it)."""
+        if self.mamba is not None:
+            tokens = self.mamba.stored(req.uid, req.computed, tokens)
+            if tokens <= 0:
+                return
         request = self.sync(req)
         begin, end = request.num_computed_tokens, request.num_computed_tokens + tokens
         self.write_states(request, req.namespace, begin, end)
@@ -464,7 +494,9 @@ class VllmHybridManager:
         self.take_events(request, req.namespace)
 
     def write_states(self, request: HybridRequest, namespace: Namespace, begin: int, end: int) -> None:
-        """A state group's forward over [begin, end) (none here)."""
+        """A state group's forward over [begin, end)."""
+        if self.mamba is not None:
+            self.mamba.write(self, request, namespace, begin, end)
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         """A running request's full blocks are cached as they are stored; a finished one frees its blocks."""
@@ -477,14 +509,19 @@ class VllmHybridManager:
             del self.requests[req.uid], self.namespaces[req.uid]
             req.rows, req.handle = [], None
             self.take_events(None, req.namespace)
+            if self.mamba is not None:
+                self.mamba.finished(req.uid)
 
     # ------------------------------------------------------------ universal checks
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
-        """vLLM's own: the pool's accounting and the events (the lifecycle laws are the machine's)."""
+        """vLLM's own: the pool's accounting, the events, the Mamba group's states (the lifecycle laws are the
+        machine's)."""
         self.check_pool(live_reqs)
         if self.replay is not None:
             self.replay.check(self.pool)
+        if self.mamba is not None:
+            self.mamba.check(self, live_reqs)
 
     def entries(self) -> list[tuple[BlockView, int, Namespace, tuple[int, ...]]]:
         """Every entry the pool caches: (its block, its group, the namespace and tokens of the prefix it names)."""

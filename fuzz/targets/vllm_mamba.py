@@ -82,27 +82,18 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class VllmMambaManager(VllmHybridManager):
-    """vLLM's coordinator with full attention and a Mamba group in align mode (see the module docstring)."""
+class MambaGroup:
+    """vLLM's Mamba group in ``align`` mode as the coordinator combines it with the attention groups (one manager
+    class per spec, as vLLM keeps them): the spec it is built with, the scheduler's block-aligned split, the
+    worker's states (a shadow of which state each block holds) and their laws. Its methods take the manager
+    whose coordinator, pool and requests they read."""
 
-    profile = PROFILE
-
-    def __init__(
-        self,
-        page_size: int,
-        windows: tuple[hy.Window, ...],
-        num_pages: int,
-        eagle: str = "off",
-        retention: int | None = None,
-        defer_free: bool = False,
-        unit: int | None = None,
-        checkpoints: bool = False,
-    ) -> None:
+    def __init__(self, checkpoints: bool) -> None:
         self.v = import_mamba()
         # the backend exports a state inside a chunk (num_prefill_checkpoint_blocks, at the hash unit's grid)
         self.checkpoints = checkpoints
-        super().__init__(page_size, windows, num_pages, eagle, retention, defer_free, unit)
-        self.state_group = self.windows.index(hr.STATE)
+        # the Mamba group's index, once the manager has built its groups
+        self.group = -1
         # block id -> (namespace, tokens): the state it holds is of these tokens
         self.state = StateShadow()
         # request -> the block index of its running state (the worker's mamba_state_idx)
@@ -110,38 +101,31 @@ class VllmMambaManager(VllmHybridManager):
         # request -> where the scheduler's split ends the chunk allocated last
         self.chunk_end: dict[int, int] = {}
 
-    def group_kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
+    def kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
         """Full attention, a window where one was drawn, the Mamba group."""
         window = next((max(2, int(w)) for w in windows if w is not None and w != hr.STATE), None)
         return (None, hr.STATE) if window is None else (None, window, hr.STATE)
 
-    def group_spec(self, v: types.ModuleType, kind: hy.Window) -> object:
-        if kind != hr.STATE:
-            return super().group_spec(v, kind)
+    def spec(self, m: VllmHybridManager, v: types.ModuleType) -> object:
         return self.v.mamba_spec(
-            block_size=self.page_size,
+            block_size=m.page_size,
             shapes=((1,),),
             dtypes=(v.torch.float32,),
             mamba_cache_mode="align",
             num_prefill_checkpoint_blocks=int(self.checkpoints),
-            prefill_checkpoint_alignment=self.unit if self.checkpoints else None,
+            prefill_checkpoint_alignment=m.unit if self.checkpoints else None,
         )
-
-    @property
-    def partial_hits(self) -> bool:
-        """Hits inside a block are on (the coordinator found every group able to look them up)."""
-        return bool(self.coordinator.enable_partial_hash_hits)
 
     # ------------------------------------------------------------ the scheduler's chunks
 
-    def aligned_split(self, request: HybridRequest, start: int, end: int) -> int:
+    def aligned_split(self, m: VllmHybridManager, request: HybridRequest, start: int, end: int) -> int:
         """Scheduler._mamba_block_aligned_split: where the chunk [start, end) ends (the budget is never short)."""
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if start >= prefill_end:
             return end
-        p, u, v = self.page_size, self.unit, self.v
-        last_cache_position = self.checkpoint_at(request.num_tokens, p)
-        checkpoint_position = self.checkpoint_at(prefill_end, u if self.partial_hits else p)
+        p, u, v, partial = m.page_size, m.unit, self.v, m.partial_hits
+        last_cache_position = self.checkpoint_at(m, request.num_tokens, p)
+        checkpoint_position = self.checkpoint_at(m, prefill_end, u if partial else p)
         internal = (
             self.checkpoints
             and end >= prefill_end
@@ -159,8 +143,8 @@ class VllmMambaManager(VllmHybridManager):
         if end < prefill_end:
             end = end // p * p
         tail = 0
-        if self.partial_hits and not internal:
-            tail = self.checkpoint_at(request.num_prompt_tokens, u)
+        if partial and not internal:
+            tail = self.checkpoint_at(m, request.num_prompt_tokens, u)
         junction = request.shared_prefix_boundary
         stops = (
             (start // p + 1) * p if start % p and not internal else 0,
@@ -170,40 +154,34 @@ class VllmMambaManager(VllmHybridManager):
         )
         return min((s for s in stops if start < s < end), default=end)
 
-    def checkpoint_at(self, tokens: int, unit: int) -> int:
+    def checkpoint_at(self, m: VllmHybridManager, tokens: int, unit: int) -> int:
         """get_mamba_prefill_checkpoint_position with this coordinator's EAGLE (0.32.0 has no lookahead hashes)."""
-        lookahead = {"num_hash_lookahead_tokens": 1} if self.eagle == "lookahead" else {}
-        return int(self.v.checkpoint_at(tokens, unit, self.eagle == "drop", **lookahead))
+        lookahead = {"num_hash_lookahead_tokens": 1} if m.eagle == "lookahead" else {}
+        return int(self.v.checkpoint_at(tokens, unit, m.eagle == "drop", **lookahead))
 
-    def allocate_paged(self, req: HybridReq, length: int) -> None:
-        """The blocks for the chunk the scheduler's split leaves of [computed, length) (none when it leaves none)."""
-        request = self.sync(req)
+    def chunk(self, m: VllmHybridManager, uid: int, request: HybridRequest, length: int) -> int:
+        """The end of the chunk the scheduler's split leaves of [computed, length) (remembered for the store)."""
         start = request.num_computed_tokens
-        end = self.aligned_split(request, start, length) if length > start else length
-        self.chunk_end[req.uid] = end
+        end = self.aligned_split(m, request, start, length) if length > start else length
+        self.chunk_end[uid] = end
         if end > start:
             STATS.record_rule(f"vllm-mamba.chunk[{'split' if end < length else 'whole'}]")
-            super().allocate_paged(req, end)
+        return end
 
-    def store(self, req: HybridReq, tokens: int) -> None:
-        """The chunk as the split left it."""
-        tokens = min(tokens, self.chunk_end.get(req.uid, 0) - req.computed)
-        if tokens > 0:
-            super().store(req, tokens)
+    def stored(self, uid: int, computed: int, tokens: int) -> int:
+        """The tokens a store writes: the chunk as the split left it."""
+        return min(tokens, self.chunk_end.get(uid, 0) - computed)
 
     # ------------------------------------------------------------ the worker's states
 
-    def copy_block(self, group: int, source: BlockView, copy: BlockView) -> None:
-        if group != self.state_group:
-            super().copy_block(group, source, copy)
-            return
+    def copy(self, source: BlockView, copy: BlockView) -> None:
         STATS.record_rule("vllm-mamba.copy_on_write[state]")
-        self.copy_state(source, copy)
+        self.state.copy(source.block_id, copy.block_id)
 
-    def write_states(self, request: HybridRequest, namespace: Namespace, begin: int, end: int) -> None:
+    def write(self, m: VllmHybridManager, request: HybridRequest, namespace: Namespace, begin: int, end: int) -> None:
         """preprocess_mamba, the forward and the prefill checkpoint of [begin, end)."""
-        uid, p = int(request.request_id), self.page_size
-        blocks = self.coordinator.get_blocks(request.request_id)[self.state_group]
+        uid, p = int(request.request_id), m.page_size
+        blocks = m.coordinator.get_blocks(request.request_id)[self.group]
         tokens = tuple(request.all_token_ids)
         previous = self.state_at.get(uid, (begin - 1) // p)
         current = cdiv(end, p) - 1
@@ -213,33 +191,36 @@ class VllmMambaManager(VllmHybridManager):
                     f"state_resumes_from_its_prefix: request {uid} at {begin} tokens copies its running state"
                     f" from block index {previous}, a null block"
                 )
-            self.copy_state(blocks[previous], blocks[current])
+            self.state.copy(blocks[previous].block_id, blocks[current].block_id)
         if begin:
             self.check_state(uid, blocks[current], namespace, tokens[:begin], "state_resumes_from_its_prefix")
         if self.checkpoints:
-            self.export_checkpoint(blocks, namespace, tokens, begin, end)
+            self.export_checkpoint(m, blocks, namespace, tokens, begin, end)
         self.state.write(blocks[current].block_id, namespace, tokens[:end])
         self.state_at[uid] = current
-        for manager in self.coordinator.single_type_managers:
+        for manager in m.coordinator.single_type_managers:
             manager.take_pending_boundary_state_offloads()  # a KV connector's; none here
 
-    def copy_state(self, source: BlockView, target: BlockView) -> None:
-        self.state.copy(source.block_id, target.block_id)
-
     def export_checkpoint(
-        self, blocks: Sequence[BlockView], namespace: Namespace, tokens: tuple[int, ...], begin: int, end: int
+        self,
+        m: VllmHybridManager,
+        blocks: Sequence[BlockView],
+        namespace: Namespace,
+        tokens: tuple[int, ...],
+        begin: int,
+        end: int,
     ) -> None:
         """compute_mamba_prefill_checkpoints: the state at the checkpoint position, into the block before."""
-        position = self.checkpoint_at(end, self.rule.unit)
+        position = self.checkpoint_at(m, end, m.rule.unit)
         valid = self.v.checkpoint_valid(
             query_start=begin,
             query_end=end,
             checkpoint_position=position,
-            hash_block_size=self.unit,
-            mamba_block_size=self.page_size,
-            checkpoint_alignment=self.unit,
+            hash_block_size=m.unit,
+            mamba_block_size=m.page_size,
+            checkpoint_alignment=m.unit,
         )
-        column = cdiv(end, self.page_size) - 2
+        column = cdiv(end, m.page_size) - 2
         if valid and 0 <= column < len(blocks) and not blocks[column].is_null:
             STATS.record_rule("vllm-mamba.prefill_checkpoint")
             self.state.write(blocks[column].block_id, namespace, tokens[:position])
@@ -248,31 +229,49 @@ class VllmMambaManager(VllmHybridManager):
         who = "the cache" if uid < 0 else f"request {uid}"
         self.state.expect(law, f"{who} (block {block.block_id})", block.block_id, namespace, tokens)
 
-    # ------------------------------------------------------------ the operations and checks
+    # ------------------------------------------------------------ the request's lifecycle and the laws
 
-    def match_req(self, req: HybridReq) -> None:
-        super().match_req(req)
+    def matched(self, m: VllmHybridManager, req: HybridReq) -> None:
         self.state_at.pop(req.uid, None)
-        if req.computed % self.page_size:
+        if req.computed % m.page_size:
             STATS.record_rule("vllm-mamba.hit[inside a block]")
 
-    def cache_req(self, req: HybridReq, finished: bool) -> None:
-        super().cache_req(req, finished)
-        if finished:
-            self.state_at.pop(req.uid, None)
-            self.chunk_end.pop(req.uid, None)
+    def finished(self, uid: int) -> None:
+        self.state_at.pop(uid, None)
+        self.chunk_end.pop(uid, None)
 
-    def check_integrity(self, live_reqs: list[HybridReq]) -> None:
-        super().check_integrity(live_reqs)
-        for block, group, namespace, tokens in self.entries():
-            if group == self.state_group:
+    def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None:
+        """Every cached Mamba entry holds the state of its prefix; every live request's step resumes from its own."""
+        for block, group, namespace, tokens in m.entries():
+            if group == self.group:
                 self.check_state(-1, block, namespace, tokens, "cached_states_are_their_prefix")
         for req in live_reqs:
             if req.computed:
-                blocks = self.coordinator.get_blocks(str(req.uid))[self.state_group]
-                tokens = tuple(self.requests[req.uid].all_token_ids[: req.computed])
-                block = blocks[(req.computed - 1) // self.page_size]
+                blocks = m.coordinator.get_blocks(str(req.uid))[self.group]
+                tokens = tuple(m.requests[req.uid].all_token_ids[: req.computed])
+                block = blocks[(req.computed - 1) // m.page_size]
                 self.check_state(req.uid, block, req.namespace, tokens, "state_resumes_from_its_prefix")
+
+
+class VllmMambaManager(VllmHybridManager):
+    """vLLM's coordinator with full attention and a Mamba group in align mode: the hybrid manager with the Mamba
+    group (see the module docstring)."""
+
+    profile = PROFILE
+
+    def __init__(
+        self,
+        page_size: int,
+        windows: tuple[hy.Window, ...],
+        num_pages: int,
+        eagle: str = "off",
+        retention: int | None = None,
+        defer_free: bool = False,
+        unit: int | None = None,
+        checkpoints: bool = False,
+    ) -> None:
+        self.mamba = MambaGroup(checkpoints)
+        super().__init__(page_size, windows, num_pages, eagle, retention, defer_free, unit)
 
 
 def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmMambaManager:
@@ -293,9 +292,11 @@ def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> V
     )
     groups = "+".join("F" if kind is None else "M" if kind == hr.STATE else "W" for kind in manager.windows)
     retained = "dense" if retention is None else f"{retention}P"
+    mamba = manager.mamba
+    assert mamba is not None, "a Mamba manager has its group"
     STATS.record_rule(
         f"vllm-mamba.config[{groups}, unit={'P' if unit == page_size else 'below P'},"
-        f" partial_hits={manager.partial_hits}, checkpoints={manager.checkpoints}]"
+        f" partial_hits={manager.partial_hits}, checkpoints={mamba.checkpoints}]"
     )
     STATS.record_rule(
         f"vllm-mamba.config[eagle={manager.eagle}, retention={retained}, defer_free={manager.defer_free}]"
