@@ -37,7 +37,7 @@ import inspect
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import events as ev
@@ -52,9 +52,6 @@ from ..stats import STATS
 from .api import PageKey, TargetInfo, lifecycle_profile
 from .shims import install
 from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
-
-if TYPE_CHECKING:
-    from .vllm_mamba import MambaGroup
 
 PROFILE = lifecycle_profile(
     f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
@@ -213,6 +210,34 @@ class Match:
         self.cached_len = cached_len
 
 
+class StateGroup(Protocol):
+    """A group of recurrent states beside the attention groups (vLLM's Mamba group in ``align`` mode:
+    ``vllm_mamba.MambaGroup``), as the manager calls it where such a group changes what it does."""
+
+    # its index among the groups, once the manager has built them
+    group: int
+
+    def kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]: ...
+
+    def spec(self, m: VllmHybridManager, v: types.ModuleType) -> object: ...
+
+    def chunk(self, m: VllmHybridManager, uid: int, request: HybridRequest, length: int) -> int: ...
+
+    def stored(self, uid: int, computed: int, tokens: int) -> int: ...
+
+    def write(
+        self, m: VllmHybridManager, request: HybridRequest, namespace: Namespace, begin: int, end: int
+    ) -> None: ...
+
+    def copy(self, source: BlockView, copy: BlockView) -> None: ...
+
+    def matched(self, m: VllmHybridManager, req: HybridReq) -> None: ...
+
+    def finished(self, uid: int) -> None: ...
+
+    def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None: ...
+
+
 class VllmHybridManager:
     """vLLM's hybrid coordinator behind the hybrid manager's methods (``reference/hybrid_manager.py``)."""
 
@@ -221,7 +246,7 @@ class VllmHybridManager:
     # escapes vLLM's calls is a crash, not a refusal
     raises_only_cache_errors = True
     # the Mamba group, where the model has linear-attention layers (vllm_mamba.py)
-    mamba: MambaGroup | None = None
+    mamba: StateGroup | None = None
 
     def __init__(
         self,

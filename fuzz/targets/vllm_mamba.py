@@ -280,6 +280,7 @@ def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> V
     units = [u for u in range(1, page_size + 1) if (page_size % u == 0 and u > 1) or page_size == 1]
     unit = units[bits % len(units)]
     retention = RETENTIONS[bits // 7 % len(RETENTIONS)]
+    checkpoints = bits // 83 % 2 == 1
     manager = VllmMambaManager(
         page_size,
         windows,
@@ -288,15 +289,13 @@ def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> V
         retention=retention if not retention else retention * page_size,
         defer_free=bits // 41 % 2 == 1,
         unit=unit,
-        checkpoints=bits // 83 % 2 == 1,
+        checkpoints=checkpoints,
     )
     groups = "+".join("F" if kind is None else "M" if kind == hr.STATE else "W" for kind in manager.windows)
     retained = "dense" if retention is None else f"{retention}P"
-    mamba = manager.mamba
-    assert mamba is not None, "a Mamba manager has its group"
     STATS.record_rule(
         f"vllm-mamba.config[{groups}, unit={'P' if unit == page_size else 'below P'},"
-        f" partial_hits={manager.partial_hits}, checkpoints={mamba.checkpoints}]"
+        f" partial_hits={manager.partial_hits}, checkpoints={checkpoints}]"
     )
     STATS.record_rule(
         f"vllm-mamba.config[eagle={manager.eagle}, retention={retained}, defer_free={manager.defer_free}]"
