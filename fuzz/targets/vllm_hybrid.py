@@ -245,8 +245,6 @@ class VllmHybridManager:
     # the driver checks every allocation against the free blocks first (OutOfPagesError): anything else that
     # escapes vLLM's calls is a crash, not a refusal
     raises_only_cache_errors = True
-    # the Mamba group, where the model has linear-attention layers (vllm_mamba.py)
-    mamba: StateGroup | None = None
 
     def __init__(
         self,
@@ -257,7 +255,10 @@ class VllmHybridManager:
         retention: int | None = None,
         defer_free: bool = False,
         unit: int | None = None,
+        mamba: StateGroup | None = None,
     ) -> None:
+        # the Mamba group, where the model has linear-attention layers (vllm_mamba.py)
+        self.mamba = mamba
         v = import_hybrid()
         # EAGLE as the scheduler configures it: off; "drop" (no lookahead hashes: a KV connector, or
         # disable_lookahead_block_hashes; the coordinator finds one block more and drops it); "lookahead"

@@ -254,24 +254,10 @@ class MambaGroup:
 
 
 class VllmMambaManager(VllmHybridManager):
-    """vLLM's coordinator with full attention and a Mamba group in align mode: the hybrid manager with the Mamba
-    group (see the module docstring)."""
+    """vLLM's coordinator with full attention and a Mamba group in align mode: the hybrid manager given a
+    ``MambaGroup`` (see the module docstring), under this target's profile."""
 
     profile = PROFILE
-
-    def __init__(
-        self,
-        page_size: int,
-        windows: tuple[hy.Window, ...],
-        num_pages: int,
-        eagle: str = "off",
-        retention: int | None = None,
-        defer_free: bool = False,
-        unit: int | None = None,
-        checkpoints: bool = False,
-    ) -> None:
-        self.mamba = MambaGroup(checkpoints)
-        super().__init__(page_size, windows, num_pages, eagle, retention, defer_free, unit)
 
 
 def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmMambaManager:
@@ -289,7 +275,7 @@ def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> V
         retention=retention if not retention else retention * page_size,
         defer_free=bits // 41 % 2 == 1,
         unit=unit,
-        checkpoints=checkpoints,
+        mamba=MambaGroup(checkpoints),
     )
     groups = "+".join("F" if kind is None else "M" if kind == hr.STATE else "W" for kind in manager.windows)
     retained = "dense" if retention is None else f"{retention}P"
