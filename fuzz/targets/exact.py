@@ -2,8 +2,8 @@
 fingerprint, KV events and integrity check (``ExactTarget``, ``TreeTarget``, ``OurManager``). The spec and the
 reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) build on it; it imports neither."""
 
-from collections.abc import Hashable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 from radixspec.reference.radix_cache import RadixCacheHandle
@@ -124,6 +124,15 @@ class OurManager:
         self.manager: Any = manager
         self.manager.prefix_cache.enable_events()
         self.page_size, self.num_pages = page_size, num_pages
+        # the abstract state read since the last call that may change it, or None: the manager machine reads it
+        # around every call and after every step (five times a step), and only the calls made through
+        # ``changing`` change it
+        self.state: sm.ManagerState | None = None
+
+    def changing(self) -> Any:
+        """The manager, for a call that may change its state (a failed one too): the state read last is dropped."""
+        self.state = None
+        return self.manager
 
     # ------------------------------------------------------------ requests
 
@@ -138,7 +147,7 @@ class OurManager:
 
     def admit(self, req: Req, handle: Handle) -> None:
         matched = handle.get_matched_indices()
-        self.manager.page_table[req.table_idx][: len(matched)] = matched
+        self.changing().page_table[req.table_idx][: len(matched)] = matched
         req.cache_handle = handle
         req.cached_len = req.device_len = req.alloc_len = handle.cached_len
 
@@ -152,14 +161,14 @@ class OurManager:
     # ------------------------------------------------------------ the manager's operations
 
     def match_req(self, req: Req) -> Handle:
-        handle: Handle = self.manager.match_req(req)
+        handle: Handle = self.changing().match_req(req)
         return handle
 
     def lock(self, handle: Handle) -> None:
-        self.manager.lock(handle)
+        self.changing().lock(handle)
 
     def unlock(self, handle: Handle) -> None:
-        self.manager.unlock(handle)
+        self.changing().unlock(handle)
 
     def cached_len(self, handle: Handle) -> int:
         return int(handle.cached_len)
@@ -172,27 +181,35 @@ class OurManager:
         return int(self.manager.available_size)
 
     def allocate_paged(self, reqs: Sequence[Req]) -> None:
-        self.manager.allocate_paged(reqs)
+        self.changing().allocate_paged(reqs)
 
     def cache_req(self, req: Req, finished: bool) -> None:
-        self.manager.cache_req(req, finished=finished)
+        self.changing().cache_req(req, finished=finished)
 
     def lazy_free_region(self) -> AbstractContextManager[None]:
-        region: AbstractContextManager[None] = self.manager.lazy_free_region()
-        return region
+        return self.lazy_frees()
+
+    @contextmanager
+    def lazy_frees(self) -> Iterator[None]:
+        """The manager's lazy_free_region; its close (which frees) changes the state too."""
+        try:
+            with self.changing().lazy_free_region():
+                yield
+        finally:
+            self.state = None
 
     def evict(self, size: int) -> list[int]:
-        slots = self.manager.prefix_cache.evict(size)
+        slots = self.changing().prefix_cache.evict(size)
         return [int(slot) for slot in as_list(slots)]
 
     # ------------------------------------------------------------ observation
 
     def free_pages(self) -> list[int]:
-        state = self.manager.abstract_state()
+        state = self.abstract_state()
         return [*state.free_slots, *(state.lazy_frees or [])]
 
     def cached_slots(self) -> list[int]:
-        return [entry.slot_start for entry in self.manager.prefix_cache.abstract_state().entries.values()]
+        return [entry.slot_start for entry in self.abstract_state().cache.entries.values()]
 
     def size_info(self) -> tuple[int, int]:
         info = self.manager.prefix_cache.size_info
@@ -204,8 +221,11 @@ class OurManager:
         self.manager.check_integrity(live_reqs)
 
     def abstract_state(self) -> sm.ManagerState:
-        state: sm.ManagerState = self.manager.abstract_state()
-        return state
+        """The manager's abstract state, read once after each call that may change it (readers must not change
+        it: the spec's relations copy what they change)."""
+        if self.state is None:
+            self.state = self.manager.abstract_state()
+        return self.state
 
     def take_events(self) -> list[Event]:
         return list(self.manager.prefix_cache.take_events())

@@ -199,3 +199,40 @@ def test_a_failing_sglang_strict_lru_program_replays_the_same_path() -> None:
 
     first = eviction_order()
     assert len(first) == 40 and all(eviction_order() == first for _ in range(5))
+
+
+@pytest.mark.parametrize("target", ["reference", "optimized"])
+def test_a_managers_abstract_state_is_read_again_after_every_call_that_may_change_it(target: str) -> None:
+    """Our managers' targets keep the abstract state they read until a call may change it (the manager machine
+    reads it five times a step): after each call, a failed one and a lazy region's close too, what the target
+    reports is what the manager holds."""
+    if target == "optimized":
+        pytest.importorskip("torch")
+    manager = resolve(target).manager_factory(4, 2, 2, 8)  # type: ignore[misc]
+
+    def reads_the_manager() -> None:
+        assert manager.abstract_state() == manager.manager.abstract_state()
+        assert manager.abstract_state() is manager.abstract_state()  # read once between changes
+
+    reads_the_manager()
+    req = manager.new_req([1, 2, 3, 4, 5], 0, None, 0)
+    handle = manager.match_req(req)  # stamps (the clock moves)
+    reads_the_manager()
+    manager.lock(handle)
+    manager.admit(req, handle)
+    manager.set_lengths(req, 0, 5)
+    manager.allocate_paged([req])
+    reads_the_manager()
+    other = manager.new_req([7, 7, 7, 7, 7, 7, 7, 7, 7], 1, None, 1)
+    manager.set_lengths(other, 0, 9)
+    with pytest.raises(ValueError):
+        manager.allocate_paged([other])  # past the row: refused, nothing changed
+    reads_the_manager()
+    manager.set_lengths(req, 5, 5)
+    with manager.lazy_free_region():
+        manager.cache_req(req, finished=True)
+        reads_the_manager()
+    reads_the_manager()  # the region's close freed its pages
+    assert len(manager.evict(2)) == 2  # one of the two cached pages
+    reads_the_manager()
+    assert len(manager.abstract_state().cache.entries) == 1
