@@ -39,7 +39,8 @@ from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_cho
 from .stats import STATS
 from .targets import resolve
 from .targets.api import CountsPages, TargetInfo
-from .targets.ours import HYBRID_IMPLEMENTATIONS, SpecHybridCache
+from .targets.layers import our_hybrid_caches
+from .targets.ours import SpecHybridCache
 
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
 BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
@@ -82,7 +83,7 @@ class HybridMachine(RuleBasedStateMachine):
     """The spec's hybrid cache and our hybrid trees, and the hybrid manager over each, driven alike."""
 
     # the implementations beside the spec (radixspec.fuzz.machines.machine_for sets them from --impl)
-    IMPLS: ClassVar[tuple[str | TargetInfo, ...]] = tuple(HYBRID_IMPLEMENTATIONS)
+    IMPLS: ClassVar[tuple[str | TargetInfo, ...]] = tuple(our_hybrid_caches())
 
     seqs = Bundle("hybrid_seqs")
     handles = Bundle("hybrid_handles")
@@ -123,11 +124,10 @@ class HybridMachine(RuleBasedStateMachine):
     ) -> Any:
         self.page_size, self.num_pages = page_size, num_pages
         self.windows = hy.check_windows([window_for(choice, page_size) for choice in windows])
-        self.names = [name for name in HYBRID_IMPLEMENTATIONS if name in self.IMPLS]
-        foreign = [name for name in self.IMPLS if name not in HYBRID_IMPLEMENTATIONS]
-        if foreign:
-            # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
-            chosen = foreign[0]
+        ours = our_hybrid_caches()
+        self.names = [name for name in ours if name in self.IMPLS]
+        # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
+        for chosen in (name for name in self.IMPLS if name not in ours):
             info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
@@ -138,9 +138,9 @@ class HybridMachine(RuleBasedStateMachine):
             self.page_counter = target if isinstance(target, CountsPages) else None
             return multiple(*self.first_sequences(first))
         self.model = hy.new_state(page_size, self.windows)
-        self.caches = [HYBRID_IMPLEMENTATIONS[name](page_size, self.windows) for name in self.names]
+        makers = [SpecHybridCache, *(ours[name] for name in self.names)]
+        self.caches = [make(page_size, self.windows) for make in makers[1:]]
         self.free = [deque(range(0, num_pages * page_size, page_size)) for _ in self.windows]
-        makers = [SpecHybridCache, *(HYBRID_IMPLEMENTATIONS[name] for name in self.names)]
         self.managers = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
         self.laws = laws_for(self.managers[0])
         return multiple(*self.first_sequences(first))

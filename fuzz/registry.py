@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .targets.api import TargetInfo
 from .targets.layers import LAYERS, Layer
-from .targets.ours import HYBRID_IMPLEMENTATIONS, IMPLEMENTATIONS
+from .targets.ours import IMPLEMENTATIONS
 
 # what a machine drives beside the spec, and so how machine_for configures it: a layer of fuzz/targets/layers.py
 # (the targets with that layer's factory, and ours), or "ours" (our implementations only, by name, as IMPLS), or
@@ -72,7 +72,6 @@ def machines_for(names: Sequence[str], foreign: Mapping[str, TargetInfo]) -> lis
 
 
 __all__ = [
-    "HYBRID_IMPLEMENTATIONS",
     "IMPLEMENTATIONS",
     "MACHINES",
     "MachineEntry",

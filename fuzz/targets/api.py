@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
@@ -33,6 +33,9 @@ from radixspec.spec.events import Event
 from radixspec.spec.hit_rules import Window
 from radixspec.spec.metrics import CacheStats
 from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
+
+if TYPE_CHECKING:
+    from radixspec.reference.hybrid_manager import HybridCache
 
 # a target's handle type, and its request type (a manager's)
 H = TypeVar("H")
@@ -441,6 +444,9 @@ class TargetInfo:
     # with reference/hybrid_manager.py's methods (match_req, allocate_paged, store, cache_req, check_integrity)
     # and its ``windows`` (those it took of the drawn ones); None when the target has no hybrid layer
     hybrid_factory: Callable[[int, tuple[Window, ...], int], Any] | None = None
+    # ours only: makes the hybrid cache (reference/hybrid_manager.py's HybridCache) that our hybrid manager runs
+    # over: factory(page_size, windows); the hybrid machine drives each beside the spec's, caches and managers
+    hybrid_cache: Callable[[int, tuple[Window, ...]], HybridCache] | None = None
     # makes a router's index of many workers' caches: factory(page_size) -> RouterTarget; None when not a router
     router_factory: Callable[[int], RouterTarget] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from radixspec.spec.hybrid import Window
 
 from .api import CacheManagerTarget, PrefixCacheTarget, TargetInfo
+
+if TYPE_CHECKING:
+    from radixspec.reference.hybrid_manager import HybridCache
 
 # what a machine's class attributes are set to for the targets selected (machine_for): name -> value
 Attributes = dict[str, object]
@@ -34,7 +40,7 @@ class Layer:
     machine: str
     # radixspec.testing offers NAME_machine(factory) for it, and the pytest plugin collects it per target
     user: bool
-    # the names of our own implementations it takes beside the targets (their own registry, fuzz/targets/ours.py)
+    # our own implementations it takes beside the targets, by name (fuzz/targets/ours.py's IMPLEMENTATIONS)
     ours: Callable[[], Mapping[str, object]]
     # the machine's class attributes for the selected targets (names as --impl / --target take them, or
     # TargetInfo objects), in LRU mode ``lru`` (None: the profiles')
@@ -108,10 +114,12 @@ def our_targets() -> Mapping[str, object]:
     return IMPLEMENTATIONS
 
 
-def our_hybrid_caches() -> Mapping[str, object]:
-    from .ours import HYBRID_IMPLEMENTATIONS
+def our_hybrid_caches() -> dict[str, Callable[[int, tuple[Window, ...]], HybridCache]]:
+    """The hybrid cache factory of each of our implementations that has one, by name (the hybrid machine runs our
+    hybrid manager over each)."""
+    from .ours import IMPLEMENTATIONS
 
-    return HYBRID_IMPLEMENTATIONS
+    return {name: info.hybrid_cache for name, info in IMPLEMENTATIONS.items() if info.hybrid_cache}
 
 
 LAYERS: dict[str, Layer] = {

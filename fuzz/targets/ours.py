@@ -12,12 +12,11 @@ turns tensors into lists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from radixspec import reference
 from radixspec.reference.hybrid_cache import HybridRadixCache
-from radixspec.reference.hybrid_manager import HybridCache
 from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
@@ -146,6 +145,7 @@ REFERENCE = TargetInfo(
     description="radixspec's reference RadixPrefixCache and CacheManager (pure Python)",
     cache_factory=ReferenceCache,
     manager_factory=ReferenceManager,
+    hybrid_cache=HybridRadixCache,
     profile=EXACT,
 )
 
@@ -178,6 +178,7 @@ OPTIMIZED = TargetInfo(
     description="radixspec's optimized RadixPrefixCache and CacheManager (torch, C)",
     cache_factory=make_optimized_cache,
     manager_factory=make_optimized_manager,
+    hybrid_cache=make_optimized_hybrid,
     profile=EXACT,
 )
 # what --impl names: our implementations, in the order --impl all drives them
@@ -228,10 +229,3 @@ class SpecHybridCache:
 
     def check_integrity(self) -> None:
         hy.check_hybrid_invariants(self.state, [self.size_info(g) for g in range(len(self.windows))])
-
-
-# the hybrid caches by implementation name (the hybrid machine drives these beside the spec)
-HYBRID_IMPLEMENTATIONS: dict[str, Callable[[int, tuple[hy.Window, ...]], HybridCache]] = {
-    "reference": HybridRadixCache,
-    "optimized": make_optimized_hybrid,
-}

@@ -31,8 +31,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-swa",
         "sglang-swa:python",
         "sglang-swa:both",
-        "sglang-swa:legacy",
-        "sglang-swa:legacy-rust",
         "sglang-mamba",
         "sglang-mamba:python",
         "sglang-mamba:both",

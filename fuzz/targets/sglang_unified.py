@@ -18,7 +18,7 @@ the protected prefix, unlock, free what was allocated past the stored tokens). R
 priority; the eviction policy is drawn (LRU, or SGLang's priority policy).
 
 What stands in: the KV pool (no tensors), the request (a record of the fields the cache reads) and the
-request-to-token table (a tensor and its ``write``); modules the cache never calls (``sglang_swa``'s stubs).
+request-to-token table (a tensor and its ``write``); modules the cache never calls (``sglang_modules.py``).
 
 Checks, whatever SGLang chooses: the hit is the spec's longest valid match (``spec/hit_rules.py``) of the
 pages the cache's own KV events say it holds; the events replayed from empty hold as many pages as the tree;
@@ -50,7 +50,7 @@ from ..lifecycle import Pool, hit_law
 from ..stats import STATS
 from .api import Profile, TargetError, TargetInfo, lifecycle_profile
 from .sglang import VERSION
-from .sglang_swa import import_swa_cache, mapping_pool
+from .sglang_modules import import_unified_cache, mapping_pool
 
 if TYPE_CHECKING:
     import torch
@@ -281,7 +281,7 @@ class SGLangUnifiedManager:
         import torch
 
         self.torch = torch
-        v = self.v = import_swa_cache()
+        v = self.v = import_unified_cache()
         self.windows: tuple[hy.Window, ...] = (None,) if self.swa is None else (None, self.swa.window)
         self.page_size, self.num_pages, self.core = page_size, num_pages, core
         # the tree's keys are bigrams: EAGLE's (``is_eagle``), where the components take them
@@ -680,5 +680,5 @@ def target(argument: str | None) -> TargetInfo:
         profile=PROFILE,
         page_sizes=(1, 2, 4, 8),
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the pools, the events",
-        probe=import_swa_cache,
+        probe=import_unified_cache,
     )

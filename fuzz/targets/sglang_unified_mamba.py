@@ -33,6 +33,7 @@ request records for it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import types
@@ -49,7 +50,7 @@ from ..lifecycle import Pool, StateShadow
 from ..stats import STATS
 from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
-from .sglang_swa import import_swa_cache
+from .sglang_modules import import_unified_cache
 from .sglang_unified import (
     CORES,
     POLICIES,
@@ -162,17 +163,18 @@ def state_table(base: type) -> type:
     return StateTable
 
 
+@functools.cache
 def import_mamba_cache() -> types.ModuleType:
-    """The unified cache's modules, with the run-time settings the MAMBA component reads set for a CPU run."""
-    v = import_swa_cache()
-    if not hasattr(v, "mamba"):
-        pools: Any = importlib.import_module("sglang.srt.mem_cache.memory_pool")
-        install(
-            v,
-            mamba=importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba"),
-            slots=importlib.import_module("sglang.srt.mem_cache.allocator.mamba"),
-            table=state_table(pools.HybridReqToTokenPool),
-        )
+    """The unified cache's modules, with the run-time settings the MAMBA component reads set for a CPU run (once
+    a process)."""
+    v = import_unified_cache()
+    pools: Any = importlib.import_module("sglang.srt.mem_cache.memory_pool")
+    install(
+        v,
+        mamba=importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba"),
+        slots=importlib.import_module("sglang.srt.mem_cache.allocator.mamba"),
+        table=state_table(pools.HybridReqToTokenPool),
+    )
     return v
 
 

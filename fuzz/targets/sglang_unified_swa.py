@@ -2,8 +2,7 @@
 ``SWATokenToKVPoolAllocator`` (a full pool and a smaller SWA pool, tied by the full-to-SWA index mapping),
 driven through the scheduler's request lifecycle of the ``sglang`` target (``sglang_unified.py``):
 ``sglang-swa`` runs the Rust tree core, ``sglang-swa:python`` the Python core, ``sglang-swa:both`` the two on
-the same program; ``sglang-swa:legacy`` (and ``:legacy-rust``) is the older target that caches a request only
-when it finishes, at page size 1 (``sglang_swa.py``).
+the same program.
 
 Drawn per configuration: the page size (1, 2, 4, 8) and the window (the hybrid machine's: below a page, not a
 multiple of it, many pages), EAGLE's bigram keys, SGLang's default of freeing out-of-window SWA slots at each
@@ -24,18 +23,13 @@ hold live SWA slots with its own KV), both pools to their conservation.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from radixspec.spec import hybrid as hy
 
 from ..stats import STATS
 from .api import TargetError, TargetInfo
 from .sglang import VERSION
-from .sglang_swa import import_swa_cache
+from .sglang_modules import import_unified_cache
 from .sglang_unified import CORES, POLICIES, BothCores, SGLangUnifiedManager, SlidingWindow, unified_profile
-
-if TYPE_CHECKING:
-    pass
 
 PROFILE = unified_profile(
     "FULL + SWA",
@@ -60,13 +54,9 @@ class SGLangSWAUnifiedManager(SGLangUnifiedManager):
 
 
 def target(argument: str | None) -> TargetInfo:
-    """``sglang-swa`` (Rust core), ``:python``, ``:both``; ``:legacy`` / ``:legacy-rust`` the older target."""
-    if argument in ("legacy", "legacy-rust"):
-        from . import sglang_swa
-
-        return sglang_swa.target("python" if argument == "legacy" else "rust", name=f"sglang-swa:{argument}")
+    """``sglang-swa`` (Rust core), ``:python``, ``:both``."""
     if argument not in CORES:
-        raise TargetError(f"sglang-swa takes rust, python, both, legacy or legacy-rust, got {argument!r}")
+        raise TargetError(f"sglang-swa takes rust, python or both, got {argument!r}")
     cores = CORES[argument]
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
@@ -90,5 +80,5 @@ def target(argument: str | None) -> TargetInfo:
         profile=PROFILE,
         page_sizes=(1, 2, 4, 8),
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the window, both pools",
-        probe=import_swa_cache,
+        probe=import_unified_cache,
     )

@@ -33,6 +33,7 @@ The machine checks what holds whatever vLLM chooses (docs/hybrid.md):
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from collections import Counter
@@ -70,11 +71,11 @@ PROFILE = lifecycle_profile(
 )
 
 
+@functools.cache
 def import_hybrid() -> types.ModuleType:
-    """vLLM's coordinator, its two managers and the group specs (on top of the BlockPool's imports)."""
+    """vLLM's coordinator, its two managers and the group specs (on top of the BlockPool's imports; once a
+    process)."""
     modules = import_vllm()
-    if hasattr(modules, "coordinator"):
-        return modules
     from vllm.v1.core import kv_cache_coordinator
     from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
     from vllm.v1.kv_cache_interface import (

@@ -26,6 +26,7 @@ blocks): a shadow of which state every Mamba block holds (the namespace and toke
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Sequence
 
@@ -56,11 +57,11 @@ PROFILE = lifecycle_profile(
 )
 
 
+@functools.cache
 def import_mamba() -> types.ModuleType:
-    """vLLM's coordinator with its Mamba manager registered, and the checkpoint rules the worker follows."""
+    """vLLM's coordinator with its Mamba manager registered, and the checkpoint rules the worker follows (once a
+    process)."""
     v = import_hybrid()
-    if hasattr(v, "mamba_spec"):
-        return v
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
     from vllm.v1.kv_cache_interface import (
         MambaSpec,

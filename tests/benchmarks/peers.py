@@ -291,9 +291,9 @@ class SGLangListDriver(SGLangDriver):
 def unified_cache(page_size: int, allocator_pages: int, core: str) -> tuple[Any, Any, Any]:
     """SGLang's modules, its ``PagedTokenToKVPoolAllocator`` of ``allocator_pages`` pages (page 0 kept back, as
     SGLang keeps it) and a ``UnifiedRadixCache`` (FULL) on tree core ``core`` over it; events and metrics off."""
-    from radixspec.fuzz.targets.sglang_swa import import_swa_cache, mapping_pool
+    from radixspec.fuzz.targets.sglang_modules import import_unified_cache, mapping_pool
 
-    v = import_swa_cache()
+    v = import_unified_cache()
     paged = __import__("sglang.srt.mem_cache.allocator.paged", fromlist=["PagedTokenToKVPoolAllocator"])
     allocator = paged.PagedTokenToKVPoolAllocator(
         size=allocator_pages * page_size,

@@ -78,14 +78,14 @@ def test_by_default_the_campaign_is_the_differential_of_every_implementation() -
     assert args.targets == ("reference", "optimized") and args.machine == "all"
     from radixspec.fuzz.machines import machine_class
     from radixspec.fuzz.registry import MACHINES
-    from radixspec.fuzz.targets.ours import HYBRID_IMPLEMENTATIONS
+    from radixspec.fuzz.targets.layers import our_hybrid_caches
 
     assert tuple(MACHINES) == campaign.MACHINE_NAMES
     # every entry of the registry names a machine class that exists
     for name in MACHINES:
         assert machine_class(name).__name__ == MACHINES[name].attribute
     # the hybrid machine joins when every selected implementation has a hybrid twin
-    hybrid = set(args.targets) <= set(HYBRID_IMPLEMENTATIONS)
+    hybrid = set(args.targets) <= set(our_hybrid_caches())
     # the router machine runs only when a router target is selected
     expected = [name for name in campaign.MACHINE_NAMES if (name != "hybrid" or hybrid) and name != "router"]
     assert campaign.machines_for(args.targets, args.foreign) == expected

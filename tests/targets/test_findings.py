@@ -312,11 +312,16 @@ def test_vllm_hybrid_caches_a_recomputed_prefix_twice_in_one_group() -> None:
 SGLANG_SWA_TOMBSTONE = """
 import json, torch
 from array import array
-from radixspec.fuzz.targets.sglang_swa import SGLangSWAManager
-from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.fuzz.targets.sglang_modules import import_unified_cache, mapping_pool
+from radixspec.spec import hybrid as hy
 
-m = SGLangSWAManager(1, (None, 4), 8, core=CORE)
-v, cache, alloc = m.v, m.cache, m.alloc
+# SGLang's unified cache, FULL + SWA, window 4, page size 1, over its SWA allocator
+v = import_unified_cache()
+alloc = v.swa.SWATokenToKVPoolAllocator(size=64, size_swa=64, page_size=1, dtype=torch.float16, device="cpu",
+                                        kvcache=mapping_pool(v), need_sort=False)
+cache = v.urc.UnifiedRadixCache(v.params.CacheInitParams(
+    disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc, page_size=1, sliding_window_size=4,
+    tree_components=(v.components.FULL, v.components.SWA), tree_core_backend=CORE))
 A = list(range(100, 124))
 full = alloc.alloc(24)
 key = lambda n: v.radix.RadixKey(array("q", A[:n]))
@@ -324,9 +329,12 @@ cache.insert(v.base.InsertParams(key=key(8), value=full[:8].clone()))
 alloc.free_swa(full[8:12])  # the request's window passed [8, 12): its SWA slots freed
 cache.insert(v.base.InsertParams(key=key(24), value=full.clone(), prev_prefix_len=8,
                                  component_evicted_seqlens={v.components.SWA: 12}))
+holes = [list(r) for r in cache.tree_core.swa_tombstone_ranges(key(24), 0, 24)]
 hits = {n: int(cache.match_prefix(v.base.MatchPrefixParams(key=key(n))).device_prefix_len) for n in (13, 15, 16)}
-print(json.dumps({"tombstones": [list(r) for r in cache.tree_core.swa_tombstone_ranges(key(24), 0, 24)],
-                  "hits": hits, "spec": {n: m.valid_hit(A[:n], None, n, n)[1] for n in (13, 15, 16)}}))
+# the spec's longest valid match of n tokens: no tombstoned token among those its last query attends to
+valid = lambda n: not any(a <= t < b for a, b in holes for t in hy.compute_used_pages(n, 4, 1))
+print(json.dumps({"tombstones": holes, "hits": hits,
+                  "spec": {n: next(k for k in range(n, -1, -1) if valid(k)) for n in (13, 15, 16)}}))
 """
 
 

@@ -127,6 +127,6 @@ def test_sglangs_legacy_target_and_its_unified_ones_are_each_ready_though_they_c
     # same process (a metaclass conflict): the listing once said sglang-mamba was not ready after sglang:legacy
     from radixspec.fuzz.targets import readiness
 
-    assert readiness(["sglang:legacy", "sglang-mamba", "sglang-swa:legacy", "sglang"]) == dict.fromkeys(
-        ["sglang:legacy", "sglang-mamba", "sglang-swa:legacy", "sglang"]
+    assert readiness(["sglang:legacy", "sglang-mamba", "sglang-swa", "sglang"]) == dict.fromkeys(
+        ["sglang:legacy", "sglang-mamba", "sglang-swa", "sglang"]
     )

@@ -107,8 +107,8 @@ paged.PagedTokenToKVPoolAllocator.alloc_extend = raising
 
 CAMPAIGN = """
 import importlib, sys, time
-from radixspec.fuzz.targets.sglang_swa import import_swa_cache
-import_swa_cache()
+from radixspec.fuzz.targets.sglang_modules import import_unified_cache
+import_unified_cache()
 {plant}
 from radixspec.fuzz.campaign import main
 began = time.monotonic()
