@@ -20,15 +20,27 @@ them or not.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
-from radixspec.reference.hybrid_manager import HybridCacheManager, HybridReq
+from radixspec.reference.hybrid_manager import HybridCache, HybridCacheManager, HybridReq
 from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
 
@@ -38,7 +50,7 @@ from .messages import brief
 from .sequences import NAMESPACE_PALETTE, NUM_PATTERNS, build_sequence, page_choices, page_pattern, tail_choices
 from .stats import STATS
 from .targets import resolve
-from .targets.api import CountsPages, TargetInfo
+from .targets.api import CountsPages, LifecycleTarget, TargetInfo
 from .targets.layers import our_hybrid_caches
 from .targets.ours import SpecHybridCache
 
@@ -54,6 +66,10 @@ window_choices = st.lists(
 )
 
 
+# the hybrid model's state, copied: per group its pages, the locks, the clock
+Snapshot = tuple[tuple[dict[pc.PageKey, pc.Entry], ...], dict[tuple[Namespace, tuple[int, ...]], int], int]
+
+
 def window_for(choice: WindowChoice, page_size: int) -> hy.Window:
     """One window at ``page_size``: full attention, below a page, not a multiple of it, or many pages."""
     if choice is None:
@@ -67,7 +83,7 @@ def window_for(choice: WindowChoice, page_size: int) -> hy.Window:
     return (1 + (k - 1) % 8) * p + 1
 
 
-def manager_outcome(call: Any, foreign: bool, manager: object = None) -> Outcome:
+def manager_outcome(call: Callable[[], object], foreign: bool, manager: object = None) -> Outcome:
     """What a manager's call gave. An IntegrityError raised inside it (a target's own check, two tree cores that
     disagree) is a law broken, never a refusal: taken for one, it was swallowed and the campaign went on from a
     state the law had just ruled out. A foreign manager that refuses only with spec errors
@@ -96,11 +112,13 @@ class HybridMachine(RuleBasedStateMachine):
         self.num_pages = 8
         self.names: list[str] = []
         self.model = hy.new_state(1, (None,))
-        self.caches: list[Any] = []
+        self.caches: list[HybridCache] = []
         # the cache half's slot ledger, per group: page starts the model does not cache
         self.free: list[deque[int]] = []
         # the manager half: one manager per implementation (the spec's first), one request per manager per uid
-        self.managers: list[Any] = []
+        self.managers: list[LifecycleTarget] = []
+        # ours (not a foreign target): the spec's manager, then each implementation's, as self.managers
+        self.ours: list[HybridCacheManager] = []
         self.reqs: dict[int, list[HybridReq]] = {}
         self.next_uid = 0
         # a foreign target (an engine's hybrid manager) runs alone: no cache half, no exact comparison
@@ -121,7 +139,7 @@ class HybridMachine(RuleBasedStateMachine):
     )
     def setup(
         self, page_size: int, num_pages: int, windows: list[WindowChoice], first: list[tuple[list[int], list[int]]]
-    ) -> Any:
+    ) -> MultipleResults[tuple[int, ...]]:
         self.page_size, self.num_pages = page_size, num_pages
         self.windows = hy.check_windows([window_for(choice, page_size) for choice in windows])
         ours = our_hybrid_caches()
@@ -141,8 +159,9 @@ class HybridMachine(RuleBasedStateMachine):
         makers = [SpecHybridCache, *(ours[name] for name in self.names)]
         self.caches = [make(page_size, self.windows) for make in makers[1:]]
         self.free = [deque(range(0, num_pages * page_size, page_size)) for _ in self.windows]
-        self.managers = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
-        self.laws = laws_for(self.managers[0])
+        self.ours = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
+        self.managers = list(self.ours)
+        self.laws = laws_for(self.ours[0])
         return multiple(*self.first_sequences(first))
 
     def first_sequences(self, first: list[tuple[list[int], list[int]]]) -> list[tuple[int, ...]]:
@@ -170,7 +189,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the cache half
 
-    def same(self, what: str, outcomes: list[Any]) -> Outcome:
+    def same(self, what: str, outcomes: Sequence[object]) -> Outcome:
         """The one outcome every implementation had (the judge's exact comparison: values, error classes and
         words), or an AssertionError naming the first that differs; plain values are outcomes of calls that
         returned them."""
@@ -314,7 +333,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.same("reset", got)
         self.settle_ledger()
 
-    def snapshot(self) -> tuple[Any, ...]:
+    def snapshot(self) -> Snapshot:
         """The model's state, copied (to tell that a rejected call changed nothing)."""
         return (tuple(dict(g) for g in self.model.groups), dict(self.model.locks), self.model.clock)
 
@@ -352,7 +371,7 @@ class HybridMachine(RuleBasedStateMachine):
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         reqs = [HybridReq(uid, list(prompt), namespace) for _ in self.managers]
         got = [
-            manager_outcome(lambda m=manager, r=req: m.match_req(r), self.foreign, manager)
+            manager_outcome(functools.partial(manager.match_req, req), self.foreign, manager)
             for manager, req in zip(self.managers, reqs, strict=True)
         ]
         self.copied()
@@ -378,10 +397,10 @@ class HybridMachine(RuleBasedStateMachine):
                 f" {name} rows {brief(req.rows)} matched {req.cached_len}"
             )
 
-    def manager_call(self, what: str, uid: int, call: Any) -> list[Outcome]:
+    def manager_call(self, what: str, uid: int, call: Callable[[LifecycleTarget, HybridReq], object]) -> list[Outcome]:
         """``call(manager, req)`` on every manager; the outcomes must agree, and so must the requests after."""
         got = [
-            manager_outcome(lambda m=m, r=r: call(m, r), self.foreign, m)
+            manager_outcome(functools.partial(call, m, r), self.foreign, m)
             for m, r in zip(self.managers, self.reqs[uid], strict=True)
         ]
         self.copied()
@@ -433,19 +452,16 @@ class HybridMachine(RuleBasedStateMachine):
 
     @precondition(
         lambda self: (
-            not self.foreign
-            and any(self.managers[0].cache.size_info(g).evictable_size for g in range(len(self.windows)))
+            not self.foreign and any(self.ours[0].cache.size_info(g).evictable_size for g in range(len(self.windows)))
         )
     )
     @rule(group=st.integers(0, 2))
     def manager_evict_all(self, group: int) -> None:
         """Churn: evict everything evictable of one group into its free list."""
         STATS.record_rule("hybrid.manager_evict")
-        if not self.managers:
-            return
         group %= len(self.windows)
         got = []
-        for manager in self.managers:
+        for manager in self.ours:
             size = manager.cache.size_info(group).evictable_size
             evicted = manager.cache.evict(group, size)
             manager.free_slots[group].extend(evicted[:: self.page_size])
@@ -462,8 +478,8 @@ class HybridMachine(RuleBasedStateMachine):
             manager.check_integrity(reqs)
         for laws in self.laws:
             laws.check(live[0])
-        for name, manager in zip(self.names, self.managers[1:], strict=True):
-            free = [list(q) for q in self.managers[0].free_slots]
+        for name, manager in zip(self.names, self.ours[1:], strict=True):
+            free = [list(q) for q in self.ours[0].free_slots]
             assert [list(q) for q in manager.free_slots] == free, f"{name}'s manager free lists differ from the spec's"
 
     def teardown(self) -> None:
@@ -476,5 +492,5 @@ class HybridMachine(RuleBasedStateMachine):
         # the lifecycle laws with no live request: each pool's pages free or cached (a slot lost on release shows)
         for laws in self.laws:
             laws.check([])
-            if not self.foreign:
-                assert not manager.cache.abstract_state().locks, "locks left after every request finished"
+        for manager in self.ours:
+            assert not manager.cache.abstract_state().locks, "locks left after every request finished"

@@ -35,7 +35,7 @@ from radixspec.spec.metrics import CacheStats
 from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
 
 if TYPE_CHECKING:
-    from radixspec.reference.hybrid_manager import HybridCache
+    from radixspec.reference.hybrid_manager import HybridCache, HybridReq
 
 # a target's handle type, and its request type (a manager's)
 H = TypeVar("H")
@@ -425,6 +425,35 @@ class ExactManager(CacheManagerTarget[R, H], Protocol[R, H]):
         """The KV events its prefix cache emitted since the last call."""
 
 
+class LifecycleTarget(Protocol):
+    """A request-lifecycle manager, the hybrid layer's target: an engine's cache as its scheduler drives it, or our
+    hybrid manager (``reference/hybrid_manager.py``) over one of our hybrid caches. The hybrid machine makes these
+    calls; what the lifecycle laws read of it is ``fuzz/lifecycle.py``'s ``LifecycleView`` and its optional views.
+    A call refuses what the engine cannot serve with a spec error and nothing changed (``OutOfPagesError``: not
+    admitted, not allocated)."""
+
+    page_size: int
+
+    @property
+    def windows(self) -> tuple[Window, ...]:
+        """Each group's window (None: full attention), of the drawn ones those the target took."""
+
+    def match_req(self, req: HybridReq) -> None:
+        """Match the prompt less its last token, lock the hit, give the request its rows up to it."""
+
+    def allocate_paged(self, req: HybridReq, length: int) -> None:
+        """Pages (per group) for the request's tokens up to ``length``."""
+
+    def store(self, req: HybridReq, tokens: int) -> None:
+        """The KV of ``tokens`` more tokens computed and stored."""
+
+    def cache_req(self, req: HybridReq, finished: bool) -> None:
+        """Cache what the request computed; when ``finished``, release it."""
+
+    def check_integrity(self, live_reqs: list[HybridReq]) -> None:
+        """The engine's own checks (IntegrityError naming what broke)."""
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """How to make a target, and what it needs: one entry of ``radixspec fuzz --list-targets``."""
@@ -443,7 +472,7 @@ class TargetInfo:
     # makes a hybrid cache manager (several attention groups): factory(page_size, windows, num_pages) -> an object
     # with reference/hybrid_manager.py's methods (match_req, allocate_paged, store, cache_req, check_integrity)
     # and its ``windows`` (those it took of the drawn ones); None when the target has no hybrid layer
-    hybrid_factory: Callable[[int, tuple[Window, ...], int], Any] | None = None
+    hybrid_factory: Callable[[int, tuple[Window, ...], int], LifecycleTarget] | None = None
     # ours only: makes the hybrid cache (reference/hybrid_manager.py's HybridCache) that our hybrid manager runs
     # over: factory(page_size, windows); the hybrid machine drives each beside the spec's, caches and managers
     hybrid_cache: Callable[[int, tuple[Window, ...]], HybridCache] | None = None

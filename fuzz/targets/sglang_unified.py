@@ -36,7 +36,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import events as ev
@@ -265,27 +265,85 @@ class SlidingWindow:
         return Pool("SWA", m.alloc.swa_available_size() // p, cached, private, self.pages)
 
 
+class StateComponent(Protocol):
+    """What the manager calls of SGLang's MAMBA component as it combines it (``RecurrentState`` in
+    ``sglang_unified_mamba.py``), at each step of the lifecycle where a recurrent state changes what it does. Its
+    methods take the manager whose table, allocator and tree they read."""
+
+    def configure(self, core: str, page_size: int) -> None:
+        """The settings SGLang's server publishes, which the component reads, set before the cache is built."""
+
+    def table(self, m: SGLangUnifiedManager) -> RequestTable:
+        """The request-to-token table with the requests' state slots."""
+
+    def components(self, m: SGLangUnifiedManager) -> dict[str, object]:
+        """What the cache's parameters add for it (the MAMBA component, the extra buffer)."""
+
+    def column(self, m: SGLangUnifiedManager, record: Record, pages: int) -> list[int | None]:
+        """The state group's row: the request's state slot at the page of its last computed token."""
+
+    def admit(self, m: SGLangUnifiedManager, req: HybridReq) -> None:
+        """Before a match: the state slots a request needs, made (OutOfPagesError, nothing changed: not admitted)."""
+
+    def match_params(self, m: SGLangUnifiedManager, key: object, record: Record) -> object:
+        """The match's parameters (copy on match)."""
+
+    def has_state(self, req: HybridReq, end: int) -> bool:
+        """The tree held, before the match, a state of exactly the prompt's first ``end`` tokens."""
+
+    def adopt(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, hit: int) -> None:
+        """The request's state after the judged match."""
+
+    def chunk_end(self, m: SGLangUnifiedManager, req: HybridReq, length: int) -> int:
+        """Where the scheduler's chunk asked to end at ``length`` ends."""
+
+    def stored(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, begin: int) -> None:
+        """After a forward that computed ``[begin, req.computed)``: the request's state, its snapshots."""
+
+    def make_room(self, m: SGLangUnifiedManager, needed: int = 1) -> bool:
+        """``needed`` free state slots, evicting cached states if there are fewer (the scheduler's check)."""
+
+    def check(self, m: SGLangUnifiedManager, req: HybridReq, record: Record) -> None:
+        """The recurrent states' laws for a live request."""
+
+    def pool(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> Pool:
+        """The state slots: free, cached, held by the live requests, size."""
+
+
 class SGLangUnifiedManager:
     """SGLang's unified cache and its allocator behind the hybrid manager's methods, on one tree core: FULL, with
-    the SWA component (``swa``) where a subclass sets it, the MAMBA one in ``sglang_unified_mamba.py``."""
+    the components the model has, combined as SGLang combines them: the SWA one (``swa``), the MAMBA one
+    (``mamba``: ``sglang_unified_mamba.py``). ``profile``: the target's."""
 
-    profile = PROFILE
     # a refusal is an OutOfPagesError of ours (the scheduler's checks); anything else escaping SGLang is a crash
     raises_only_cache_errors = True
-    # whether the tree keys by bigrams when the server runs EAGLE (SGLang: not with a MAMBA component)
-    bigram_keys_under_eagle = True
-    # the SWA component, where the model has sliding-window layers
-    swa: SlidingWindow | None = None
 
-    def __init__(self, page_size: int, num_pages: int, core: str, policy: str, eagle: bool = False) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        num_pages: int,
+        core: str,
+        policy: str,
+        eagle: bool = False,
+        *,
+        swa: SlidingWindow | None = None,
+        mamba: StateComponent | None = None,
+        profile: Profile = PROFILE,
+    ) -> None:
         import torch
 
         self.torch = torch
+        self.swa, self.mamba, self.profile = swa, mamba, profile
+        if mamba is not None:
+            mamba.configure(core, page_size)
         v = self.v = import_unified_cache()
-        self.windows: tuple[hy.Window, ...] = (None,) if self.swa is None else (None, self.swa.window)
+        # the groups: full attention, the window where SWA is combined, the state group after the KV groups
+        kinds: tuple[hy.Window, ...] = (None,) if swa is None else (None, swa.window)
+        self.windows: tuple[hy.Window, ...] = kinds if mamba is None else (*kinds, hr.STATE)
         self.page_size, self.num_pages, self.core = page_size, num_pages, core
-        # the tree's keys are bigrams: EAGLE's (``is_eagle``), where the components take them
-        self.eagle = eagle and self.bigram_keys_under_eagle
+        # the tree's keys are bigrams: EAGLE's (``is_eagle``), but raw with a MAMBA component (unified_tree_core.py,
+        # the Rust adapter)
+        self.eagle = eagle and mamba is None
         self.table = self.make_table()
         self.alloc = self.make_allocator()
         self.cache = v.urc.UnifiedRadixCache(
@@ -307,6 +365,8 @@ class SGLangUnifiedManager:
         self.mirror = ev.Replayer(page_size, check_hashes=False)
 
     def make_table(self) -> RequestTable:
+        if self.mamba is not None:
+            return self.mamba.table(self)
         return RequestTable(self.torch.zeros((ROWS, ROW_TOKENS), dtype=self.torch.int64), list(range(ROWS)))
 
     def make_allocator(self) -> Any:
@@ -323,12 +383,17 @@ class SGLangUnifiedManager:
             need_sort=False,
         )
 
-    def components(self) -> dict[str, object]:
-        """The tree's components, as SGLang builds them for the model (a dense one: FULL only)."""
+    def components_of_kv(self) -> tuple[object, ...]:
+        """The KV components: FULL, and SWA where the model has sliding-window layers."""
         c = self.v.components
-        if self.swa is None:
-            return {"tree_components": (c.FULL,)}
-        return {"tree_components": (c.FULL, c.SWA), "sliding_window_size": self.swa.window}
+        return (c.FULL,) if self.swa is None else (c.FULL, c.SWA)
+
+    def components(self) -> dict[str, object]:
+        """The tree's components, as SGLang builds them for the model (a dense one: FULL only), MAMBA's last."""
+        found: dict[str, object] = {"tree_components": self.components_of_kv()}
+        if self.swa is not None:
+            found["sliding_window_size"] = self.swa.window
+        return found if self.mamba is None else found | self.mamba.components(self)
 
     # ------------------------------------------------------------ reading SGLang's state
 
@@ -358,6 +423,8 @@ class SGLangUnifiedManager:
         rows: list[list[int | None]] = [list(full)]
         if self.swa is not None:
             rows.append(self.swa.column(self, full))
+        if self.mamba is not None:
+            rows.append(self.mamba.column(self, record, len(full)))
         return rows
 
     def kv_slots(self, req: HybridReq) -> list[list[int | None]]:
@@ -370,7 +437,10 @@ class SGLangUnifiedManager:
     # ------------------------------------------------------------ the scheduler's lifecycle
 
     def match_req(self, req: HybridReq) -> None:
-        """match_prefix_for_req: the prompt less its last token under its cache_salt; checked, then locked."""
+        """match_prefix_for_req: the prompt less its last token under its cache_salt; checked, then locked (with
+        MAMBA, admitted only with the state slots it needs)."""
+        if self.mamba is not None:
+            self.mamba.admit(self, req)
         if not self.table.free_rows:
             raise OutOfPagesError("no free row in the request-to-token table")
         v, tokens = self.v, req.input_ids[:-1]
@@ -403,7 +473,9 @@ class SGLangUnifiedManager:
         req.handle, req.computed = types.SimpleNamespace(cached_len=hit), hit
 
     def match_params(self, key: object, record: Record) -> object:
-        """match_kv_cache's parameters: the key and the request."""
+        """match_kv_cache's parameters: the key and the request (MAMBA's: copy on match)."""
+        if self.mamba is not None:
+            return self.mamba.match_params(self, key, record)
         return self.v.base.MatchPrefixParams(key=key, req=record)
 
     def judge_hit(self, req: HybridReq, record: Record, key: object, hit: int, cached: dict[pc.PageKey, int]) -> None:
@@ -421,7 +493,7 @@ class SGLangUnifiedManager:
             if kind is None:
                 return full(0, end)
             if kind == hr.STATE:
-                return full(0, end) and self.has_state(req, end)
+                return full(0, end) and self.mamba is not None and self.mamba.has_state(req, end)
             return full(0, end) and self.swa is not None and self.swa.holds(self.page_size, holes, end)
 
         # EAGLE: the tree is keyed by bigrams, the KV of token i under (t_i, t_i+1): lookahead 1
@@ -432,15 +504,8 @@ class SGLangUnifiedManager:
         longest = hit_law(req.uid, hit, rule, is_cached, tokens, tokens, why, exact=self.swa is None)
         if hit < longest:
             STATS.record_rule("sglang-swa.hit_below_the_spec")
-        self.adopt(req, record, hit)
-
-    def has_state(self, req: HybridReq, end: int) -> bool:
-        """The tree held, before the match, a recurrent state of exactly the prompt's first ``end`` tokens
-        (none without a MAMBA component)."""
-        return False
-
-    def adopt(self, req: HybridReq, record: Record, hit: int) -> None:
-        """The components' part of a match, once the hit is judged (Mamba: the request's state)."""
+        if self.mamba is not None:
+            self.mamba.adopt(self, req, record, hit)
 
     def event_pages(self, req: HybridReq, cached: dict[pc.PageKey, int]) -> hr.IsCached:
         """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
@@ -465,8 +530,8 @@ class SGLangUnifiedManager:
         req.rows = self.page_rows(record, length)
 
     def chunk_end(self, req: HybridReq, length: int) -> int:
-        """Where the scheduler's chunk that asks for tokens up to ``length`` ends (here: there)."""
-        return length
+        """Where the scheduler's chunk that asks for tokens up to ``length`` ends (there, but with MAMBA)."""
+        return length if self.mamba is None else self.mamba.chunk_end(self, req, length)
 
     def allocate_slots(self, req: HybridReq, record: Record, start: int, length: int) -> torch.Tensor | None:
         """Evict what the scheduler's conservative demand (a new page beside the tokens) exceeds, then extend;
@@ -487,14 +552,19 @@ class SGLangUnifiedManager:
 
     def store(self, req: HybridReq, tokens: int) -> None:
         """KV written for ``tokens`` more tokens (the machine's shadow records where, fuzz/lifecycle.py)."""
-        record = self.records[req.uid]
+        record, begin = self.records[req.uid], req.computed
         end = self.chunk_end(req, req.computed + tokens)
         req.computed = record.extend_end = end
         record.full_untruncated_fill_ids = array("q", req.input_ids)
+        if self.mamba is not None:
+            self.mamba.stored(self, req, record, begin)
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         """checkpoint_kv_cache after a chunk; release_kv_cache when the request finishes or is aborted (with
-        SWA under this manager's out-of-window switch)."""
+        SWA under this manager's out-of-window switch; with MAMBA, a checkpoint only with a state slot free)."""
+        if not finished and self.mamba is not None and not self.mamba.make_room(self):
+            STATS.record_rule("sglang-mamba.checkpoint[no state slot: not called]")
+            return
         if self.swa is None:
             self.checkpoint_or_release(req, finished)
             return
@@ -558,7 +628,8 @@ class SGLangUnifiedManager:
         for req in live_reqs:
             record = self.records[req.uid]
             slots = self.row(record, record.kv.kv_allocated_len)
-            self.check_states(req, record)
+            if self.mamba is not None:
+                self.mamba.check(self, req, record)
             for first in range(0, len(slots), p):
                 page = slots[first : first + p]
                 if page != list(range(page[0], page[0] + len(page))) or page[0] % p:
@@ -572,9 +643,6 @@ class SGLangUnifiedManager:
         self.cache.sanity_check()
         STATS.record_reach(largest_tree_pages=tree // p)
 
-    def check_states(self, req: HybridReq, record: Record) -> None:
-        """The recurrent states' laws, where the cache has a MAMBA component."""
-
     def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
         """Per pool, in pages: free, cached, held privately by the live requests, size (fuzz/lifecycle.py)."""
         p = self.page_size
@@ -583,10 +651,13 @@ class SGLangUnifiedManager:
             for r in live_reqs
         )
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
-        if self.swa is None:
-            return [Pool("full", self.alloc.available_size() // p, tree // p, private, self.num_pages)]
-        full = Pool("full", self.alloc.full_available_size() // p, tree // p, private, self.num_pages)
-        return [full, self.swa.pool(self, live_reqs)]
+        free = self.alloc.available_size() if self.swa is None else self.alloc.full_available_size()
+        found = [Pool("full", free // p, tree // p, private, self.num_pages)]
+        if self.swa is not None:
+            found.append(self.swa.pool(self, live_reqs))
+        if self.mamba is not None:
+            found.append(self.mamba.pool(self, live_reqs))
+        return found
 
     def cached_page_count(self) -> int:
         """Pages the tree holds (the reach of a campaign)."""
@@ -596,12 +667,11 @@ class SGLangUnifiedManager:
 class BothCores:
     """The same program on SGLang's Rust and Python tree cores: every result, row and page count must agree."""
 
-    profile = PROFILE
     raises_only_cache_errors = True
 
     def __init__(self, managers: Sequence[SGLangUnifiedManager]) -> None:
         self.managers = list(managers)
-        self.windows, self.page_size = managers[0].windows, managers[0].page_size
+        self.windows, self.page_size, self.profile = managers[0].windows, managers[0].page_size, managers[0].profile
         # each core under the lifecycle laws (fuzz/lifecycle.py), with a shadow of its own
         self.cores = [(manager.core, manager) for manager in self.managers]
 

@@ -10,8 +10,9 @@ SGLang's code). Drawn per configuration: the page size (1 to 8), the mode (SGLan
 picks with the overlap scheduler or pages above 1, with one or two tracking slots, or at page size 1 no buffer:
 a state exists for exactly the tokens computed so far), the eviction policy, ``mamba_max_states_per_path``
 (unlimited, or 2: the shallowest states on a path are dropped), the state pool's size, and in half the
-configurations an SWA component beside (FULL + SWA + MAMBA, ``SGLangSWAMambaManager``: the ``sglang-swa``
-target's window lifecycle and checks too).
+configurations an SWA component beside (FULL + SWA + MAMBA: the ``sglang-swa`` target's window lifecycle and
+checks too). The MAMBA component is ``RecurrentState``, which the lifecycle of ``sglang_unified.py`` calls
+where a state changes what it does.
 
 The lifecycle's state part, from SGLang's code: the match copies the matched node's state into a slot of the
 request's own (``cow_mamba``: the scheduler copies it on the forward stream); a request with no state hit gets
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
-from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import OutOfPagesError
@@ -204,33 +204,24 @@ class ExtraBuffer:
         return math.lcm(self.grid(page), self.interval)
 
 
-class SGLangMambaUnifiedManager(SGLangUnifiedManager):
-    """SGLang's unified cache with FULL and MAMBA, on one tree core."""
+class RecurrentState:
+    """SGLang's MAMBA component as a manager combines it (``StateComponent``): the state slots (``states``, and
+    ``mamba_max_states_per_path``), the extra buffer or none, and the prefixes of the states the tree held at the
+    last match. One per manager (per tree core)."""
 
-    profile = PROFILE
-    # under EAGLE the tree keeps raw keys with a MAMBA component (unified_tree_core.py, the Rust adapter)
-    bigram_keys_under_eagle = False
-
-    def __init__(
-        self,
-        num_pages: int,
-        core: str,
-        policy: str,
-        states: int,
-        max_states_per_path: int,
-        page_size: int = 1,
-        buffer: ExtraBuffer | None = None,
-        eagle: bool = False,
-    ) -> None:
+    def __init__(self, states: int, max_states_per_path: int, buffer: ExtraBuffer | None = None) -> None:
         self.states, self.max_states_per_path, self.buffer = states, max_states_per_path, buffer
+        self.tree_states: set[StateOf] = set()
+
+    def configure(self, core: str, page_size: int) -> None:
+        """The settings SGLang's server publishes, read by the component and the Rust core's adapter; without the
+        extra buffer (page size 1) the chunk is the FLA chunk size SGLang falls back to."""
         settings = types.SimpleNamespace(
             mamba=types.SimpleNamespace(
-                mamba_max_states_per_path=max_states_per_path, enable_mamba_extra_buffer_lazy=False
+                mamba_max_states_per_path=self.max_states_per_path, enable_mamba_extra_buffer_lazy=False
             )
         )
-        # the settings SGLang's server publishes, read by the component and the Rust core's adapter; without
-        # the extra buffer (page size 1) the chunk is the FLA chunk size SGLang falls back to
-        chunk = 64 if buffer is None else buffer.cache_chunk(page_size)
+        chunk = 64 if self.buffer is None else self.buffer.cache_chunk(page_size)
         mamba: Any = import_mamba_cache().mamba
         mamba.get_exec = lambda: settings
         mamba.mamba_cache_chunk_size = lambda: chunk
@@ -238,16 +229,11 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         if core == "rust":
             adapter: Any = importlib.import_module("sglang.srt.mem_cache.rust_tree_core.adapter")
             adapter.get_exec, adapter.mamba_cache_chunk_size = (lambda: settings), mamba.mamba_cache_chunk_size
-        super().__init__(page_size, num_pages, core, policy, eagle)
-        # the state group after the KV groups (full attention, and the window where SWA is combined)
-        self.windows = (*self.windows, hr.STATE)
-        # the prefixes of the states the tree holds, as last read before a match
-        self.tree_states: set[StateOf] = set()
 
-    def make_table(self) -> RequestTable:
-        torch = self.torch
-        table: Any = self.v.table(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
-        table.mamba_allocator = self.v.slots.MambaSlotAllocator(self.states, "cpu")
+    def table(self, m: SGLangUnifiedManager) -> RequestTable:
+        torch = m.torch
+        table: Any = m.v.table(torch.zeros((ROWS, ROW_TOKENS), dtype=torch.int64), list(range(ROWS)))
+        table.mamba_allocator = m.v.slots.MambaSlotAllocator(self.states, "cpu")
         table.mamba_pool.shadow = StateShadow()
         if self.buffer is not None:
             table.enable_mamba_extra_buffer = True
@@ -256,33 +242,28 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
             table.req_index_to_mamba_ping_pong_track_buffer_mapping = torch.zeros((ROWS, n), dtype=torch.int64)
         return cast(RequestTable, table)
 
-    def components(self) -> dict[str, object]:
-        """The KV components, then MAMBA with or without its extra buffer."""
-        found = super().components()
-        kv = found["tree_components"]
-        assert isinstance(kv, tuple)
-        return found | {
-            "tree_components": (*kv, self.v.components.MAMBA),
-            "enable_mamba_extra_buffer": self.buffer is not None,
-        }
+    def components(self, m: SGLangUnifiedManager) -> dict[str, object]:
+        """MAMBA after the KV components, with or without its extra buffer."""
+        kv = m.components_of_kv()
+        return {"tree_components": (*kv, m.v.components.MAMBA), "enable_mamba_extra_buffer": self.buffer is not None}
 
     # ------------------------------------------------------------ reading SGLang's state
 
-    @property
-    def pool(self) -> StatePool:
-        table: Any = self.table
+    @staticmethod
+    def state_pool(m: SGLangUnifiedManager) -> StatePool:
+        table: Any = m.table
         return cast(StatePool, table.mamba_pool)
 
-    @property
-    def slots(self) -> Any:
-        table: Any = self.table
+    @staticmethod
+    def slots(m: SGLangUnifiedManager) -> Any:
+        table: Any = m.table
         return table.mamba_allocator
 
-    def request_slots(self) -> set[int]:
+    def request_slots(self, m: SGLangUnifiedManager) -> set[int]:
         """The state slots the live requests hold: each its own state, and with the extra buffer its tracking
         slots."""
         held: set[int] = set()
-        for r in self.records.values():
+        for r in m.records.values():
             if r.kv.mamba_pool_idx is not None:
                 held.add(int(r.kv.mamba_pool_idx))
             if r.kv.mamba_ping_pong_track_buffer is not None:
@@ -291,98 +272,95 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
                 held.update(int(s) for s, e in zip(buffer, empty, strict=True) if not e)
         return held
 
-    def tree_slots(self) -> set[int]:
+    def tree_slots(self, m: SGLangUnifiedManager) -> set[int]:
         """The state slots the tree holds: neither free nor a request's."""
-        free = {int(s) for s in self.slots.free_slots.tolist()}
-        return set(range(1, self.states + 1)) - free - self.request_slots()
+        free = {int(s) for s in self.slots(m).free_slots.tolist()}
+        return set(range(1, self.states + 1)) - free - self.request_slots(m)
 
-    def make_room(self, needed: int = 1) -> bool:
+    def make_room(self, m: SGLangUnifiedManager, needed: int = 1) -> bool:
         """``needed`` free state slots, evicting cached states if there are fewer (the scheduler's check)."""
-        short = needed - self.slots.available_size()
+        short = needed - self.slots(m).available_size()
         if short > 0:
             STATS.record_rule("sglang-mamba.evict_state")
-            self.cache.evict_for_alloc(self.v.base.EvictParams(num_tokens=0, mamba_num=short))
-        return bool(self.slots.available_size() >= needed)
+            m.cache.evict_for_alloc(m.v.base.EvictParams(num_tokens=0, mamba_num=short))
+        return bool(self.slots(m).available_size() >= needed)
 
-    def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
-        """The KV rows, and the state group's: the request's state slot at the page of its last computed token."""
-        rows = super().page_rows(record, length)
-        state: list[int | None] = [None] * len(rows[0])
+    def column(self, m: SGLangUnifiedManager, record: Record, pages: int) -> list[int | None]:
+        """The state group's row: the request's state slot at the page of its last computed token."""
+        state: list[int | None] = [None] * pages
         if record.extend_end and record.kv.mamba_pool_idx is not None:
-            state[(record.extend_end - 1) // self.page_size] = int(record.kv.mamba_pool_idx)
-        return [*rows, state]
+            state[(record.extend_end - 1) // m.page_size] = int(record.kv.mamba_pool_idx)
+        return state
 
     # ------------------------------------------------------------ the state's lifecycle
 
-    def match_req(self, req: HybridReq) -> None:
+    def admit(self, m: SGLangUnifiedManager, req: HybridReq) -> None:
         """Admitted only with a state slot free, and the extra buffer's tracking slots (nothing changes when
         they cannot be made)."""
-        if not self.make_room(1 + (0 if self.buffer is None else self.buffer.tracking_slots)):
+        if not self.make_room(m, 1 + (0 if self.buffer is None else self.buffer.tracking_slots)):
             STATS.record_rule("sglang-mamba.match[no state slot: not admitted]")
             raise OutOfPagesError(f"request {req.uid}: no free state slot")
-        super().match_req(req)
 
-    def match_params(self, key: object, record: Record) -> object:
-        self.tree_states = {s for slot in self.tree_slots() if (s := self.pool.shadow.get(slot)) is not None}
-        return self.v.base.MatchPrefixParams(key=key, req=record, cow_mamba=True)
+    def match_params(self, m: SGLangUnifiedManager, key: object, record: Record) -> object:
+        shadow = self.state_pool(m).shadow
+        self.tree_states = {s for slot in self.tree_slots(m) if (s := shadow.get(slot)) is not None}
+        return m.v.base.MatchPrefixParams(key=key, req=record, cow_mamba=True)
 
     def has_state(self, req: HybridReq, end: int) -> bool:
         """The tree held, before the match, a state of exactly the prompt's first ``end`` tokens."""
         return (req.namespace, tuple(req.input_ids[:end])) in self.tree_states
 
-    def adopt(self, req: HybridReq, record: Record, hit: int) -> None:
+    def adopt(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, hit: int) -> None:
         """The request's state after the match: the hit's, copied (checked), or a cleared one."""
-        tokens = req.input_ids[:-1]
+        tokens, shadow = req.input_ids[:-1], self.state_pool(m).shadow
         source = record.kv.mamba_cow_src_index
         if source is not None:
             # the scheduler's copy on the forward stream (copy on match)
             who = f"request {req.uid}'s copy of its hit of {hit} tokens"
-            prefix = tuple(tokens[:hit])
-            self.pool.shadow.expect("the_copied_state_is_the_hits", who, int(source), req.namespace, prefix)
+            shadow.expect("the_copied_state_is_the_hits", who, int(source), req.namespace, tuple(tokens[:hit]))
             STATS.record_rule("sglang-mamba.copy_on_match")
             record.kv.mamba_cow_src_index = None
         elif not record.kv.holds_mamba:
             # HybridReqToTokenPool.alloc: a cleared state for a request with no state hit
-            slot = self.slots.alloc(1)
+            slot = self.slots(m).alloc(1)
             assert slot is not None, "make_room left a slot"
             record.kv.mamba_pool_idx = slot[0]
-        self.pool.shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(tokens[:hit]))
+        shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(tokens[:hit]))
         if self.buffer is not None:
             # HybridReqToTokenPool.alloc: the tracking slots, nothing written in them yet
-            table: Any = self.table
+            table: Any = m.table
             table.alloc_tracking_slots(record)
             for slot in record.kv.mamba_ping_pong_track_buffer.tolist():
-                self.pool.shadow.clear(int(slot))
+                shadow.clear(int(slot))
 
-    def chunk_end(self, req: HybridReq, length: int) -> int:
+    def chunk_end(self, m: SGLangUnifiedManager, req: HybridReq, length: int) -> int:
         """With pages above 1, a chunk that does not finish the prompt ends on a page (SGLang's PrefillAdder
         leaves exact chunk fill off for a Mamba cache: its checkpoints land on page-aligned chunk ends)."""
-        if self.page_size == 1 or length >= len(self.records[req.uid].origin_input_ids):
+        if m.page_size == 1 or length >= len(m.records[req.uid].origin_input_ids):
             return length
-        end = length // self.page_size * self.page_size
+        end = length // m.page_size * m.page_size
         if end <= req.computed:
             STATS.record_rule("sglang-mamba.chunk[inside a page: not cut]")
             raise OutOfPagesError(f"request {req.uid}: a chunk to {length} ends inside a page; SGLang cuts on pages")
         return end
 
-    def store(self, req: HybridReq, tokens: int) -> None:
-        record = self.records[req.uid]
-        begin = req.computed
-        super().store(req, tokens)
-        self.pool.shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(req.input_ids[: req.computed]))
+    def stored(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, begin: int) -> None:
+        """The request's state is that of what it computed; the extra buffer's snapshot of the forward."""
+        shadow = self.state_pool(m).shadow
+        shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(req.input_ids[: req.computed]))
         if self.buffer is not None:
-            self.track(req, record, begin, req.computed)
-        req.rows = self.page_rows(record, record.kv.kv_allocated_len)
+            self.track(m, req, record, begin, req.computed)
+        req.rows = m.page_rows(record, record.kv.kv_allocated_len)
 
-    def track(self, req: HybridReq, record: Record, begin: int, end: int) -> None:
+    def track(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, begin: int, end: int) -> None:
         """The extra buffer's snapshot of the forward that computed ``[begin, end)``, and the scheduler's
         bookkeeping of it, written from SGLang's code: a prefill chunk at least a grid long snapshots the state
         at the chunk's start plus whole grids, or at the match's branch point when it lies in the chunk on the
         chunk grid (``ScheduleBatch``'s track entry); a decode step snapshots when the sequence reaches the
         track grid (``BatchResultProcessor``). The snapshot goes to the next tracking slot, which becomes the
         latest, and the next one is the other."""
-        kv, buffer, page = record.kv, cast(ExtraBuffer, self.buffer), self.page_size
-        table: Any = self.table
+        kv, buffer, page = record.kv, cast(ExtraBuffer, self.buffer), m.page_size
+        table: Any = m.table
         if begin >= len(record.origin_input_ids):
             if end % buffer.track_grid(page):
                 return
@@ -405,19 +383,13 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
         kv.mamba_last_track_idx, kv.mamba_last_track_seqlen = position, length
         kv.mamba_next_track_idx = table.get_mamba_ping_pong_other_idx(position)
         snapshot = int(kv.mamba_ping_pong_track_buffer[position])
-        self.pool.shadow.write(snapshot, req.namespace, tuple(req.input_ids[:length]))
-
-    def cache_req(self, req: HybridReq, finished: bool) -> None:
-        if not finished and not self.make_room():
-            STATS.record_rule("sglang-mamba.checkpoint[no state slot: not called]")
-            return
-        super().cache_req(req, finished)
+        self.state_pool(m).shadow.write(snapshot, req.namespace, tuple(req.input_ids[:length]))
 
     # ------------------------------------------------------------ universal checks
 
-    def check_states(self, req: HybridReq, record: Record) -> None:
+    def check(self, m: SGLangUnifiedManager, req: HybridReq, record: Record) -> None:
         """The request's state slot holds the state of its computed tokens; its latest snapshot, of its length."""
-        shadow, who = self.pool.shadow, f"request {req.uid}"
+        shadow, who = self.state_pool(m).shadow, f"request {req.uid}"
         slot, computed = int(record.kv.mamba_pool_idx), tuple(req.input_ids[: req.computed])
         shadow.expect("the_requests_state_is_its_own", who, slot, req.namespace, computed)
         length = record.kv.mamba_last_track_seqlen
@@ -426,32 +398,29 @@ class SGLangMambaUnifiedManager(SGLangUnifiedManager):
             who = f"request {req.uid}'s latest snapshot (tracked length {length})"
             shadow.expect("the_latest_snapshot_is_of_its_length", who, slot, req.namespace, computed[:length])
 
-    def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
-        cached = int(self.cache.mamba_evictable_size() + self.cache.mamba_protected_size())
-        held = len(self.request_slots())
-        return [*super().pools(live_reqs), Pool("state", self.slots.available_size(), cached, held, self.states)]
+    def pool(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> Pool:
+        cached = int(m.cache.mamba_evictable_size() + m.cache.mamba_protected_size())
+        held = len(self.request_slots(m))
+        return Pool("state", self.slots(m).available_size(), cached, held, self.states)
 
 
-class SGLangSWAMambaManager(SGLangMambaUnifiedManager):
-    """FULL + SWA + MAMBA (a hybrid model with sliding-window and linear-attention layers): the Mamba manager with
-    the SWA component, as SGLang combines them (SWA slots freed out of the window at checkpoints: its default)."""
-
-    profile = PROFILE
-
-    def __init__(
-        self,
-        num_pages: int,
-        core: str,
-        policy: str,
-        states: int,
-        max_states_per_path: int,
-        window: int,
-        page_size: int = 1,
-        buffer: ExtraBuffer | None = None,
-        eagle: bool = False,
-    ) -> None:
-        self.swa = SlidingWindow.sized(window, num_pages, True)
-        super().__init__(num_pages, core, policy, states, max_states_per_path, page_size, buffer, eagle)
+def mamba_manager(
+    num_pages: int,
+    core: str,
+    policy: str,
+    states: int,
+    max_states_per_path: int,
+    page_size: int = 1,
+    buffer: ExtraBuffer | None = None,
+    eagle: bool = False,
+    window: int | None = None,
+) -> SGLangUnifiedManager:
+    """SGLang's unified cache with FULL and MAMBA on one tree core; with ``window``, FULL + SWA + MAMBA (a model
+    with sliding-window and linear-attention layers; SWA slots freed out of the window at checkpoints: SGLang's
+    default)."""
+    swa = None if window is None else SlidingWindow.sized(window, num_pages, True)
+    mamba = RecurrentState(states, max_states_per_path, buffer)
+    return SGLangUnifiedManager(page_size, num_pages, core, policy, eagle, swa=swa, mamba=mamba, profile=PROFILE)
 
 
 def target(argument: str | None) -> TargetInfo:
@@ -481,9 +450,7 @@ def target(argument: str | None) -> TargetInfo:
             f"sglang-mamba.config[P={page_size},{mode},{policy},states per path {per_path}{swa}{',eagle' * eagle}]"
         )
         managers = [
-            SGLangMambaUnifiedManager(2 * num_pages, core, policy, states, per_path, page_size, buffer, eagle)
-            if window is None
-            else SGLangSWAMambaManager(2 * num_pages, core, policy, states, per_path, window, page_size, buffer, eagle)
+            mamba_manager(2 * num_pages, core, policy, states, per_path, page_size, buffer, eagle, window)
             for core in cores
         ]
         return managers[0] if len(managers) == 1 else BothCores(managers)

@@ -40,17 +40,13 @@ PROFILE = unified_profile(
 )
 
 
-class SGLangSWAUnifiedManager(SGLangUnifiedManager):
+def swa_manager(
+    page_size: int, num_pages: int, core: str, policy: str, window: int, eagle: bool, out_of_window: bool
+) -> SGLangUnifiedManager:
     """SGLang's unified cache with FULL and SWA over the SWA allocator, on one tree core (the SWA component:
     ``SlidingWindow`` in ``sglang_unified.py``)."""
-
-    profile = PROFILE
-
-    def __init__(
-        self, page_size: int, num_pages: int, core: str, policy: str, window: int, eagle: bool, out_of_window: bool
-    ) -> None:
-        self.swa = SlidingWindow.sized(window, num_pages, out_of_window)
-        super().__init__(page_size, num_pages, core, policy, eagle)
+    swa = SlidingWindow.sized(window, num_pages, out_of_window)
+    return SGLangUnifiedManager(page_size, num_pages, core, policy, eagle, swa=swa, profile=PROFILE)
 
 
 def target(argument: str | None) -> TargetInfo:
@@ -66,10 +62,7 @@ def target(argument: str | None) -> TargetInfo:
         out_of_window = (num_pages // 4) % 2 == 0
         flags = f"{',eagle' if eagle else ''}{',free out of window' if out_of_window else ''}"
         STATS.record_rule(f"sglang-swa.config[P={page_size},W{'<=' if window <= page_size else '>'}P,{policy}{flags}]")
-        managers = [
-            SGLangSWAUnifiedManager(page_size, 2 * num_pages, core, policy, window, eagle, out_of_window)
-            for core in cores
-        ]
+        managers = [swa_manager(page_size, 2 * num_pages, core, policy, window, eagle, out_of_window) for core in cores]
         return managers[0] if len(managers) == 1 else BothCores(managers)
 
     return TargetInfo(

@@ -50,7 +50,7 @@ from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import CachedKV, KVCopy, hit_law
 from ..stats import STATS
-from .api import PageKey, TargetInfo, lifecycle_profile
+from .api import PageKey, Profile, TargetInfo, lifecycle_profile
 from .shims import install
 from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
 
@@ -240,9 +240,9 @@ class StateGroup(Protocol):
 
 
 class VllmHybridManager:
-    """vLLM's hybrid coordinator behind the hybrid manager's methods (``reference/hybrid_manager.py``)."""
+    """vLLM's hybrid coordinator behind the hybrid manager's methods (``reference/hybrid_manager.py``), with a
+    Mamba group where one is given (``mamba``), under the target's ``profile``."""
 
-    profile = PROFILE
     # the driver checks every allocation against the free blocks first (OutOfPagesError): anything else that
     # escapes vLLM's calls is a crash, not a refusal
     raises_only_cache_errors = True
@@ -257,9 +257,10 @@ class VllmHybridManager:
         defer_free: bool = False,
         unit: int | None = None,
         mamba: StateGroup | None = None,
+        profile: Profile = PROFILE,
     ) -> None:
         # the Mamba group, where the model has linear-attention layers (vllm_mamba.py)
-        self.mamba = mamba
+        self.mamba, self.profile = mamba, profile
         v = import_hybrid()
         # EAGLE as the scheduler configures it: off; "drop" (no lookahead hashes: a KV connector, or
         # disable_lookahead_block_hashes; the coordinator finds one block more and drops it); "lookahead"

@@ -254,21 +254,16 @@ class MambaGroup:
                 self.check_state(req.uid, block, req.namespace, tokens, "state_resumes_from_its_prefix")
 
 
-class VllmMambaManager(VllmHybridManager):
+def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmHybridManager:
     """vLLM's coordinator with full attention and a Mamba group in align mode: the hybrid manager given a
-    ``MambaGroup`` (see the module docstring), under this target's profile."""
-
-    profile = PROFILE
-
-
-def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmMambaManager:
-    """The coordinator with a configuration drawn from the pool size (the summary counts each)."""
+    ``MambaGroup`` (see the module docstring), under this target's profile, with a configuration drawn from the
+    pool size (the summary counts each)."""
     bits = mix(num_pages)
     units = [u for u in range(1, page_size + 1) if (page_size % u == 0 and u > 1) or page_size == 1]
     unit = units[bits % len(units)]
     retention = RETENTIONS[bits // 7 % len(RETENTIONS)]
     checkpoints = bits // 83 % 2 == 1
-    manager = VllmMambaManager(
+    manager = VllmHybridManager(
         page_size,
         windows,
         num_pages,
@@ -277,6 +272,7 @@ def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> V
         defer_free=bits // 41 % 2 == 1,
         unit=unit,
         mamba=MambaGroup(checkpoints),
+        profile=PROFILE,
     )
     groups = "+".join("F" if kind is None else "M" if kind == hr.STATE else "W" for kind in manager.windows)
     retained = "dense" if retention is None else f"{retention}P"

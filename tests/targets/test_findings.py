@@ -360,11 +360,11 @@ SGLANG_0522_SWA_DOUBLE_FREE = """
 import json
 from array import array
 from importlib.metadata import version
-from radixspec.fuzz.targets.sglang_unified_swa import SGLangSWAUnifiedManager
+from radixspec.fuzz.targets.sglang_unified_swa import swa_manager
 from radixspec.reference.hybrid_manager import HybridReq
 
 # SGLang's unified cache, FULL + SWA, page size 4, window 5, over its SWA allocator (82 full pages)
-m = SGLangSWAUnifiedManager(4, 82, "rust", "lru", 5, False, True)
+m = swa_manager(4, 82, "rust", "lru", 5, False, True)
 v, cache, alloc = m.v, m.cache, m.alloc
 a = HybridReq(0, list(range(100, 110)), None)
 m.match_req(a)                         # nothing cached

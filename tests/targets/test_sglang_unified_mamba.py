@@ -14,9 +14,9 @@ from .test_sglang_unified import assert_caught, assert_clean, run
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
 
 LIFECYCLE = """
-from radixspec.fuzz.targets.sglang_unified_mamba import SGLangMambaUnifiedManager
+from radixspec.fuzz.targets.sglang_unified_mamba import mamba_manager
 from radixspec.reference.hybrid_manager import HybridReq
-m = SGLangMambaUnifiedManager(64, {core!r}, "lru", 6, -1)
+m = mamba_manager(64, {core!r}, "lru", 6, -1)
 prompt = list(range(100, 120))
 a = HybridReq(0, prompt + [1], None)
 m.match_req(a)
@@ -51,20 +51,16 @@ def test_a_match_stops_at_the_deepest_state_and_copies_it(core: str) -> None:
 
 
 # the same program with a window of 4 beside the states: SWA's pool printed before the states'
-WITH_SWA = (
-    LIFECYCLE.replace("import SGLangMambaUnifiedManager", "import SGLangSWAMambaManager")
-    .replace(
-        'SGLangMambaUnifiedManager(64, {core!r}, "lru", 6, -1)', 'SGLangSWAMambaManager(64, {core!r}, "lru", 6, -1, 4)'
-    )
-    .replace("*m.pools([])[1][1:]", "*m.pools([])[1][1:], *m.pools([])[2][1:]")
-)
+WITH_SWA = LIFECYCLE.replace(
+    'mamba_manager(64, {core!r}, "lru", 6, -1)', 'mamba_manager(64, {core!r}, "lru", 6, -1, window=4)'
+).replace("*m.pools([])[1][1:]", "*m.pools([])[1][1:], *m.pools([])[2][1:]")
 
 
 @pytest.mark.parametrize("core", ["rust", "python"])
 def test_with_a_window_beside_the_states_the_hits_are_the_same_and_the_window_is_kept(core: str) -> None:
     """FULL + SWA + MAMBA, W = 4: the same hits (each state's window is live), and both the SWA pool and the
     states add up (16 SWA slots cached: the windows behind the two states and the tails)."""
-    assert "SGLangSWAMambaManager(64" in WITH_SWA and "pools([])[2]" in WITH_SWA
+    assert "-1, window=4)" in WITH_SWA and "pools([])[2]" in WITH_SWA
     out = run(WITH_SWA.format(core=core))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.split() == ["hits", "10", "21", "states", "32", "16", "0", "48", "4", "2", "0", "6"]
@@ -73,9 +69,9 @@ def test_with_a_window_beside_the_states_the_hits_are_the_same_and_the_window_is
 # the extra buffer at page size 4: grid 4 from each chunk's start, a decode snapshot every 4 tokens, two
 # tracking slots; a chunk asked to end inside a page ends on the page before
 BUFFERED = """
-from radixspec.fuzz.targets.sglang_unified_mamba import ExtraBuffer, SGLangMambaUnifiedManager
+from radixspec.fuzz.targets.sglang_unified_mamba import ExtraBuffer, mamba_manager
 from radixspec.reference.hybrid_manager import HybridReq
-m = SGLangMambaUnifiedManager(64, {core!r}, "lru", 12, -1, 4, ExtraBuffer(2, 4, 4))
+m = mamba_manager(64, {core!r}, "lru", 12, -1, 4, ExtraBuffer(2, 4, 4))
 prompt = list(range(100, 120))
 a = HybridReq(0, prompt + [1], None)
 m.match_req(a)

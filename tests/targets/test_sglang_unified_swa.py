@@ -14,9 +14,9 @@ from .test_sglang_unified import assert_caught, assert_clean, run
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
 
 LIFECYCLE = """
-from radixspec.fuzz.targets.sglang_unified_swa import SGLangSWAUnifiedManager
+from radixspec.fuzz.targets.sglang_unified_swa import swa_manager
 from radixspec.reference.hybrid_manager import HybridReq
-manager = SGLangSWAUnifiedManager(2, 64, {core!r}, "lru", 4, False, {out_of_window})
+manager = swa_manager(2, 64, {core!r}, "lru", 4, False, {out_of_window})
 prompt = list(range(100, 140))
 a = HybridReq(0, prompt + [1], None)
 manager.match_req(a)
@@ -148,9 +148,9 @@ def test_the_out_of_window_free_reads_the_tokens_up_to_the_last_extend(target: s
 
 
 EMPTY_UNDER_EAGLE = """
-from radixspec.fuzz.targets.sglang_unified_swa import SGLangSWAUnifiedManager
+from radixspec.fuzz.targets.sglang_unified_swa import swa_manager
 from radixspec.reference.hybrid_manager import HybridReq
-manager = SGLangSWAUnifiedManager(2, 32, "rust", "lru", 4, True, True)
+manager = swa_manager(2, 32, "rust", "lru", 4, True, True)
 a = HybridReq(0, [5], None)      # the match reads no token: no bigram at all
 manager.match_req(a)
 manager.check_integrity([a])

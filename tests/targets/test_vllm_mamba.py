@@ -35,9 +35,10 @@ def run(manager: Any, uid: int, prompt: list[int], chunk: int = 100) -> tuple[in
 
 
 def test_a_resend_hits_inside_a_block_and_copies_the_tail_and_the_state() -> None:
-    from radixspec.fuzz.targets.vllm_mamba import MambaGroup, VllmMambaManager
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.fuzz.targets.vllm_mamba import MambaGroup
 
-    manager = VllmMambaManager(8, (None,), 64, unit=2, mamba=MambaGroup(checkpoints=False))
+    manager = VllmHybridManager(8, (None,), 64, unit=2, mamba=MambaGroup(checkpoints=False))
     assert manager.partial_hits and manager.rule.unit == 2
     prompt = list(range(100, 130))  # 30 tokens, blocks of 8, hashes every 2
     # the split: the last block boundary before the prompt's end (24), the prompt's last hash boundary (28)
@@ -51,9 +52,10 @@ def test_a_resend_hits_inside_a_block_and_copies_the_tail_and_the_state() -> Non
 
 
 def test_a_window_group_turns_hits_inside_a_block_off() -> None:
-    from radixspec.fuzz.targets.vllm_mamba import MambaGroup, VllmMambaManager
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.fuzz.targets.vllm_mamba import MambaGroup
 
-    manager = VllmMambaManager(8, (None, 5), 64, unit=2, mamba=MambaGroup(checkpoints=False))
+    manager = VllmHybridManager(8, (None, 5), 64, unit=2, mamba=MambaGroup(checkpoints=False))
     assert manager.windows == (None, 5, "state") and not manager.partial_hits and manager.rule.unit == 8
     prompt = list(range(100, 130))
     assert run(manager, 0, prompt) == (0, [24, 30])
@@ -122,9 +124,10 @@ def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
 def test_the_split_and_the_checkpoints_follow_each_eagle_mode(eagle: str) -> None:
     """Each mode reaches vLLM's checkpoint rule with its own arguments (0.32.0 takes no lookahead tokens: the
     campaign on it raised TypeError before), and a resend still hits."""
-    from radixspec.fuzz.targets.vllm_mamba import MambaGroup, VllmMambaManager
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.fuzz.targets.vllm_mamba import MambaGroup
 
-    manager = VllmMambaManager(8, (None,), 64, eagle=eagle, unit=2, mamba=MambaGroup(checkpoints=True))
+    manager = VllmHybridManager(8, (None,), 64, eagle=eagle, unit=2, mamba=MambaGroup(checkpoints=True))
     prompt = list(range(100, 130))
     assert run(manager, 0, prompt)[0] == 0
     assert run(manager, 1, prompt)[0] > 0
