@@ -23,6 +23,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 from .api import (
     EXACT,
     CacheManagerTarget,
+    LifecycleProfile,
     PageKey,
     PrefixCacheTarget,
     Profile,
@@ -251,13 +253,17 @@ def list_targets() -> list[str]:
                 ready = "ready"
             except TargetError as exc:
                 ready = f"NOT READY: {exc}"
-        kinds = "+".join(layer.name for layer in layers_of(info))
+        kinds, indent = "+".join(layer.name for layer in layers_of(info)), " " * (width + 1)
         lines.append(f"{name:<{width}} {info.description}")
         lines.append(
             f"{'':<{width}} machines: {kinds}; profile: {info.profile.name}; default LRU: {info.profile.default_lru}"
         )
         if info.how:
             lines.append(f"{'':<{width}} {info.how}")
+        stated = info.profile.choices() if isinstance(info.profile, LifecycleProfile) else []
+        stated += [("differs", note) for note in info.profile.notes]
+        for choice, what in stated:
+            lines += textwrap.wrap(f"{choice}: {what}", 120, initial_indent=indent, subsequent_indent=indent + "  ")
         lines.append(f"{'':<{width}} {ready}")
     return lines
 

@@ -95,7 +95,7 @@ class Profile:
     # the LRU check run by default: "strict" (the target evicts what the spec would) or "sync" (the
     # spec follows the target's choice after checking it was allowed)
     default_lru: Literal["strict", "sync"] = "strict"
-    # why this profile differs from the spec, in a sentence per difference (printed in the summary)
+    # why this profile differs from the spec, in a sentence per difference (printed by the target listing)
     notes: tuple[str, ...] = ()
     # strict LRU for targets whose rule is not the spec's page LRU: factory(num_pages, page_size) of an LruModel
     lru_model: Callable[[int, int], LruModel] | None = None
@@ -122,19 +122,39 @@ class Profile:
 EXACT = Profile(name="exact (the spec's semantics)")
 
 
-def lifecycle_profile(name: str, *notes: str) -> Profile:
-    """The profile every request-lifecycle target shares (an engine's cache as its scheduler drives it): whole
-    nodes or blocks evicted when the allocator needs pages, the engine's own clock and pages, no validation of
-    ours (the scheduler's checks refuse what it cannot serve); ``notes``: where this engine differs."""
-    return Profile(
-        name=name,
-        eviction_unit="node",
-        eviction_trigger="allocate",
-        clock="order",
-        errors="none",
-        slots="target",
-        notes=notes,
-    )
+@dataclass(frozen=True)
+class LifecycleProfile(Profile):
+    """The profile of a request-lifecycle target (an engine's cache as its scheduler drives it): whole nodes or
+    blocks evicted when the allocator needs pages, the engine's own clock and pages, no validation of ours (the
+    scheduler's checks refuse what it cannot serve); and the engine's named choices where the spec leaves one
+    open or the engine differs, one field each ("" where it does as the spec says), printed by the listing."""
+
+    eviction_unit: Literal["page", "node"] = "node"
+    eviction_trigger: Literal["evict", "allocate"] = "allocate"
+    clock: Literal["logical", "order", "none"] = "order"
+    errors: Literal["ours", "any", "none"] = "none"
+    slots: Literal["caller", "target"] = "target"
+    # which match a request is given (the spec's hit rule: the longest valid match)
+    hit: str = ""
+    # how pages (blocks) are allocated, shared, freed and evicted, and in how many pools
+    pages: str = ""
+    # what a sliding-window group caches and frees while a request runs
+    window: str = ""
+    # where recurrent states are matched, copied and checkpointed
+    state: str = ""
+    # what happens to a prefix cached twice (a request's copy of pages another cached meanwhile)
+    duplicates: str = ""
+    # EAGLE's speculative keys and blocks
+    eagle: str = ""
+    # what the KV events carry (namespaces, offsets)
+    events: str = ""
+    # the configuration choices the target draws per example (the summary counts each)
+    drawn: str = ""
+
+    def choices(self) -> list[tuple[str, str]]:
+        """The named choices this profile states, as (name, what the engine does)."""
+        names = ("hit", "pages", "window", "state", "duplicates", "eagle", "events", "drawn")
+        return [(name, value) for name in names if (value := getattr(self, name))]
 
 
 @runtime_checkable

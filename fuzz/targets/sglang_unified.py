@@ -48,7 +48,7 @@ from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import Pool, hit_law
 from ..stats import STATS
-from .api import Profile, TargetError, TargetInfo, lifecycle_profile
+from .api import LifecycleProfile, Profile, TargetError, TargetInfo
 from .sglang import VERSION
 from .sglang_modules import import_unified_cache, mapping_pool
 
@@ -56,18 +56,24 @@ if TYPE_CHECKING:
     import torch
 
 
-def unified_profile(components: str, *notes: str) -> Profile:
-    """The profile of SGLang's unified cache with ``components``: what every tree of it does, and ``notes``."""
-    return lifecycle_profile(f"sglang {VERSION} UnifiedRadixCache {components}", *notes)
+def unified_profile(components: str, hit: str = "", window: str = "", state: str = "") -> LifecycleProfile:
+    """The profile of SGLang's unified cache with ``components``: the choices every tree of it makes, and those
+    its components add."""
+    return LifecycleProfile(
+        name=f"sglang {VERSION} UnifiedRadixCache {components}",
+        hit=hit,
+        pages="the allocator hands out pages; a request's row is rewritten to the tree's pages at each checkpoint;"
+        " a finished request's prompt becomes its own node, one priority above the output",
+        window=window,
+        state=state,
+        duplicates="a checkpoint frees the request's copies of pages another request cached meanwhile (dedup)",
+        eagle="under EAGLE the tree keys by bigrams (raw keys with a MAMBA component), drawn",
+        events="namespaces are cache_salt values (their repr); the KV events carry them",
+        drawn="the tree core (Rust, Python, or both on one program), the eviction policy (LRU, priority), EAGLE",
+    )
 
 
-PROFILE = unified_profile(
-    "FULL",
-    "the allocator hands out pages; a request's row is rewritten to the tree's pages at each checkpoint",
-    "a checkpoint frees the request's copies of pages another request cached meanwhile (SGLang's dedup)",
-    "a finished request's prompt becomes its own node, one priority above the output (split at the prompt)",
-    "namespaces are cache_salt values (their repr); the KV events carry them",
-)
+PROFILE = unified_profile("FULL")
 
 # SGLang's tree cores, by our argument
 CORES = {None: ("rust",), "rust": ("rust",), "python": ("python",), "both": ("rust", "python")}

@@ -70,11 +70,11 @@ if TYPE_CHECKING:
 
 PROFILE = unified_profile(
     "FULL + MAMBA",
-    "state_match: the deepest node on the path that holds a state",
-    "state_copy: the matched state is copied into the request's own slot (copy on match)",
-    "state_checkpoints: at each checkpoint and at the finish; mamba_max_states_per_path drops shallow ones",
-    "extra_buffer: snapshots on a grid from each chunk's start and every track interval of decode, donated at"
-    " checkpoints (pages 1 to 8); no buffer at page size 1",
+    hit="the deepest node on the path that holds a state; with a window beside (drawn), as sglang-swa",
+    state="the matched state is copied into the request's own slot (copy on match); states are cached at each"
+    " checkpoint and at the finish; mamba_max_states_per_path drops shallow ones; the extra buffer snapshots"
+    " on a grid from each chunk's start and every track interval of decode, donated at checkpoints (pages 1"
+    " to 8); no buffer at page size 1",
 )
 
 # a prefix a state is of: (namespace, its tokens)

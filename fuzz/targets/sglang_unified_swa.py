@@ -33,10 +33,11 @@ from .sglang_unified import CORES, POLICIES, BothCores, SGLangUnifiedManager, Sl
 
 PROFILE = unified_profile(
     "FULL + SWA",
-    "window_tokens: after an SWA tombstone a match needs W live tokens, one more than the spec's W - 1",
-    "holes: SWA tombstones; an insert over a tombstone adopts the request's new slots (healing)",
-    "pools: one full pool and one SWA pool, tied by a full-to-SWA index mapping",
-    "a running request frees its out-of-window SWA slots at checkpoints (when on) and in decode",
+    hit="a valid match, at times shorter than the longest: after an SWA tombstone a match needs W live tokens,"
+    " one more than the spec's W - 1",
+    window="SWA tombstones; an insert over a tombstone adopts the request's new slots (healing); a running"
+    " request frees its out-of-window SWA slots at checkpoints (when on, drawn) and in decode; one full pool"
+    " and a smaller SWA pool, tied by a full-to-SWA index mapping",
 )
 
 

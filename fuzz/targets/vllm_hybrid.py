@@ -50,24 +50,25 @@ from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import CachedKV, KVCopy, hit_law
 from ..stats import STATS
-from .api import PageKey, Profile, TargetInfo, lifecycle_profile
+from .api import LifecycleProfile, PageKey, Profile, TargetInfo
 from .shims import install
 from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
 
-PROFILE = lifecycle_profile(
-    f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
-    "one BlockPool for every group (one free queue): conservation holds for the pool, not per group",
-    "groups: two to four, full attention and windows (several of one window too), drawn",
-    "window_pages: cdiv(W - 1, P) contiguous cached blocks end a hit, as the spec's window rule",
-    "eagle: off, drop (use_eagle: one block more found, then dropped) or lookahead hashes (0.33.0), drawn",
-    "retention: window groups cache only the tails a later hit can use (prefix_cache_retention_interval:"
-    " 0, vLLM's default, the replay boundary and shared-prefix junctions; k * P; dense), drawn",
-    "deferred frees: a finished request's blocks go back to the pool after the step in flight, drawn",
-    "alignment: one block size, so the hit aligns to P",
-    "early_release: remove_skipped_blocks at each allocation frees private and cached window blocks alike",
-    "duplicates: a prefix recomputed while its cached block sits free is cached twice (no dedup)",
-    "KV events: a window group's BlockStored under sparse retention names fewer hashes than the blocks its"
-    " tokens span, and no offsets (vllm#44451, fix open in #44488): replayed by count only",
+PROFILE = LifecycleProfile(
+    name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
+    hit="the spec's window rule: cdiv(W - 1, P) contiguous cached blocks end a hit; one block size, so the hit"
+    " aligns to P",
+    pages="one BlockPool for every group (one free queue): conservation holds for the pool, not per group; a"
+    " finished request's blocks go back after the step in flight (deferred frees, drawn)",
+    window="remove_skipped_blocks at each allocation frees private and cached window blocks alike; window"
+    " groups cache only the tails a later hit can use (prefix_cache_retention_interval: 0, vLLM's default,"
+    " the replay boundary and shared-prefix junctions; k * P; dense), drawn",
+    duplicates="a prefix recomputed while its cached block sits free is cached twice (no dedup)",
+    eagle="off, drop (use_eagle: one block more found, then dropped) or lookahead hashes (0.33.0), drawn",
+    events="a window group's BlockStored under sparse retention names fewer hashes than the blocks its tokens"
+    " span, and no offsets (vllm#44451, fix open in #44488): replayed by count only",
+    drawn="two to four groups, full attention and windows (several of one window too); EAGLE, retention,"
+    " deferred frees",
 )
 
 

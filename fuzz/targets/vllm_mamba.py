@@ -38,22 +38,21 @@ from radixspec.spec.errors import IntegrityError
 
 from ..lifecycle import StateShadow
 from ..stats import STATS
-from .api import TargetInfo, lifecycle_profile, mix
+from .api import LifecycleProfile, TargetInfo, mix
 from .shims import install
 from .vllm import VERSION, BlockView
 from .vllm_hybrid import EAGLE_MODES, RETENTIONS, HybridRequest, VllmHybridManager, import_hybrid
 
-PROFILE = lifecycle_profile(
-    f"vllm {VERSION} HybridKVCacheCoordinator (full attention + Mamba, align mode)",
-    "one BlockPool for every group; a Mamba block holds one state, of the prefix its entry names",
-    "state groups: a hit needs the state of exactly its prefix (spec STATE); states are sparse",
-    "unit: prefix_match_unit below the block (drawn); partial hits only without a window group",
-    "inner_hits: a full-attention page's entry serves every length inside the page up to where it ends",
-    "promotion: a full page keeps its partial entry until its full hash is known (lookahead lags a token)",
-    "copy on write: a hit inside a block copies the tail block and the state into the request's own",
-    "chunks: the scheduler's block-aligned split (prefill ends at block boundaries and at the prompt's"
-    " last hash boundary)",
-    "eagle, retention, deferred frees, prefill checkpoints: drawn",
+PROFILE = LifecycleProfile(
+    name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + Mamba, align mode)",
+    hit="a hit needs the state of exactly its prefix (spec STATE); hash units (prefix_match_unit) below the block"
+    " give hits inside a page, only without a window group: a full-attention page's entry serves every length"
+    " inside the page up to where it ends, and keeps its partial entry until its full hash is known",
+    pages="one BlockPool for every group; the scheduler's block-aligned split (prefill ends at block boundaries"
+    " and at the prompt's last hash boundary)",
+    state="a Mamba block holds one state, of the prefix its entry names; states are sparse; a hit inside a"
+    " block copies the tail block and the state into the request's own (copy on write)",
+    drawn="the hash unit, EAGLE, retention, deferred frees, prefill checkpoints",
 )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from radixspec.fuzz import campaign, targets
 from radixspec.fuzz.targets import TargetError, list_targets, releases, resolve
+from radixspec.fuzz.targets.api import LifecycleProfile
 
 from .toy import ToyCache
 
@@ -74,8 +75,26 @@ def test_the_listing_names_every_target_of_every_engine_what_it_needs_and_whethe
     assert "git clone https://github.com/sgl-project/mini-sglang" in text
     for variant in (variant for variants in releases.VARIANTS.values() for variant in variants):
         (at,) = [i for i, line in enumerate(lines) if line.split(" ")[0] == variant]
-        following = [line.strip() for line in lines[at + 1 : at + 5]]
-        assert any(line == "ready" or line.startswith("NOT READY") for line in following), (variant, following)
+        end = next((i for i in range(at + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+        following = [line.strip() for line in lines[at + 1 : end]]
+        assert following[-1] == "ready" or following[-1].startswith("NOT READY"), (variant, following)
+    # a request-lifecycle target states its named choices, a cache target where it differs from the spec
+    (swa,) = [i for i, line in enumerate(lines) if line.split(" ")[0] == "sglang-swa"]
+    assert any(line.strip().startswith("hit: a valid match") for line in lines[swa : swa + 12])
+    (vllm,) = [i for i, line in enumerate(lines) if line.split(" ")[0] == "vllm"]
+    assert any(line.strip().startswith("differs: ") for line in lines[vllm : vllm + 12])
+
+
+def test_a_lifecycle_profile_states_its_choices_by_name() -> None:
+    profile = LifecycleProfile(name="an engine", hit="the longest valid match but one page", state="none")
+    assert profile.choices() == [("hit", "the longest valid match but one page"), ("state", "none")]
+    # what every request-lifecycle target shares: the engine's pages, clock and eviction, no validation of ours
+    assert (profile.slots, profile.clock, profile.eviction_trigger, profile.errors) == (
+        "target",
+        "order",
+        "allocate",
+        "none",
+    )
 
 
 def test_a_correct_users_cache_passes_a_campaign() -> None:
