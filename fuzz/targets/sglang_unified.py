@@ -98,11 +98,11 @@ class KVRecord:
     component_evicted_seqlens: dict[object, int] = field(default_factory=dict)
     swa_evict_floor: int = 0
     # the request's recurrent-state slot (Mamba), and the tree's state a match copies into it
-    mamba_pool_idx: Any = None
-    mamba_cow_src_index: Any = None
+    mamba_pool_idx: torch.Tensor | None = None
+    mamba_cow_src_index: torch.Tensor | None = None
     mamba_needs_clear: bool = False
     # the extra buffer's tracking slots (ping-pong): which one the next track writes, which holds the latest
-    mamba_ping_pong_track_buffer: Any = None
+    mamba_ping_pong_track_buffer: torch.Tensor | None = None
     mamba_ping_pong_empty: list[bool] | None = None
     mamba_next_track_idx: int | None = None
     mamba_last_track_idx: int | None = None
@@ -113,6 +113,17 @@ class KVRecord:
     @property
     def holds_mamba(self) -> bool:
         return self.mamba_pool_idx is not None
+
+    def state_slot(self) -> int:
+        """The request's state slot (Mamba): held from its match to its release."""
+        assert self.mamba_pool_idx is not None, f"row {self.req_pool_idx}: a live request holds a state slot"
+        return int(self.mamba_pool_idx)
+
+    def tracking_slots(self) -> torch.Tensor:
+        """The extra buffer's tracking slots: held from the match to the release."""
+        slots = self.mamba_ping_pong_track_buffer
+        assert slots is not None, f"row {self.req_pool_idx}: a live request of the extra buffer holds tracking slots"
+        return slots
 
     @property
     def holds_kv(self) -> bool:
@@ -145,8 +156,8 @@ class Record:
     session_id: None = None
     kv_rotation_base: None = None
     finished_reason: None = None
-    lock: Any = None
-    last_node: Any = None
+    lock: object = None
+    last_node: object = None
     done: bool = False
     # the match's SWA branch point (SGLang's SWA component inserts a branch there)
     swa_branching_seqlen: int | None = None

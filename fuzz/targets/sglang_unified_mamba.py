@@ -39,7 +39,7 @@ import importlib
 import math
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hybrid as hy
@@ -95,6 +95,25 @@ class StatePool:
             self.shadow.copy(int(source), int(target))
 
 
+class SlotAllocator(Protocol):
+    """What this adapter calls of SGLang's ``MambaSlotAllocator``."""
+
+    free_slots: torch.Tensor
+
+    def alloc(self, need_size: int) -> torch.Tensor | None: ...
+    def available_size(self) -> int: ...
+
+
+class StateRows(Protocol):
+    """What this adapter calls of the request-to-token table with state slots (``state_table``)."""
+
+    mamba_allocator: SlotAllocator
+    mamba_pool: StatePool
+
+    def alloc_tracking_slots(self, req: Record) -> None: ...
+    def get_mamba_ping_pong_other_idx(self, index: int) -> int: ...
+
+
 def state_table(base: type) -> type:
     """The request-to-token table with state slots, a subclass of SGLang's ``HybridReqToTokenPool`` name (the
     MAMBA component checks it). Its module holds the state tensors and does not load on a CPU, so the methods
@@ -137,12 +156,12 @@ def state_table(base: type) -> type:
         def donate_mamba_ping_pong_slot(self, req: Record, new_slot: torch.Tensor) -> torch.Tensor:
             """The latest snapshot's slot goes to the tree; a fresh one takes its place."""
             keep = self.get_mamba_ping_pong_keep_idx(req)
-            donated = req.kv.mamba_ping_pong_track_buffer[keep].unsqueeze(-1).clone()
-            req.kv.mamba_ping_pong_track_buffer[keep] = new_slot[0]
+            donated = req.kv.tracking_slots()[keep].unsqueeze(-1).clone()
+            req.kv.tracking_slots()[keep] = new_slot[0]
             self.req_index_to_mamba_ping_pong_track_buffer_mapping[req.kv.req_pool_idx] = (
                 req.kv.mamba_ping_pong_track_buffer
             )
-            return cast("torch.Tensor", donated)
+            return donated
 
         def free_mamba_cache(self, req: Record, mamba_ping_pong_track_buffer_to_keep: int | None = None) -> None:
             """The request's state slot, and its tracking slots but the one kept (the tree took it)."""
@@ -151,7 +170,7 @@ def state_table(base: type) -> type:
             req.kv.mamba_pool_idx = None
             if self.enable_mamba_extra_buffer:
                 keep, empty = mamba_ping_pong_track_buffer_to_keep, req.kv.mamba_ping_pong_empty or []
-                row = req.kv.mamba_ping_pong_track_buffer
+                row = req.kv.tracking_slots()
                 for position in range(self.mamba_ping_pong_track_buffer_size):
                     if position != keep and not empty[position]:
                         self.mamba_allocator.free(row[position : position + 1])
@@ -250,14 +269,15 @@ class RecurrentState:
     # ------------------------------------------------------------ reading SGLang's state
 
     @staticmethod
-    def state_pool(m: SGLangUnifiedManager) -> StatePool:
-        table: Any = m.table
-        return cast(StatePool, table.mamba_pool)
+    def rows(m: SGLangUnifiedManager) -> StateRows:
+        """The manager's request-to-token table, which ``table`` made with state slots."""
+        return cast(StateRows, m.table)
 
-    @staticmethod
-    def slots(m: SGLangUnifiedManager) -> Any:
-        table: Any = m.table
-        return table.mamba_allocator
+    def state_pool(self, m: SGLangUnifiedManager) -> StatePool:
+        return self.rows(m).mamba_pool
+
+    def slots(self, m: SGLangUnifiedManager) -> SlotAllocator:
+        return self.rows(m).mamba_allocator
 
     def request_slots(self, m: SGLangUnifiedManager) -> set[int]:
         """The state slots the live requests hold: each its own state, and with the extra buffer its tracking
@@ -289,7 +309,7 @@ class RecurrentState:
         """The state group's row: the request's state slot at the page of its last computed token."""
         state: list[int | None] = [None] * pages
         if record.extend_end and record.kv.mamba_pool_idx is not None:
-            state[(record.extend_end - 1) // m.page_size] = int(record.kv.mamba_pool_idx)
+            state[(record.extend_end - 1) // m.page_size] = record.kv.state_slot()
         return state
 
     # ------------------------------------------------------------ the state's lifecycle
@@ -325,12 +345,11 @@ class RecurrentState:
             slot = self.slots(m).alloc(1)
             assert slot is not None, "make_room left a slot"
             record.kv.mamba_pool_idx = slot[0]
-        shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(tokens[:hit]))
+        shadow.write(record.kv.state_slot(), req.namespace, tuple(tokens[:hit]))
         if self.buffer is not None:
             # HybridReqToTokenPool.alloc: the tracking slots, nothing written in them yet
-            table: Any = m.table
-            table.alloc_tracking_slots(record)
-            for slot in record.kv.mamba_ping_pong_track_buffer.tolist():
+            self.rows(m).alloc_tracking_slots(record)
+            for slot in record.kv.tracking_slots().tolist():
                 shadow.clear(int(slot))
 
     def chunk_end(self, m: SGLangUnifiedManager, req: HybridReq, length: int) -> int:
@@ -347,7 +366,7 @@ class RecurrentState:
     def stored(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, begin: int) -> None:
         """The request's state is that of what it computed; the extra buffer's snapshot of the forward."""
         shadow = self.state_pool(m).shadow
-        shadow.write(int(record.kv.mamba_pool_idx), req.namespace, tuple(req.input_ids[: req.computed]))
+        shadow.write(record.kv.state_slot(), req.namespace, tuple(req.input_ids[: req.computed]))
         if self.buffer is not None:
             self.track(m, req, record, begin, req.computed)
         req.rows = m.page_rows(record, record.kv.kv_allocated_len)
@@ -360,7 +379,6 @@ class RecurrentState:
         track grid (``BatchResultProcessor``). The snapshot goes to the next tracking slot, which becomes the
         latest, and the next one is the other."""
         kv, buffer, page = record.kv, cast(ExtraBuffer, self.buffer), m.page_size
-        table: Any = m.table
         if begin >= len(record.origin_input_ids):
             if end % buffer.track_grid(page):
                 return
@@ -380,9 +398,10 @@ class RecurrentState:
             else:
                 STATS.record_rule("sglang-mamba.track[prefill]")
         position = kv.mamba_next_track_idx
+        assert position is not None, f"request {req.uid}: tracking slots taken at the match name the next one"
         kv.mamba_last_track_idx, kv.mamba_last_track_seqlen = position, length
-        kv.mamba_next_track_idx = table.get_mamba_ping_pong_other_idx(position)
-        snapshot = int(kv.mamba_ping_pong_track_buffer[position])
+        kv.mamba_next_track_idx = self.rows(m).get_mamba_ping_pong_other_idx(position)
+        snapshot = int(kv.tracking_slots()[position])
         self.state_pool(m).shadow.write(snapshot, req.namespace, tuple(req.input_ids[:length]))
 
     # ------------------------------------------------------------ universal checks
@@ -390,11 +409,11 @@ class RecurrentState:
     def check(self, m: SGLangUnifiedManager, req: HybridReq, record: Record) -> None:
         """The request's state slot holds the state of its computed tokens; its latest snapshot, of its length."""
         shadow, who = self.state_pool(m).shadow, f"request {req.uid}"
-        slot, computed = int(record.kv.mamba_pool_idx), tuple(req.input_ids[: req.computed])
+        slot, computed = record.kv.state_slot(), tuple(req.input_ids[: req.computed])
         shadow.expect("the_requests_state_is_its_own", who, slot, req.namespace, computed)
         length = record.kv.mamba_last_track_seqlen
         if self.buffer is not None and length is not None:
-            slot = int(record.kv.mamba_ping_pong_track_buffer[record.kv.mamba_last_track_idx])
+            slot = int(record.kv.tracking_slots()[record.kv.mamba_last_track_idx])
             who = f"request {req.uid}'s latest snapshot (tracked length {length})"
             shadow.expect("the_latest_snapshot_is_of_its_length", who, slot, req.namespace, computed[:length])
 

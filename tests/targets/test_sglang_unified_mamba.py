@@ -195,8 +195,12 @@ mamba.MambaComponent.cleanup_after_caching_req = kept
 
 @pytest.mark.parametrize("law", sorted(PLANTS))
 def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
-    """(A law named with a trailing space is a second plant for it, in the extra buffer's path.)"""
-    assert_caught(law.strip(), PLANTS[law], "sglang-mamba:python", tmp_path)
+    """(A law named with a trailing space is a second plant for it, in the extra buffer's path.) A short hit is
+    judged by the hit law, which asks the longest valid match, or in the half of the configurations that combine
+    a window beside the states, a valid match: which configuration fails first moves with the code (Hypothesis
+    draws from the constants of the code it runs)."""
+    hit_law = ("hit_is_the_longest_valid_match", "hit_is_a_valid_match")
+    assert_caught(hit_law if law.strip() == hit_law[0] else law.strip(), PLANTS[law], "sglang-mamba:python", tmp_path)
 
 
 @pytest.mark.parametrize("target", ["sglang-mamba", "sglang-mamba:python"])
