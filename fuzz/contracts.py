@@ -70,7 +70,7 @@ class ManagerProgram:
         """uid -> the request as the relations read it."""
         return {req.uid: self.manager.view(state, req) for req in reqs}
 
-    def call(self, operation: Callable[[], Any]) -> type[CacheError] | None:
+    def call(self, operation: Callable[[], object]) -> type[CacheError] | None:
         """Run ``operation`` (inside a lazy free region when the previous op asked); the error it raised, if any."""
         with self.region():
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, Protocol, TypeVar, cast
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import CacheError
@@ -19,13 +19,17 @@ from radixspec.spec.errors import CacheError
 from .judge import Outcome, expect_same
 from .stats import STATS
 
+# an implementation, and what the call returns on it
+T = TypeVar("T")
+R = TypeVar("R")
+
 
 @dataclass
-class Outcomes:
+class Outcomes(Generic[R]):
     """What one differential call produced on every implementation."""
 
     # per implementation: the raw result (None when rejected)
-    results: list[Any]
+    results: list[R]
     # the error class every implementation raised, or None when all succeeded
     error: type[CacheError] | None
 
@@ -37,13 +41,13 @@ class Outcomes:
 
 def apply_all(
     label: str,
-    impls: Sequence[Any],
-    call: Callable[[Any, int], Any],
-    observe: Callable[[Any, Any], Any] = lambda impl, result: result,
-    snapshot: Callable[[Any], Any] = lambda impl: impl.abstract_state(),
+    impls: Sequence[T],
+    call: Callable[[T, int], R],
+    observe: Callable[[T, R], object] = lambda impl, result: result,
+    snapshot: Callable[[T], object] = lambda impl: abstract_state_of(impl),
     names: Sequence[str] | None = None,
-    known: Mapping[int, Any] | None = None,
-) -> Outcomes:
+    known: Mapping[int, object] | None = None,
+) -> Outcomes[R]:
     """Run ``call(impl, i)`` on each implementation; the judge demands identical observations or identical
     rejections (the same error class with the same words), and a rejection must change nothing.
 
@@ -56,7 +60,7 @@ def apply_all(
     caller took of the state the call starts from (by implementation index), used rather than taken again.
     """
     named = list(names) if names is not None else [name_of(impl) for impl in impls]
-    results: list[Any] = []
+    results: list[R] = []
     outcomes: list[Outcome] = []
     for i, impl in enumerate(impls):
         before = None
@@ -78,6 +82,17 @@ def apply_all(
     if error is not None:
         STATS.record_rejection(error)
     return Outcomes(results, error)
+
+
+class Differential(Protocol):
+    """An implementation with the differential capability: its abstract state."""
+
+    def abstract_state(self) -> object: ...
+
+
+def abstract_state_of(impl: object) -> object:
+    """What ``apply_all`` compares around a rejected call by default: the implementation's abstract state."""
+    return cast(Differential, impl).abstract_state()
 
 
 def name_of(impl: object) -> str:

@@ -126,7 +126,8 @@ class Lock:
 
     seq: int
     cached_len: int
-    handles: list[object]
+    # a handle per implementation, each of its own type (the spec's, the reference tree's, the C tree's)
+    handles: list[Any]
 
 
 def evicted_slots(impl: Impl, size: int) -> list[int]:
@@ -251,8 +252,8 @@ class World:
             size = {"1": min(1, evictable), "all": evictable, "over": evictable + 1, "negative": -1}[args[0]]
             apply_all(label, self.impls, lambda impl, i: evicted_slots(impl, size))
         elif name == "reset":
-            outcome = apply_all(label, self.impls, lambda impl, i: list(impl.reset()))
-            assert not (outcome.ok and any(lock.cached_len for lock in self.locks)), "reset succeeded while locked"
+            reset = apply_all(label, self.impls, lambda impl, i: list(impl.reset()))
+            assert not (reset.ok and any(lock.cached_len for lock in self.locks)), "reset succeeded while locked"
         elif name == "bad_namespace":
             apply_all(label, self.impls, lambda impl, i: impl.match_prefix([1], (True,)))
         else:

@@ -4,7 +4,7 @@ reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) b
 
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, cast
 
 from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.spec import cache_manager as sm
@@ -27,6 +27,12 @@ H = TypeVar("H", pc.Handle, RadixCacheHandle, "OptimizedHandle")
 Handle: TypeAlias = "RadixCacheHandle | OptimizedHandle"
 # the handle type a tree takes
 H_contra = TypeVar("H_contra", contravariant=True)
+
+
+class HasToList(Protocol):
+    """A tensor or an array: what ``as_list`` reads through ``tolist``."""
+
+    def tolist(self) -> list[int]: ...
 
 
 class Tree(Protocol[H_contra]):
@@ -105,9 +111,10 @@ class TreeTarget(ExactTarget[H]):
         return self.cache.stats()
 
 
-def as_list(values: Any) -> list[int]:
+def as_list(values: Sequence[int] | HasToList) -> list[int]:
     """A sequence as a list: a tensor or an array through its ``tolist`` (no torch import for lists)."""
-    return list(values.tolist() if hasattr(values, "tolist") else values)
+    # (hasattr, not an isinstance of the protocol: this runs on every step of the manager machine)
+    return cast(HasToList, values).tolist() if hasattr(values, "tolist") else list(values)
 
 
 class OurManager:
