@@ -145,7 +145,7 @@ class HybridMachine(RuleBasedStateMachine):
         ours = our_hybrid_caches()
         self.names = [name for name in ours if name in self.IMPLS]
         # an engine's hybrid manager: it picks its own pages, so it runs alone, under the universal checks
-        for chosen in (name for name in self.IMPLS if name not in ours):
+        if (chosen := next((name for name in self.IMPLS if name not in ours), None)) is not None:
             info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:

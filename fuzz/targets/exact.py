@@ -3,7 +3,7 @@ fingerprint, KV events and integrity check (``ExactTarget``, ``TreeTarget``, ``O
 reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) build on it; it imports neither."""
 
 from collections.abc import Hashable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, cast
 
 from radixspec.reference.radix_cache import RadixCacheHandle
@@ -193,11 +193,8 @@ class OurManager:
     def cache_req(self, req: Req, finished: bool) -> None:
         self.changing().cache_req(req, finished=finished)
 
-    def lazy_free_region(self) -> AbstractContextManager[None]:
-        return self.lazy_frees()
-
     @contextmanager
-    def lazy_frees(self) -> Iterator[None]:
+    def lazy_free_region(self) -> Iterator[None]:
         """The manager's lazy_free_region; its close (which frees) changes the state too."""
         try:
             with self.changing().lazy_free_region():
