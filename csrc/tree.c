@@ -752,6 +752,86 @@ radix_tree *radix_tree_new(int64_t page_size) {
     return tree;
 }
 
+/* a new block holding a copy of bytes of block (a block of one byte for none) */
+static void *block_copy(const void *block, size_t bytes) {
+    void *copy = block_malloc(bytes > 0 ? bytes : 1);
+    if (copy != NULL && bytes > 0) {
+        memcpy(copy, block, bytes);
+    }
+    return copy;
+}
+
+/* the copy made of each segment of the original, found by the original's address (open addressing) */
+typedef struct {
+    const segment *original;
+    segment *copy;
+} segment_pair;
+
+static segment *segment_copy(radix_tree *copy, segment_pair *pairs, uint64_t mask, const segment *original) {
+    uint64_t at = ((uint64_t)(uintptr_t)original >> 4) & mask;
+    while (pairs[at].original != NULL && pairs[at].original != original) {
+        at = (at + 1) & mask;
+    }
+    if (pairs[at].original == NULL) {
+        segment *seg = segment_new(copy, original->tokens, original->slots, original->length);
+        if (seg == NULL) {
+            return NULL;
+        }
+        seg->refs = original->refs;
+        pairs[at].original = original;
+        pairs[at].copy = seg;
+    }
+    return pairs[at].copy;
+}
+
+radix_tree *radix_tree_clone(const radix_tree *tree) {
+    if (tree == NULL) {
+        return NULL;
+    }
+    radix_tree *copy = block_malloc(sizeof *copy);
+    if (copy == NULL) {
+        return NULL;
+    }
+    *copy = *tree;
+    /* the scratch buffers are the copy's own (empty until a call needs them); segments count as they are made */
+    copy->wide_tokens = NULL;
+    copy->wide_tokens_capacity = 0;
+    copy->narrow_slots = NULL;
+    copy->narrow_slots_capacity = 0;
+    copy->segment_bytes = 0;
+    copy->nodes = block_copy(tree->nodes, (size_t)tree->nodes_capacity * sizeof *tree->nodes);
+    copy->children = block_copy(tree->children, (size_t)tree->children_capacity * sizeof *tree->children);
+    copy->starts = block_copy(tree->starts, (size_t)tree->starts_capacity * sizeof *tree->starts);
+    copy->fifo = block_copy(tree->fifo, (size_t)tree->fifo_capacity * sizeof *tree->fifo);
+    copy->heap = block_copy(tree->heap, (size_t)tree->heap_capacity * sizeof *tree->heap);
+    if (copy->nodes != NULL) {
+        /* until each has its copy, no node of the copy holds a segment (radix_tree_free releases them) */
+        for (int64_t id = 0; id < tree->nodes_high; ++id) {
+            copy->nodes[id].seg = NULL;
+        }
+    }
+    uint64_t mask = 1;
+    while (mask < 2 * (uint64_t)tree->nodes_high + 2) {
+        mask <<= 1;
+    }
+    segment_pair *pairs = block_calloc(mask, sizeof *pairs);
+    mask -= 1;
+    int ok = copy->nodes && copy->children && copy->starts && copy->fifo && copy->heap && pairs;
+    for (int64_t id = 0; ok && id < tree->nodes_high; ++id) {
+        const node_t *node = &tree->nodes[id];
+        if (node->alive && node->seg != NULL) {
+            copy->nodes[id].seg = segment_copy(copy, pairs, mask, node->seg);
+            ok = copy->nodes[id].seg != NULL;
+        }
+    }
+    block_free(pairs);
+    if (!ok) {
+        radix_tree_free(copy);
+        return NULL;
+    }
+    return copy;
+}
+
 void radix_tree_free(radix_tree *tree) {
     if (tree == NULL) {
         return;

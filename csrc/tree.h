@@ -77,6 +77,10 @@ typedef struct {
 } radix_tree_record;
 
 radix_tree *radix_tree_new(int64_t page_size);
+/* An independent tree in the same state: the same nodes under the same (id, version) names (a handle on the
+ * original names the same path in the copy), stamps, locks, queues and counters; segments of its own, shared
+ * by the halves of a split as in the original. NULL when out of memory (or tree is NULL). */
+radix_tree *radix_tree_clone(const radix_tree *tree);
 void radix_tree_free(radix_tree *tree);
 
 /* A root for a namespace; its id (>= 0) or a negative status. */

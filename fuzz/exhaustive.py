@@ -37,6 +37,7 @@ and written as a runnable pytest file.
 from __future__ import annotations
 
 import argparse
+import copy
 import multiprocessing
 import sys
 import time
@@ -147,6 +148,15 @@ class World:
         self.impls: list[Impl] = [self.spec_target, ReferenceCache(page_size), OptimizedCache(page_size)]
         self.locks: list[Lock] = []
         self.replayers = {impl.name: ev.Replayer(page_size) for impl in self.impls[1:]}
+
+    def __deepcopy__(self, memo: dict[int, object]) -> World:
+        """The same state, independent: the implementations, their locks and replayers copied deep (each lock's
+        handles name the copies' paths), the sequences shared (nobody changes them)."""
+        clone = object.__new__(World)
+        memo[id(self)] = clone
+        memo[id(self.seqs)] = self.seqs
+        vars(clone).update((name, copy.deepcopy(value, memo)) for name, value in vars(self).items())
+        return clone
 
     @property
     def spec(self) -> pc.PrefixCacheState:
@@ -388,41 +398,46 @@ def expand(
     job: tuple[str, int, tuple[Op, ...]],
 ) -> tuple[list[tuple[tuple[Hashable, ...], tuple[Op, ...]]], int, str | None, tuple[Op, ...]]:
     """The transitions out of the state ``path`` leads to: (key, path) of each successor, how many, and the
-    first failure with its operation sequence (or None)."""
+    first failure with its operation sequence (or None).
+
+    The state is replayed once and kept; a transition that moves the world to another state is followed by a
+    deep copy of the kept state (the caches copy their trees, the C tree in C: a fraction of a replay)."""
     machine, page_size, path = job
     out: list[tuple[tuple[Hashable, ...], tuple[Op, ...]]] = []
-    transitions = 0
     world = run_ops(page_size, path, check=False, machine=machine)
     key = world.key()
     enabled = [op for op in alphabet_of(machine, page_size) if world.enabled(op)]
-    # operations applied to ``world`` since its replay, each of which left it in the state ``path`` leads to
-    # (equal keys: the states the search itself takes for one); None once it must be replayed again
+    # the state itself, copied whenever a transition moved ``world`` away from it (the last copy is itself)
+    kept = copy.deepcopy(world) if len(enabled) > 1 else world
+    # operations applied to ``world`` since it was copied, each of which left it in the state ``path`` leads to
+    # (equal keys: the states the search itself takes for one); None once it must be copied again
     since: list[Op] | None = []
-    for op in enabled:
-        transitions += 1
+    for index, op in enumerate(enabled):
         if since is None:
-            world, since = run_ops(page_size, path, check=False, machine=machine), []
+            world, since = (kept if index == len(enabled) - 1 else copy.deepcopy(kept)), []
         try:
             world.apply(op)
         except Exception as exc:  # any escape is a finding: a failed check, a crash
-            return out, transitions, *shortest_failure(machine, page_size, path, since, op, exc)
+            return out, index + 1, *shortest_failure(machine, page_size, path, since, op, exc)
         after = world.key()
         out.append((after, (*path, op)))
         since = [*since, op] if after == key else None
-    return out, transitions, None, ()
+    return out, len(enabled), None, ()
 
 
 def shortest_failure(
     machine: str, page_size: int, path: tuple[Op, ...], since: list[Op], op: Op, exc: Exception
 ) -> tuple[str, tuple[Op, ...]]:
-    """The failure of ``op`` and the sequence that shows it: ``path + op`` when that fails alone (a shortest
-    one), else with the operations the world had run since its replay (they left its key unchanged)."""
+    """The failure of ``op`` and the sequence that shows it: ``path + op`` when that fails alone, replayed from
+    an empty cache (a shortest one), else with the operations the world had run since it was copied (they left
+    its key unchanged). A failure neither shows is the copy's: a deep copy that differs from its replay."""
+    try:
+        run_ops(page_size, path, check=False, machine=machine).apply(op)
+    except Exception as alone:  # the failure without them: the shortest sequence
+        return f"{type(alone).__name__}: {alone}", (*path, op)
     if since:
-        try:
-            run_ops(page_size, path, check=False, machine=machine).apply(op)
-        except Exception as alone:  # the failure without them: the shortest sequence
-            return f"{type(alone).__name__}: {alone}", (*path, op)
-    return f"{type(exc).__name__}: {exc}", (*path, *since, op)
+        return f"{type(exc).__name__}: {exc}", (*path, *since, op)
+    return f"a deep copy of the state differs from its replay: on the copy, {type(exc).__name__}: {exc}", (*path, op)
 
 
 def one_thread() -> None:

@@ -18,6 +18,7 @@ page first, O(1) per page for leaves stamped in order and O(log n) at worst.
 
 from __future__ import annotations
 
+import copy
 from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -100,6 +101,11 @@ class RadixCacheHandle(_hotpath.Handle):
 
     cache: RadixPrefixCache
 
+    def __deepcopy__(self, memo: dict[int, object]) -> RadixCacheHandle:
+        """The same path in the deep copy of its cache (a copied tree keeps every node's name)."""
+        cache = copy.deepcopy(self.cache, memo)
+        return type(self)(self.cached_len, self.node, self.version, self.namespace, cache)
+
     def get_matched_indices(self) -> torch.Tensor:
         """Slots of the path in sequence order: a new int32 tensor on the cache's device; stale once evicted."""
         return self.cache._path_slots(self)
@@ -111,6 +117,11 @@ class RadixCacheHandle(_hotpath.Handle):
 class CountedStats(_hotpath.Counts, NamespaceStats):
     """A namespace's counters (spec/metrics.py) whose fields are C integers (csrc/hotpath.c): the hot path adds to
     them without making Python ints."""
+
+
+# the state fields of the C base class (csrc/hotpath.c's Core members), which a deep copy copies: the counter's table
+# last (it is the copied counter's own)
+_CORE_STATE = ("clock", "roots", "_namespace_of", "_evict_clock_sum", "events", "_counts")
 
 
 # one call at a time (reference/threads.py): cffi lets other threads run during a C call, and the calls share
@@ -144,18 +155,32 @@ class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
     def __init__(self, page_size: int = 1, device: torch.device | str = "cpu", enable_events: bool = False) -> None:
         self.page_size = check_page_size(page_size)
         self.device = device_of(device)
-        self._mutex = _hotpath.Mutex(new_mutex())
         self._ffi, self._lib = load_c()
-        tree = self._lib.radix_tree_new(self.page_size)
-        if tree == self._ffi.NULL:
-            raise MemoryError("radix_tree_new: out of memory")
-        self._tree = self._ffi.gc(tree, self._lib.radix_tree_free)
-        # the hot path's tree (it keeps the owner alive too)
-        self._bind_tree(self._tree, int(self._ffi.cast("uintptr_t", tree)), self.page_size, self.device.type == "cpu")
+        self._own(self._lib.radix_tree_new(self.page_size))
         # one root per namespace that holds pages: made by the first insert, dropped when it empties
         self.roots: dict[Namespace, int] = {}
         self._namespace_of: dict[int, Namespace] = {}
         self.clock = 0
+        # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
+        # cached page is by its first slot (namespace, page hash, depth): evict reports slots only
+        self.events: list[ev.Event] | None = [] if enable_events else None
+        self._announced: dict[int, tuple[Namespace, int, int]] = {}
+        # metrics (spec/metrics.py): counted here as the operations run; evictions per namespace are
+        # what was stored less what is cached and what reset dropped; C sums the evicted pages' stamps
+        self.counter = StatsCounter(self._holds_pages, new_stats=CountedStats)
+        # the hot path counts into the counter's table itself (a namespace already in it)
+        self._counts = self.counter.counts
+        self._evict_clock_sum = 0
+
+    def _own(self, tree: Any) -> None:
+        """Drive ``tree`` (a new C tree, or NULL when C ran out of memory): the lock, the hot path's binding and
+        the buffers of the C calls, this cache's own (a deep copy makes its own too)."""
+        if tree == self._ffi.NULL:
+            raise MemoryError("radix_tree_new: out of memory")
+        self._mutex = _hotpath.Mutex(new_mutex())
+        self._tree = self._ffi.gc(tree, self._lib.radix_tree_free)
+        # the hot path's tree (it keeps the owner alive too)
+        self._bind_tree(self._tree, int(self._ffi.cast("uintptr_t", tree)), self.page_size, self.device.type == "cpu")
         # out-parameters of the C calls, allocated once: a walk's result and the counters (csrc/tree.h)
         self._walk = self._ffi.new("radix_tree_walk *")
         self._counters = self._ffi.new("radix_tree_counters *")
@@ -176,17 +201,26 @@ class RadixPrefixCache(_hotpath.Core, NotCopyable, ev.EmitsEvents):
         self._out_pointer: Any = None
         self._match_c = self._lib.radix_tree_match
         self._insert_c = self._lib.radix_tree_insert
-        # KV events (spec/events.py) not yet taken, or None when the cache emits none; with them, what each
-        # cached page is by its first slot (namespace, page hash, depth): evict reports slots only
-        self.events: list[ev.Event] | None = [] if enable_events else None
-        self._announced: dict[int, tuple[Namespace, int, int]] = {}
         self._on_host = self.device.type == "cpu"
-        # metrics (spec/metrics.py): counted here as the operations run; evictions per namespace are
-        # what was stored less what is cached and what reset dropped; C sums the evicted pages' stamps
-        self.counter = StatsCounter(lambda namespace: namespace in self.roots, new_stats=CountedStats)
-        # the hot path counts into the counter's table itself (a namespace already in it)
-        self._counts = self.counter.counts
-        self._evict_clock_sum = 0
+
+    def _holds_pages(self, namespace: Namespace) -> bool:
+        """Whether a page of ``namespace`` is cached (the counter asks; a bound method, so a deep copy's counter
+        asks the copy)."""
+        return namespace in self.roots
+
+    def __deepcopy__(self, memo: dict[int, object]) -> RadixPrefixCache:
+        """An independent cache in the same state: a copy of the C tree (``radix_tree_clone``: the same nodes under
+        the same names), the state fields copied deep (those of the C base class too), the machinery of
+        ``_own`` its own. Handles copied in the same ``deepcopy`` call name the same paths in the copy."""
+        with self._mutex:
+            clone = type(self).__new__(type(self))
+            memo[id(self)] = clone
+            clone.page_size, clone.device, clone._ffi, clone._lib = self.page_size, self.device, self._ffi, self._lib
+            clone._own(self._lib.radix_tree_clone(self._tree))
+            state = [name for name in vars(self) if name not in vars(clone)]
+            for name in (*state, *_CORE_STATE):
+                setattr(clone, name, copy.deepcopy(getattr(self, name), memo))
+        return clone
 
     def stats(self) -> CacheStats:
         """Hit rates, pages stored / evicted / dropped per namespace, mean eviction age (spec/metrics.py)."""

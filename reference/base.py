@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -10,10 +11,14 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import InvalidTypeError
 from radixspec.spec.types import InsertResult, SizeInfo
 
+from .threads import new_mutex
+
 
 class NotCopyable:
-    """A cache is not copied: a shallow copy would share its tree (its C tree, in the optimized caches) with the
-    original, and a change through either would corrupt both. Make a new cache instead."""
+    """A cache is not copied shallowly: a shallow copy would share its tree (its C tree, in the optimized caches)
+    with the original, and a change through either would corrupt both. ``copy.deepcopy`` makes an independent
+    cache where the cache supports it (the prefix caches of both families, ``BasePrefixCache``); the others
+    raise. Make a new cache instead."""
 
     def __copy__(self) -> NotCopyable:
         raise InvalidTypeError(
@@ -37,6 +42,15 @@ class BaseCacheHandle(ABC):
 
 class BasePrefixCache(NotCopyable, ABC):
     """A prefix cache: token ids -> slot indices. Stores no KV, only the mapping."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> BasePrefixCache:
+        """An independent cache in the same state: every field copied deep, a lock of its own. Handles copied
+        in the same ``deepcopy`` call name the copy's paths (a snapshot of a cache with the handles it gave)."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in vars(self).items():
+            setattr(clone, name, new_mutex() if name == "_mutex" else copy.deepcopy(value, memo))
+        return clone
 
     page_size: int
 

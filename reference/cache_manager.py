@@ -6,6 +6,7 @@ Every page of the pool is free, cached, or private to one live request;
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -52,6 +53,18 @@ class CacheManager:
         self.lazy_frees: list[int] | None = None
         # pages taken back from the cache by allocations, over the manager's life
         self.evicted_pages = 0
+
+    def __deepcopy__(self, memo: dict[int, object]) -> CacheManager:
+        """An independent manager in the same state: its page table and free lists copied as the lists of ints
+        they are (a deep copy would copy each int by a call), its cache copied deep."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        vars(clone).update(vars(self))
+        clone.page_table = [row[:] for row in self.page_table]
+        clone.free_slots = self.free_slots[:]
+        clone.lazy_frees = None if self.lazy_frees is None else self.lazy_frees[:]
+        clone.prefix_cache = copy.deepcopy(self.prefix_cache, memo)
+        return clone
 
     def match_req(self, req: Prompted) -> BaseCacheHandle:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""

@@ -155,8 +155,31 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
         # KV events (spec/events.py) not yet taken, or None when the cache emits none
         self.events: list[ev.Event] | None = [] if enable_events else None
         # metrics (spec/metrics.py): counted as the operations run
-        self.counter = StatsCounter(lambda namespace: namespace in self.roots)
+        self.counter = StatsCounter(self._holds_pages)
         self.eviction_age_sum = 0
+
+    def _holds_pages(self, namespace: Namespace) -> bool:
+        """Whether a page of ``namespace`` is cached (the counter asks; a bound method, so a deep copy's counter
+        asks the copy)."""
+        return namespace in self.roots
+
+    def __deepcopy__(self, memo: dict[int, object]) -> RadixPrefixCache:
+        """An independent cache in the same state (``BasePrefixCache.__deepcopy__``). Every node of the tree is
+        made first and filled after, so that the copy recurses no deeper however deep the tree."""
+        with self._mutex:
+            nodes = (*self.roots.values(), *self._iter_nodes())
+            copies = {id(node): object.__new__(RadixTreeNode) for node in nodes}
+            memo.update(copies)
+            for node in nodes:
+                copied = copies[id(node)]
+                # its numbers and namespace as they are (immutable), its lists its own, its links to the copies
+                vars(copied).update(vars(node))
+                copied.key, copied.value, copied.page_hashes = list(node.key), list(node.value), list(node.page_hashes)
+                copied.children = {key: copies[id(child)] for key, child in node.children.items()}
+                copied.parent = None if node.parent is None else copies[id(node.parent)]
+            clone = super().__deepcopy__(memo)
+        assert isinstance(clone, RadixPrefixCache)
+        return clone
 
     def stats(self) -> CacheStats:
         """Hit rates, pages stored / evicted / dropped per namespace, mean eviction age (spec/metrics.py)."""

@@ -7,7 +7,7 @@ A value outside its domain is rejected with the spec's error (``InvalidTypeError
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TypeAlias
+from typing import Self, TypeAlias
 
 from .errors import (
     InvalidInputError,
@@ -21,6 +21,19 @@ from .errors import (
 # default namespace; any other namespace is a tuple, never a joined string
 # (its domain: ``check_namespace``).
 Namespace: TypeAlias = "tuple[Hashable, ...] | None"
+
+
+class Immutable:
+    """A value nobody changes once made (a page's prefix, an event, a handle): a copy of it, deep or shallow, is
+    the value itself (a deep copy of a cache, as the exhaustive checker takes one per state, shares them)."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> Self:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Self:
+        return self
 
 
 def check_page_size(page_size: object) -> int:

@@ -23,14 +23,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .domains import Namespace
+from .domains import Immutable, Namespace
 from .errors import CacheBusyError, EventStreamError
 from .hashing import compute_namespace_seed
 from .prefix_cache import PageKey, Prefix
 
 
 @dataclass(frozen=True)
-class PageStored:
+class PageStored(Immutable):
     """A page entered the cache."""
 
     namespace: Namespace
@@ -45,7 +45,7 @@ class PageStored:
 
 
 @dataclass(frozen=True)
-class PageRemoved:
+class PageRemoved(Immutable):
     """A page left the cache (evicted). The hash names it; the namespace is for reading (the wire omits it)."""
 
     namespace: Namespace
@@ -53,7 +53,7 @@ class PageRemoved:
 
 
 @dataclass(frozen=True)
-class PagesRemoved:
+class PagesRemoved(Immutable):
     """Pages that left the cache together (one ``BlockRemoved`` on the wire): their order inside the batch
     carries no meaning (SGLang lists a node's pages first to last), only the state after the whole batch."""
 
@@ -61,7 +61,7 @@ class PagesRemoved:
 
 
 @dataclass(frozen=True)
-class AllCleared:
+class AllCleared(Immutable):
     """Every page of every namespace left the cache (reset)."""
 
 

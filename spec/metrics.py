@@ -21,6 +21,7 @@ of others), so a stream of one-shot namespaces costs bounded memory.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -44,6 +45,12 @@ class NamespaceStats:
     pages_stored: int = 0
     pages_evicted: int = 0
     pages_dropped: int = 0
+
+    def __deepcopy__(self, memo: dict[int, object]) -> NamespaceStats:
+        """The same counters, of the same class (the optimized cache keeps them as C integers)."""
+        clone = type(self)()
+        clone.add(self)
+        return clone
 
     def add(self, other: NamespaceStats) -> None:
         """Add ``other``'s counters to these."""
@@ -128,6 +135,16 @@ class StatsCounter:
         self._holds_pages = holds_pages
         self._limit = STATS_NAMESPACE_LIMIT if limit is None else limit
         self._room = self._limit
+
+    def __deepcopy__(self, memo: dict[int, object]) -> StatsCounter:
+        """The same counts, asking the deep copy of the cache (``holds_pages`` is the cache's bound method)."""
+        clone = object.__new__(StatsCounter)
+        memo[id(self)] = clone
+        vars(clone).update(vars(self))
+        clone.counts = {namespace: copy.deepcopy(stats, memo) for namespace, stats in self.counts.items()}
+        clone.retired = copy.deepcopy(self.retired, memo)
+        clone._holds_pages = copy.deepcopy(self._holds_pages, memo)
+        return clone
 
     def _ns(self, namespace: Namespace) -> NamespaceStats:
         found = self.counts.get(namespace)

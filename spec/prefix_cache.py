@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from .domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from .domains import Immutable, Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from .errors import (
     CacheBusyError,
     DuplicateSlotError,
@@ -34,7 +34,7 @@ from .helpers import align_down, compute_page_to_token, div_ceil, is_page_run
 from .types import InsertResult, SizeInfo
 
 
-class Prefix:
+class Prefix(Immutable):
     """A token prefix that ends at a page boundary, built page by page from its parent.
 
     Its hash is computed once, and equal prefixes are usually one object (an
@@ -153,9 +153,12 @@ class PrefixCacheState:
         """A copy the operations can change without touching this one (entries are immutable tuples)."""
         return PrefixCacheState(self.page_size, dict(self.entries), self.clock)
 
+    def __deepcopy__(self, memo: dict[int, object]) -> PrefixCacheState:
+        return self.copy()
+
 
 @dataclass(frozen=True)
-class Handle:
+class Handle(Immutable):
     """A match or insert result: a path of cached pages, valid until one of them is evicted."""
 
     namespace: Namespace

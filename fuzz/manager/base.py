@@ -3,6 +3,7 @@ bad input): the spec's relations observed around every call, the accounting afte
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeGuard
 
@@ -94,9 +95,13 @@ class ManagerBase(RuleBasedStateMachine):
     # refused (a nested lazy free region, a second release) are made; the exhaustive checker turns both off
     # while it replays a path it checked when it found it
     relations = True
+    # the fields Hypothesis's RuleBasedStateMachine sets (its rules, bundles, printer): a deep copy shares them
+    RUNNER_FIELDS: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
+        if not ManagerBase.RUNNER_FIELDS:
+            ManagerBase.RUNNER_FIELDS = frozenset(vars(self))
         STATS.examples += 1
         self.impls: list[Target] = []
         # the targets with the differential capability (their indices in impls), each resolved once at setup: a
@@ -110,6 +115,16 @@ class ManagerBase(RuleBasedStateMachine):
         self.next_uid = 0
         # the namespace each prompt was last admitted in
         self.namespace_of: dict[tuple[int, ...], Namespace] = {}
+
+    def __deepcopy__(self, memo: dict[int, object]) -> ManagerBase:
+        """The machine in the same state, independent (the exhaustive checker's snapshot of a state, taken once
+        instead of replaying its path for every transition): its targets, requests and replayers copied deep;
+        Hypothesis's own fields shared (the exhaustive checker calls the rules directly, never its runner)."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        for name, value in vars(self).items():
+            setattr(clone, name, value if name in self.RUNNER_FIELDS else copy.deepcopy(value, memo))
+        return clone
 
     @property
     def validates(self) -> bool:

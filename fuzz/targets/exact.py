@@ -2,6 +2,9 @@
 fingerprint, KV events and integrity check (``ExactTarget``, ``TreeTarget``, ``OurManager``). The spec and the
 reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) build on it; it imports neither."""
 
+from __future__ import annotations
+
+import copy
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, cast
@@ -135,6 +138,15 @@ class OurManager:
         # around every call and after every step (five times a step), and only the calls made through
         # ``changing`` change it
         self.state: sm.ManagerState | None = None
+
+    def __deepcopy__(self, memo: dict[int, object]) -> OurManager:
+        """The same target on a deep copy of its manager; the state read last is shared (every reader of it shares
+        it already: nobody changes it, a changing call drops it)."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        vars(clone).update(vars(self))
+        clone.manager = copy.deepcopy(self.manager, memo)
+        return clone
 
     def changing(self) -> Any:
         """The manager, for a call that may change its state (a failed one too): the state read last is dropped."""
