@@ -142,7 +142,7 @@ class World:
 
     def __init__(self, page_size: int) -> None:
         self.page_size = page_size
-        self.seqs = sequences(page_size)
+        self.seqs = tuple(sequences(page_size))
         # the spec's target, first: the oracle apply_all judges the others against
         self.spec_target = SpecCache(page_size)
         self.impls: list[Impl] = [self.spec_target, ReferenceCache(page_size), OptimizedCache(page_size)]
@@ -298,7 +298,15 @@ class ManagerWorld:
         self.machine = ManagerMachine()
         # (the first prompt also seeds the machine's bundle; the rules take prompts as plain values)
         self.machine.setup(page_size, self.PAGES, [([0, 1], [2])])
-        self.prompts = manager_prompts(page_size)
+        self.prompts = tuple(manager_prompts(page_size))
+
+    def __deepcopy__(self, memo: dict[int, object]) -> ManagerWorld:
+        """The same state, independent: the machine copied deep (``ManagerBase.__deepcopy__``), the prompts shared."""
+        clone = object.__new__(ManagerWorld)
+        memo[id(self)] = clone
+        memo[id(self.prompts)] = self.prompts
+        vars(clone).update((name, copy.deepcopy(value, memo)) for name, value in vars(self).items())
+        return clone
 
     def key(self) -> tuple[Hashable, ...]:
         """Pages (up to stamp order), the free list in order, the live requests' rows and progress."""

@@ -3,6 +3,7 @@ and the checks a new request passes (the seed's ``Req``, ``SamplingParams``, ``B
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -61,6 +62,16 @@ class Req:
     # prompt length plus new tokens: the request is done when device_len reaches it
     max_device_len: int = 0
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Req:
+        """The same request, independent: its numbers and namespace as they are (immutable), its token ids,
+        handle and sampling parameters copied deep."""
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        vars(clone).update(vars(self))
+        for name in ("input_ids", "cache_handle", "sampling_params"):
+            setattr(clone, name, copy.deepcopy(getattr(self, name), memo))
+        return clone
 
     @property
     def remain_len(self) -> int:
