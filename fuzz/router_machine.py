@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -56,7 +56,7 @@ from radixspec.spec.router import (
 from .sequences import NAMESPACE_PALETTE, build_sequence, page_choices, tail_choices
 from .stats import STATS
 from .targets import resolve
-from .targets.api import CacheCapabilities, PrefixCacheTarget, RouterTarget, TargetInfo
+from .targets.api import CacheCapabilities, RouterTarget, TargetInfo
 from .targets.ours import IMPLEMENTATIONS
 from .targets.routers import SPEC_ROUTER
 
@@ -83,7 +83,7 @@ class Worker:
 
         page_size, num_pages, info = self.page_size, self.num_pages, self.info
         assert info.cache_factory is not None
-        cache: PrefixCacheTarget[Any] = info.cache_factory(page_size, num_pages)
+        cache = info.cache_factory(page_size, num_pages)
         caps = CacheCapabilities.of(cache)
         assert caps.pages and caps.evicts and caps.resets and caps.events, (
             f"{info.name}: a worker shows its pages, evicts and resets on request and emits KV events"

@@ -33,7 +33,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from radixspec.spec.domains import Namespace
 
@@ -212,7 +211,7 @@ def check_policies(policies: Sequence[str]) -> str:
     return ""
 
 
-def as_json(rows: Sequence[RoutingRow]) -> list[dict[str, Any]]:
+def as_json(rows: Sequence[RoutingRow]) -> list[dict[str, object]]:
     from dataclasses import asdict
 
     return [asdict(row) for row in rows]

@@ -5,7 +5,6 @@ judged."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import (
@@ -69,7 +68,7 @@ class Oracle(SlotLedger):
         label: str,
         groups: list[list[int]],
         needed: int | None,
-        stamps: dict[PageKey, Any] | None,
+        stamps: dict[PageKey, float] | None,
         strict: pc.PrefixCacheState | None = None,
         pinned: set[PageKey] | None = None,
     ) -> None:
@@ -123,7 +122,7 @@ class Oracle(SlotLedger):
             )
             del plan.entries[oldest]
 
-    def check_oldest(self, label: str, keys: list[PageKey], stamps: dict[PageKey, Any], pinned: set[PageKey]) -> None:
+    def check_oldest(self, label: str, keys: list[PageKey], stamps: dict[PageKey, float], pinned: set[PageKey]) -> None:
         """Sync LRU: the unit is the oldest evictable leaf by the target's own clock."""
         leaves = [key for key in pc.get_evictable_leaves(self.model) if key not in keys and key not in pinned]
         deepest = max(keys, key=lambda k: len(k[1]))
@@ -145,7 +144,7 @@ class Oracle(SlotLedger):
         assert len(set(starts)) == len(starts), f"{label}: gave back the same page twice in one call"
         return starts
 
-    def stamps_if_sync(self) -> dict[PageKey, Any] | None:
+    def stamps_if_sync(self) -> dict[PageKey, float] | None:
         """The followed target's clock before an eviction, when sync mode checks the oldest-first rule."""
         if self.LRU != "sync" or self.follow is None or self.follow.profile.clock == "none":
             return None

@@ -26,7 +26,6 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from .api import (
     EXACT,
@@ -121,7 +120,7 @@ def _load(path: str, name: str) -> object:
         raise TargetError(f"target {name!r}: module {module_name!r} has no {attribute!r}") from None
 
 
-def as_target_info(name: str, obj: Any) -> TargetInfo:
+def as_target_info(name: str, obj: object) -> TargetInfo:
     """A TargetInfo from what a user named: a TargetInfo, or a factory(page_size, num_pages) of a cache target."""
     if isinstance(obj, TargetInfo):
         return obj

@@ -225,9 +225,9 @@ class ShowsPages(Protocol):
 
 @runtime_checkable
 class ShowsStamps(Protocol):
-    """Its clock: ``{PageKey: comparable}``, its last access of each page (when ``clock != "none"``)."""
+    """Its clock: ``{PageKey: number}``, its last access of each page (when ``clock != "none"``)."""
 
-    def page_stamps(self) -> Mapping[PageKey, object]: ...
+    def page_stamps(self) -> Mapping[PageKey, float]: ...
 
 
 @runtime_checkable
@@ -336,7 +336,7 @@ class CacheCapabilities(Generic[H]):
 # and reset() a profile promises (eviction_trigger == "evict",
 # reset != "none"; checked when a target is resolved: promised_methods in fuzz/targets/__init__.py); the others
 # a target offers at will: check_integrity() (raise on a broken invariant); cached_pages() -> {PageKey: first
-# slot} (the whole content, compared with the spec's after every step); page_stamps() -> {PageKey: comparable}
+# slot} (the whole content, compared with the spec's after every step); page_stamps() -> {PageKey: number}
 # (the target's clock, when clock != "none"); take_events() -> the KV events emitted since the last call, as
 # spec.events' (spec.events.from_block_events converts vLLM-style ones), replayed after every step: the replay
 # must give exactly the cached pages

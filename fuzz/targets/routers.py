@@ -15,13 +15,16 @@ and LoRA names as namespaces of their own.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from radixspec.spec.domains import Namespace
 from radixspec.spec.prefix_cache import PageKey
 from radixspec.spec.router import RouterIndex
 
 from .api import TargetInfo
+
+if TYPE_CHECKING:
+    from radixspec.optimized.kv_events import WireReader
 
 
 class SpecRouter:
@@ -33,7 +36,7 @@ class SpecRouter:
         self.page_size = page_size
         self.index = RouterIndex(page_size, check_hashes=False)
         # per worker, its stream's reader (a block's namespace may come from its parent)
-        self.readers: dict[int, Any] = {}
+        self.readers: dict[int, WireReader] = {}
 
     def apply(self, worker: int, payload: bytes) -> None:
         from radixspec.optimized import kv_events

@@ -187,7 +187,7 @@ def import_mamba_cache() -> types.ModuleType:
     """The unified cache's modules, with the run-time settings the MAMBA component reads set for a CPU run (once
     a process)."""
     v = import_unified_cache()
-    pools: Any = importlib.import_module("sglang.srt.mem_cache.memory_pool")
+    pools = importlib.import_module("sglang.srt.mem_cache.memory_pool")
     install(
         v,
         mamba=importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba"),
