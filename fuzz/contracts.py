@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Generic, TypeVar
 
 from radixspec.spec import cache_manager as sm
 from radixspec.spec.contracts import sequence
@@ -38,6 +38,8 @@ from radixspec.spec.requests import Req
 from .targets.api import ExactManager
 from .targets.ours import ReferenceManager
 
+# a manager's handles (each family its own)
+H = TypeVar("H")
 NUM_PAGES, ROWS, PAGES_PER_ROW = 3, 2, 8
 # the token a decode step appends
 DECODED = 9
@@ -50,10 +52,10 @@ def plain(value: int, most: int) -> int:
     return next(k for k in range(most + 1) if k == value)
 
 
-class ManagerProgram:
+class ManagerProgram(Generic[H]):
     """One manager and its live requests; each call observed before and after and checked against the spec."""
 
-    def __init__(self, manager: ExactManager[Req, Any], page_size: int) -> None:
+    def __init__(self, manager: ExactManager[Req, H], page_size: int) -> None:
         self.manager = manager
         self.page_size = page_size
         self.live: list[Req] = []
@@ -108,7 +110,7 @@ class ManagerProgram:
         self.uids += 1
         req = self.manager.new_req(tokens, free_rows[0], None, self.uids)
         before = self.state()
-        found: list[Any] = []
+        found: list[H] = []
         error = self.call(lambda: found.append(self.manager.match_req(req)))
         after = self.state()
         cached_len = self.manager.cached_len(found[0]) if found else 0
@@ -204,7 +206,7 @@ class ManagerProgram:
             sm.allocate_paged(before, self.state(), [view, view], [view, view], error)
 
 
-def run_manager_program(manager: ExactManager[Req, Any], page_size: int, program: list[int]) -> bool:
+def run_manager_program(manager: ExactManager[Req, H], page_size: int, program: list[int]) -> bool:
     """Run the program on ``manager``; True when every call kept its relation and the invariants held after."""
     run = ManagerProgram(manager, page_size)
     for code in program:

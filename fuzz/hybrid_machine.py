@@ -56,6 +56,10 @@ from .targets.ours import SpecHybridCache
 
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
 BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
+# a path's namespace and its handle in each implementation (the spec's, then each cache's: each of its own type)
+Handles = tuple[Namespace, tuple[Any, ...]]
+# what an insert gives its bundle: the handles, or nothing when the spec refused it
+Inserted = Handles | MultipleResults[Handles]
 
 
 # a window as drawn, independent of the page size (so a regression file replays it): None (full attention) or
@@ -224,7 +228,7 @@ class HybridMachine(RuleBasedStateMachine):
         held=st.lists(st.lists(st.booleans(), min_size=1, max_size=6), min_size=1, max_size=3),
         namespace=st.sampled_from(NAMESPACE_PALETTE[:3]),
     )
-    def insert_prefix(self, tokens: tuple[int, ...], held: list[list[bool]], namespace: Namespace) -> Any:
+    def insert_prefix(self, tokens: tuple[int, ...], held: list[list[bool]], namespace: Namespace) -> Inserted:
         STATS.record_rule("hybrid.insert_prefix")
         rows = self.draw_pages(tokens, held)
         full_short = any(None in row for row, w in zip(rows, self.windows, strict=True) if w is None)
@@ -271,7 +275,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.foreign)
     @rule(target=handles, tokens=seqs, namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
-    def match_prefix(self, tokens: tuple[int, ...], namespace: Namespace) -> Any:
+    def match_prefix(self, tokens: tuple[int, ...], namespace: Namespace) -> Handles:
         STATS.record_rule("hybrid.match_prefix")
         handles = [
             hy.match_prefix(self.model, tokens, namespace),
@@ -289,7 +293,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.foreign)
     @rule(handle=handles, unlock=st.booleans())
-    def lock_or_unlock(self, handle: tuple[Namespace, tuple[Any, ...]], unlock: bool) -> None:
+    def lock_or_unlock(self, handle: Handles, unlock: bool) -> None:
         operation = "unlock" if unlock else "lock"
         STATS.record_rule(f"hybrid.{operation}")
         _, per_impl = handle

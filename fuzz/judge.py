@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from radixspec.spec.errors import CacheError
 
 from .messages import brief
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -32,14 +34,15 @@ class Outcome:
 
     @classmethod
     def of(
-        cls, call: Callable[..., Any], normalize: Callable[[Any], Any] = lambda value: value, foreign: bool = False
+        cls, call: Callable[..., T], normalize: Callable[[T], object] | None = None, foreign: bool = False
     ) -> Outcome:
         """Run ``call``. A CacheError is an outcome; any other exception fails the caller's law (an error not of
         spec/errors.py: a crash the process survived), unless ``foreign`` (a target whose errors are its own).
         A foreign target's failed ``assert`` is never an outcome: the engine's own invariant broke, and its state
         after a half-done call is not one the campaign may go on from."""
         try:
-            return cls(True, normalize(call()))
+            value = call()
+            return cls(True, value if normalize is None else normalize(value))
         except CacheError as error:
             return cls(False, error=type(error), message=str(error))
         except Exception as error:
@@ -48,7 +51,7 @@ class Outcome:
             what = "the engine's own assertion failed" if foreign else "raised"
             raise AssertionError(f"{what} {type(error).__module__}.{type(error).__name__}: {error}") from error
 
-    def seen_as(self, normalize: Callable[[Any], Any]) -> Outcome:
+    def seen_as(self, normalize: Callable[[Any], object]) -> Outcome:
         """The same outcome with its value normalized (a refusal as it is)."""
         return Outcome(True, normalize(self.value)) if self.ok else self
 

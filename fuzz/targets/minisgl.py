@@ -137,6 +137,16 @@ class CacheHandle(Protocol):
     def get_matched_indices(self) -> torch.Tensor: ...
 
 
+class EngineReq(Protocol):
+    """What the adapter reads and writes of mini-sglang's ``Req`` (made when the request is admitted)."""
+
+    cached_len: int
+    device_len: int
+    cache_handle: CacheHandle
+
+    def append_host(self, token: torch.Tensor) -> None: ...
+
+
 class TreeNodeView(Protocol):
     """What ``tree_pages`` reads of mini-sglang's ``RadixTreeNode``."""
 
@@ -239,9 +249,16 @@ class MiniReq:
         self.input_len = len(prompt)
         self.table_idx = table_idx
         self.uid = uid
-        self.req: Any = None
+        # mini-sglang's own Req, once admitted
+        self.engine: EngineReq | None = None
         # positions of the row backed by pages (mini-sglang derives them; the machine needs them)
         self.alloc_len = 0
+
+    @property
+    def req(self) -> EngineReq:
+        """mini-sglang's own Req (the request is admitted)."""
+        assert self.engine is not None, f"request {self.uid} is not admitted"
+        return self.engine
 
 
 class MiniSGLangManager:
@@ -287,7 +304,7 @@ class MiniSGLangManager:
         cached = int(handle.cached_len)
         if cached:
             self.page_table[req.table_idx, :cached] = handle.get_matched_indices()
-        req.req = core.Req(
+        req.engine = core.Req(
             input_ids=req.input_ids,
             table_idx=req.table_idx,
             cached_len=cached,
