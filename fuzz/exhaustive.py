@@ -48,7 +48,7 @@ from typing import Any
 
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.domains import Namespace
+from radixspec.spec.domains import Namespace, copied_fields
 from radixspec.spec.helpers import compute_page_to_token
 from radixspec.spec.invariants import check_invariants
 
@@ -152,11 +152,7 @@ class World:
     def __deepcopy__(self, memo: dict[int, object]) -> World:
         """The same state, independent: the implementations, their locks and replayers copied deep (each lock's
         handles name the copies' paths), the sequences shared (nobody changes them)."""
-        clone = object.__new__(World)
-        memo[id(self)] = clone
-        memo[id(self.seqs)] = self.seqs
-        vars(clone).update((name, copy.deepcopy(value, memo)) for name, value in vars(self).items())
-        return clone
+        return copied_fields(self, memo, shared=("seqs",))
 
     @property
     def spec(self) -> pc.PrefixCacheState:
@@ -302,11 +298,7 @@ class ManagerWorld:
 
     def __deepcopy__(self, memo: dict[int, object]) -> ManagerWorld:
         """The same state, independent: the machine copied deep (``ManagerBase.__deepcopy__``), the prompts shared."""
-        clone = object.__new__(ManagerWorld)
-        memo[id(self)] = clone
-        memo[id(self.prompts)] = self.prompts
-        vars(clone).update((name, copy.deepcopy(value, memo)) for name, value in vars(self).items())
-        return clone
+        return copied_fields(self, memo, shared=("prompts",))
 
     def key(self) -> tuple[Hashable, ...]:
         """Pages (up to stamp order), the free list in order, the live requests' rows and progress."""

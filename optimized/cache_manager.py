@@ -25,7 +25,7 @@ from radixspec.spec.errors import (
 from radixspec.spec.helpers import div_ceil
 from radixspec.spec.requests import Prompted, Req
 
-from .inputs import copied_fields
+from .inputs import copied_with_tensors
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache
 
@@ -65,9 +65,7 @@ class CacheManager:
     def __deepcopy__(self, memo: dict[int, object]) -> CacheManager:
         """An independent manager in the same state: its tensors cloned (torch's own deep copy costs ten times
         more), the rest, its cache included, copied deep."""
-        clone = object.__new__(type(self))
-        copied_fields(self, clone, memo)
-        return clone
+        return copied_with_tensors(self, memo)
 
     def match_req(self, req: Prompted) -> Any:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""

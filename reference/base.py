@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.domains import Namespace
+from radixspec.spec.domains import Namespace, copied_fields
 from radixspec.spec.errors import InvalidTypeError
 from radixspec.spec.types import InsertResult, SizeInfo
 
@@ -46,11 +45,7 @@ class BasePrefixCache(NotCopyable, ABC):
     def __deepcopy__(self, memo: dict[int, object]) -> BasePrefixCache:
         """An independent cache in the same state: every field copied deep, a lock of its own. Handles copied
         in the same ``deepcopy`` call name the copy's paths (a snapshot of a cache with the handles it gave)."""
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        for name, value in vars(self).items():
-            setattr(clone, name, new_mutex() if name == "_mutex" else copy.deepcopy(value, memo))
-        return clone
+        return copied_fields(self, memo, made={"_mutex": lambda _: new_mutex()})
 
     page_size: int
 

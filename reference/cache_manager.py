@@ -6,13 +6,12 @@ Every page of the pool is free, cached, or private to one live request;
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from radixspec.spec import cache_manager as spec_manager
-from radixspec.spec.domains import check_page_size, check_pool_size
+from radixspec.spec.domains import check_page_size, check_pool_size, copied_fields
 from radixspec.spec.errors import CacheBusyError, InvalidRequestError, InvalidSizeError
 from radixspec.spec.helpers import compute_page_starts, compute_page_to_token
 from radixspec.spec.requests import Prompted, Req
@@ -57,14 +56,15 @@ class CacheManager:
     def __deepcopy__(self, memo: dict[int, object]) -> CacheManager:
         """An independent manager in the same state: its page table and free lists copied as the lists of ints
         they are (a deep copy would copy each int by a call), its cache copied deep."""
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        vars(clone).update(vars(self))
-        clone.page_table = [row[:] for row in self.page_table]
-        clone.free_slots = self.free_slots[:]
-        clone.lazy_frees = None if self.lazy_frees is None else self.lazy_frees[:]
-        clone.prefix_cache = copy.deepcopy(self.prefix_cache, memo)
-        return clone
+        return copied_fields(
+            self,
+            memo,
+            made={
+                "page_table": lambda table: [row[:] for row in table],
+                "free_slots": list,
+                "lazy_frees": lambda frees: None if frees is None else frees[:],
+            },
+        )
 
     def match_req(self, req: Prompted) -> BaseCacheHandle:
         """Match all of the prompt but its last token, which is always recomputed to produce logits."""

@@ -6,8 +6,9 @@ A value outside its domain is rejected with the spec's error (``InvalidTypeError
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import Self, TypeAlias
+import copy
+from collections.abc import Callable, Container, Hashable, Mapping, Sequence
+from typing import Any, Self, TypeAlias, TypeVar
 
 from .errors import (
     InvalidInputError,
@@ -34,6 +35,27 @@ class Immutable:
 
     def __deepcopy__(self, memo: dict[int, object]) -> Self:
         return self
+
+
+T = TypeVar("T")
+
+
+def copied_fields(
+    original: T,
+    memo: dict[int, object],
+    shared: Container[str] = (),
+    made: Mapping[str, Callable[[Any], object]] | None = None,
+) -> T:
+    """A deep copy of ``original``, field by field (what a class's ``__deepcopy__`` returns): the copy goes into
+    ``memo`` first, so that what points back to the original points to the copy; a field named in ``shared`` is
+    shared, one named in ``made`` is made by its function from the original's, every other is copied deep."""
+    clone = object.__new__(type(original))
+    memo[id(original)] = clone
+    made = made or {}
+    fields = vars(clone)
+    for name, value in vars(original).items():
+        fields[name] = value if name in shared else made[name](value) if name in made else copy.deepcopy(value, memo)
+    return clone
 
 
 def check_page_size(page_size: object) -> int:

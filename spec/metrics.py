@@ -21,12 +21,11 @@ of others), so a stream of one-shot namespaces costs bounded memory.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .domains import Namespace
+from .domains import Namespace, copied_fields
 
 # namespaces whose counters a cache keeps apart before it retires those holding no page
 STATS_NAMESPACE_LIMIT = 1024
@@ -138,13 +137,7 @@ class StatsCounter:
 
     def __deepcopy__(self, memo: dict[int, object]) -> StatsCounter:
         """The same counts, asking the deep copy of the cache (``holds_pages`` is the cache's bound method)."""
-        clone = object.__new__(StatsCounter)
-        memo[id(self)] = clone
-        vars(clone).update(vars(self))
-        clone.counts = {namespace: copy.deepcopy(stats, memo) for namespace, stats in self.counts.items()}
-        clone.retired = copy.deepcopy(self.retired, memo)
-        clone._holds_pages = copy.deepcopy(self._holds_pages, memo)
-        return clone
+        return copied_fields(self, memo, shared=("_new_stats",))
 
     def _ns(self, namespace: Namespace) -> NamespaceStats:
         found = self.counts.get(namespace)

@@ -3,12 +3,11 @@ and the checks a new request passes (the seed's ``Req``, ``SamplingParams``, ``B
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .domains import Namespace, check_namespace, check_token_ids
+from .domains import Namespace, check_namespace, check_token_ids, copied_fields
 from .errors import InvalidRequestError, InvalidSizeError, InvalidTypeError
 from .helpers import compute_pages_to_finish
 
@@ -64,14 +63,8 @@ class Req:
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
 
     def __deepcopy__(self, memo: dict[int, object]) -> Req:
-        """The same request, independent: its numbers and namespace as they are (immutable), its token ids,
-        handle and sampling parameters copied deep."""
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        vars(clone).update(vars(self))
-        for name in ("input_ids", "cache_handle", "sampling_params"):
-            setattr(clone, name, copy.deepcopy(getattr(self, name), memo))
-        return clone
+        """The same request, independent (field by field: a dataclass's own deep copy goes through pickling)."""
+        return copied_fields(self, memo)
 
     @property
     def remain_len(self) -> int:

@@ -3,7 +3,6 @@ bad input): the spec's relations observed around every call, the accounting afte
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeGuard
 
@@ -12,7 +11,7 @@ from hypothesis.stateful import Bundle, MultipleResults, RuleBasedStateMachine, 
 
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import events as ev
-from radixspec.spec.domains import Namespace
+from radixspec.spec.domains import Namespace, copied_fields
 from radixspec.spec.invariants import (
     free_slots_are_aligned_and_unique,
     pages_are_partitioned,
@@ -120,11 +119,7 @@ class ManagerBase(RuleBasedStateMachine):
         """The machine in the same state, independent (the exhaustive checker's snapshot of a state, taken once
         instead of replaying its path for every transition): its targets, requests and replayers copied deep;
         Hypothesis's own fields shared (the exhaustive checker calls the rules directly, never its runner)."""
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        for name, value in vars(self).items():
-            setattr(clone, name, value if name in self.RUNNER_FIELDS else copy.deepcopy(value, memo))
-        return clone
+        return copied_fields(self, memo, shared=self.RUNNER_FIELDS)
 
     @property
     def validates(self) -> bool:

@@ -4,7 +4,6 @@ reference targets (``ours.py``) and the optimized ones (``ours_optimized.py``) b
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, cast
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, ca
 from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.domains import Namespace
+from radixspec.spec.domains import Namespace, copied_fields
 from radixspec.spec.events import Event
 from radixspec.spec.metrics import CacheStats
 from radixspec.spec.requests import Req
@@ -142,11 +141,7 @@ class OurManager:
     def __deepcopy__(self, memo: dict[int, object]) -> OurManager:
         """The same target on a deep copy of its manager; the state read last is shared (every reader of it shares
         it already: nobody changes it, a changing call drops it)."""
-        clone = object.__new__(type(self))
-        memo[id(self)] = clone
-        vars(clone).update(vars(self))
-        clone.manager = copy.deepcopy(self.manager, memo)
-        return clone
+        return copied_fields(self, memo, shared=("state",))
 
     def changing(self) -> Any:
         """The manager, for a call that may change its state (a failed one too): the state read last is dropped."""

@@ -17,7 +17,7 @@ import torch
 
 from radixspec import optimized
 from radixspec.optimized._c import load_c
-from radixspec.optimized.inputs import copied_fields
+from radixspec.optimized.inputs import copied_with_tensors
 from radixspec.optimized.radix_cache import RadixCacheHandle as OptimizedHandle
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
@@ -109,9 +109,7 @@ class OptimizedCache(TreeTarget[OptimizedHandle]):
         self.out = torch.empty(0, dtype=torch.int32)
 
     def __deepcopy__(self, memo: dict[int, object]) -> OptimizedCache:
-        clone = object.__new__(OptimizedCache)
-        copied_fields(self, clone, memo)
-        return clone
+        return copied_with_tensors(self, memo)
 
     def check_integrity(self) -> None:
         with gives_back_its_blocks("check_integrity"):
