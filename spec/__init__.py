@@ -2,7 +2,8 @@
 
 stdlib only. ``radixspec.spec.prefix_cache`` holds the cache as a dict of pages
 keyed by token prefix; ``radixspec.spec.cache_manager`` the page accounting around
-it; ``radixspec.spec.invariants`` the named invariants; ``radixspec.spec.errors`` the error
+it; ``radixspec.spec.invariants`` the named invariants; ``radixspec.spec.tiers`` a cache whose pages
+have copies in device memory, host memory and storage, moved by transfers; ``radixspec.spec.errors`` the error
 tree every implementation raises.
 """
 

@@ -1,0 +1,466 @@
+"""The spec of tiers (spec/tiers.py): each operation's effects, each refusal changing nothing, every law seen
+failing on a state that breaks it, and the laws holding along random programs that play the executor too."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from typing import ClassVar
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from radixspec.spec import tiers as t
+from radixspec.spec.errors import (
+    CacheBusyError,
+    CacheError,
+    EvictionError,
+    IntegrityError,
+    StaleHandleError,
+)
+from radixspec.spec.prefix_cache import PageKey, Prefix
+
+A, B, C = [1, 2, 3, 4], [1, 2, 5, 6], [7, 8]
+
+
+def key(*tokens: int) -> PageKey:
+    """The key of ``tokens`` in pages of 2."""
+    prefix = None
+    for start in range(0, len(tokens), 2):
+        prefix = Prefix.extend(prefix, tuple(tokens[start : start + 2]))
+    assert prefix is not None
+    return (None, prefix)
+
+
+def slots(pages: list[int], page_size: int = 2) -> list[int]:
+    return [page + offset for page in pages for offset in range(page_size)]
+
+
+def cache(state: t.TieredState, tokens: list[int]) -> t.TieredInsertResult:
+    """A request's prefill: device pages for the tokens past the device hit (locked meanwhile), then the insert;
+    the pages it could not cache (past a page being loaded back) go back."""
+    p = state.page_size
+    match = t.match_prefix(state, tokens)
+    t.lock(state, match.handle)
+    pages = t.allocate(state, (len(tokens) - match.device_len) // p)
+    result = t.insert_prefix(state, tokens, [0] * match.device_len + slots(pages, p))
+    t.free(state, pages[(result.handle.cached_len - match.device_len) // p :])
+    t.unlock(state, match.handle)
+    return result
+
+
+def only(state: t.TieredState, kind: t.TransferKind) -> int:
+    (found,) = [number for number, transfer in state.transfers.items() if transfer.kind == kind]
+    return found
+
+
+def healthy() -> t.TieredState:
+    """A, then C, each backed up and stored; C evicted to the host tier; B (sharing A's first page) backing up;
+    A locked; C loading back."""
+    state = t.new_state(2, device_pages=6, host_pages=6, storage_pages=8, policy="write_through")
+    cache(state, A)
+    t.complete_transfer(state, only(state, "backup"))
+    t.complete_transfer(state, only(state, "store"))
+    cache(state, C)
+    t.complete_transfer(state, only(state, "backup"))
+    t.complete_transfer(state, only(state, "store"))
+    t.lock(state, t.match_prefix(state, A).handle)
+    assert t.evict_device(state, 1) == [4]
+    cache(state, B)
+    assert t.load_back(state, C) is not None
+    return state
+
+
+def with_transfer_source(state: t.TieredState, source: tuple[int, ...]) -> t.TieredState:
+    number = only(state, "load_back")
+    state.transfers[number] = dataclasses.replace(state.transfers[number], source=source)
+    return state
+
+
+def edited(change: Callable[[t.TieredState], object]) -> Callable[[t.TieredState], t.TieredState]:
+    def apply(state: t.TieredState) -> t.TieredState:
+        change(state)
+        return state
+
+    return apply
+
+
+BROKEN: dict[str, Callable[[t.TieredState], t.TieredState]] = {
+    "entries_are_prefix_closed": edited(lambda s: s.entries.pop(key(1, 2))),
+    "entries_have_a_copy": edited(lambda s: setattr(s.entries[key(7, 8)], "host", None)),
+    "device_copies_are_prefix_closed": edited(lambda s: setattr(s.entries[key(1, 2)], "device", None)),
+    "locked_pages_are_on_the_device": edited(lambda s: setattr(s.entries[key(7, 8)], "ref_count", 1)),
+    "copies_hold_their_prefix": edited(
+        lambda s: s.host_kv.update({s.entries[key(1, 2)].host: t.Written(key(1, 2, 3, 4), s.epoch)})
+    ),
+    "reset_left_no_copy": edited(lambda s: setattr(s, "epoch", s.epoch + 1)),
+    "free_lists_hold_no_page_twice": edited(lambda s: s.host_free.append(s.host_free[0])),
+    "tiers_are_conserved": edited(lambda s: s.device_free.pop()),
+    "transfers_hold_both_ends": lambda s: with_transfer_source(s, (10,)),
+    "host_locks_are_balanced": edited(lambda s: setattr(s.entries[key(7, 8)], "host_locks", 0)),
+    "write_back_drops_nothing": edited(
+        lambda s: (setattr(s, "policy", "write_back"), setattr(s, "dropped_unbacked", 1))
+    ),
+}
+
+
+def test_every_tier_law_has_a_breaking_example() -> None:
+    assert set(BROKEN) == {law.__name__ for law in t.TIERED_INVARIANTS}
+
+
+def test_the_healthy_state_keeps_every_law_and_reaches_every_kind_of_copy() -> None:
+    state = healthy()
+    t.check_tiered_invariants(state)
+    assert {transfer.kind for transfer in state.transfers.values()} == {"backup", "load_back"}
+    assert state.entries[key(7, 8)].device is None and key(7, 8) in state.storage
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_check_tiered_invariants_names_the_broken_law(name: str) -> None:
+    with pytest.raises(IntegrityError, match=f"^{name}: "):
+        t.check_tiered_invariants(BROKEN[name](healthy()))
+
+
+# ---------------------------------------------------------------- operations
+
+
+def test_write_through_backs_up_each_new_page_and_a_completed_backup_is_stored() -> None:
+    state = t.new_state(2, 4, 4, storage_pages=4)
+    cache(state, A)
+    backup = state.transfers[only(state, "backup")]
+    assert backup.keys == (key(1, 2), key(1, 2, 3, 4)) and backup.source == (0, 2)
+    # in flight: the device pages are pinned, the host pages reserved
+    assert t.get_tier_usage(state)["host"] == t.TierUsage(free=2, cached=0, in_flight=2, private=0, capacity=4)
+    with pytest.raises(EvictionError):
+        t.evict_device(state, 1)
+    t.complete_transfer(state, only(state, "backup"))
+    assert state.entries[key(1, 2, 3, 4)].host == backup.destination[1]
+    assert state.entries[key(1, 2)].host_locks == 1  # the store reads it
+    t.complete_transfer(state, only(state, "store"))
+    assert set(state.storage) == {key(1, 2), key(1, 2, 3, 4)}
+    assert t.match_prefix(state, [*A, 9, 9]) == (t.match_prefix(state, A)[0], 4, 4, 4)
+
+
+def test_a_page_evicted_from_the_device_keeps_its_host_copy_and_is_loaded_back() -> None:
+    state = t.new_state(2, 2, 4, policy="write_through")
+    cache(state, A)
+    t.complete_transfer(state, only(state, "backup"))
+    assert t.evict_device(state, 2) == [0, 2]
+    match = t.match_prefix(state, A)
+    assert (match.device_len, match.host_len, match.storage_len) == (0, 4, 4)
+    number = t.load_back(state, A)
+    assert number is not None and t.load_back(state, A) is None  # one load of a page at a time
+    assert t.match_prefix(state, A).device_len == 0  # not served before it completes
+    t.complete_transfer(state, number)
+    assert t.match_prefix(state, A).device_len == 4
+    t.check_tiered_invariants(state)
+
+
+def test_write_through_drops_an_unbacked_leaf_and_write_back_never_does() -> None:
+    through = t.new_state(2, 2, 1, policy="write_through")
+    cache(through, A)
+    t.fail_transfer(through, only(through, "backup"))
+    assert t.evict_device(through, 2) == [0, 2] and not through.entries and through.dropped_unbacked == 2
+    back = t.new_state(2, 2, 2, policy="write_back")
+    cache(back, A)
+    assert not back.transfers
+    with pytest.raises(EvictionError):
+        t.evict_device(back, 1)
+    (first,) = t.write_back(back, 1)
+    t.complete_transfer(back, first)
+    assert t.evict_device(back, 1) == [2] and back.dropped_unbacked == 0
+
+
+def test_write_through_selective_backs_up_a_page_at_its_threshold() -> None:
+    state = t.new_state(2, 4, 4, policy="write_through_selective", threshold=2)
+    cache(state, A)  # the prefill's match reached nothing
+    assert not state.transfers
+    t.match_prefix(state, A)
+    assert not state.transfers
+    t.match_prefix(state, A)
+    assert state.transfers[only(state, "backup")].keys == (key(1, 2), key(1, 2, 3, 4))
+
+
+def test_prefetch_brings_a_storage_hit_into_the_host_tier() -> None:
+    state = t.new_state(2, 2, 2, storage_pages=4)
+    cache(state, A)
+    t.complete_transfer(state, only(state, "backup"))
+    t.complete_transfer(state, only(state, "store"))
+    t.evict_device(state, 2)
+    t.evict_host(state, 2)
+    assert not state.entries and t.match_prefix(state, A)[1:] == (0, 0, 4)
+    number = t.prefetch(state, A)
+    assert number is not None and t.prefetch(state, A) is None
+    t.complete_transfer(state, number)
+    assert t.match_prefix(state, A)[1:] == (0, 4, 4)
+    t.check_tiered_invariants(state)
+
+
+def test_a_failed_transfer_gives_its_destination_back_and_makes_no_copy() -> None:
+    state = t.new_state(2, 4, 4)
+    cache(state, A)
+    t.fail_transfer(state, only(state, "backup"))
+    assert all(entry.host is None for entry in state.entries.values())
+    assert t.get_tier_usage(state)["host"].free == 4
+    t.check_tiered_invariants(state)
+
+
+def test_reset_waits_for_the_transfers_and_leaves_no_tier_serving() -> None:
+    state = t.new_state(2, 4, 4, storage_pages=4)
+    cache(state, A)
+    with pytest.raises(CacheBusyError):
+        t.reset(state)
+    t.complete_transfer(state, only(state, "backup"))
+    t.complete_transfer(state, only(state, "store"))
+    t.reset(state)
+    assert t.match_prefix(state, A)[1:] == (0, 0, 0)
+    assert t.get_tier_usage(state)["device"].free == 4 and t.get_tier_usage(state)["host"].free == 4
+    t.check_tiered_invariants(state)
+
+
+def test_a_locked_page_stays_on_the_device_and_a_handle_goes_stale_when_its_page_leaves() -> None:
+    state = t.new_state(2, 2, 2)
+    handle = cache(state, A).handle
+    t.complete_transfer(state, only(state, "backup"))
+    t.lock(state, handle)
+    with pytest.raises(EvictionError):
+        t.evict_device(state, 1)
+    t.unlock(state, handle)
+    t.evict_device(state, 1)
+    with pytest.raises(StaleHandleError):
+        t.lock(state, handle)
+
+
+REFUSALS: dict[str, Callable[[t.TieredState], object]] = {
+    "allocate past the device": lambda s: t.allocate(s, 5),
+    "insert pages not held": lambda s: t.insert_prefix(s, [9, 9], [6, 7]),
+    "free a page not held": lambda s: t.free(s, [6]),
+    "evict past the evictable": lambda s: t.evict_device(s, 3),
+    "evict a negative count": lambda s: t.evict_host(s, -1),
+    "complete an unknown transfer": lambda s: t.complete_transfer(s, 99),
+    "reset under a transfer": t.reset,
+    "unlock what no lock holds": lambda s: t.unlock(s, t.match_prefix(s, A).handle),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_a_refused_call_changes_nothing(name: str) -> None:
+    state = t.new_state(2, 4, 4, storage_pages=4)
+    cache(state, A)
+    t.allocate(state, 1)
+    before = copy.deepcopy(state)
+    with pytest.raises(CacheError):
+        REFUSALS[name](state)
+    # the match inside "unlock" stamps; the rest must be untouched
+    if name != "unlock what no lock holds":
+        assert state == before
+
+
+# ---------------------------------------------------------------- random programs, the spec as its own executor
+
+FETCHES = ("load_back", "prefetch")
+PROMPTS = [A, B, C, [1, 2, 3, 4, 9, 9], [7, 8, 1, 1], [5, 5]]
+
+
+class TieredSpecMachine(RuleBasedStateMachine):
+    """Requests and the executor's answers in any order: every law holds after every step, and a refusal
+    changes nothing."""
+
+    # what the programs reached, over the whole run: transfers ended per (kind, completed), resets of a full cache
+    reached: ClassVar[Counter[tuple[str, bool]]] = Counter()
+
+    @initialize(
+        policy=st.sampled_from(t.WRITE_POLICIES),
+        device=st.integers(2, 8),
+        host=st.integers(1, 8),
+        storage=st.integers(0, 8),
+    )
+    def configure(self, policy: t.WritePolicy, device: int, host: int, storage: int) -> None:
+        self.state = t.new_state(2, device, host, storage, policy, threshold=2)
+        self.handles: list[t.TieredHandle] = []
+
+    def refusable(self, call: Callable[[], object]) -> bool:
+        """Make the call; True when it was not refused (a refusal must change nothing)."""
+        before = copy.deepcopy(self.state)
+        try:
+            call()
+        except CacheError:
+            assert self.state == before, "a refused call changed the state"
+            return False
+        return True
+
+    @rule(prompt=st.sampled_from(PROMPTS))
+    def request(self, prompt: list[int]) -> None:
+        """A prefill (cache()): refused, when the device has no room, with nothing changed but the match."""
+        match = t.match_prefix(self.state, prompt)
+        t.lock(self.state, match.handle)
+        p, hit = self.state.page_size, match.device_len
+        pages: list[int] = []
+        if self.refusable(lambda: pages.extend(t.allocate(self.state, (len(prompt) - hit) // p))):
+            result = t.insert_prefix(self.state, prompt, [0] * hit + slots(pages, p))
+            t.free(self.state, pages[(result.handle.cached_len - hit) // p :])
+        t.unlock(self.state, match.handle)
+
+    @rule(prompt=st.sampled_from(PROMPTS), hold=st.integers(0, 3))
+    def match_and_load(self, prompt: list[int], hold: int) -> None:
+        """A match, its device hit locked (one in four, until ``unlock``), its host hit loaded back and its storage
+        hit prefetched."""
+        match = t.match_prefix(self.state, prompt)
+        assert match.device_len <= match.host_len <= match.storage_len
+        if not hold:
+            t.lock(self.state, match.handle)
+            self.handles.append(match.handle)
+        self.refusable(lambda: t.load_back(self.state, prompt))
+        t.prefetch(self.state, prompt)
+
+    @rule(data=st.data())
+    def unlock(self, data: st.DataObject) -> None:
+        if self.handles:
+            t.unlock(self.state, self.handles.pop(data.draw(st.integers(0, len(self.handles) - 1))))
+
+    @rule(data=st.data(), host=st.booleans())
+    def evict(self, data: st.DataObject, host: bool) -> None:
+        """Up to one page more than is evictable (refused) from the device or the host tier."""
+        state = self.state
+        plan = t.plan_host_eviction(state, state.host_pages, set()) if host else t.plan_device_eviction(state, 99)
+        pages = data.draw(st.integers(0, len(plan) + 1))
+        self.refusable(lambda: (t.evict_host if host else t.evict_device)(state, pages))
+
+    @rule(host=st.booleans())
+    def pressure(self, host: bool) -> None:
+        """The device under pressure: every evictable device page evicted (to the host tier where backed up);
+        then, or not, the host tier too (what storage holds stays there)."""
+        state = self.state
+        t.evict_device(state, len(t.plan_device_eviction(state, state.device_pages)))
+        if host:
+            t.evict_host(state, len(t.plan_host_eviction(state, state.host_pages, set())))
+
+    @rule(pages=st.integers(1, 3))
+    def write_back(self, pages: int) -> None:
+        t.write_back(self.state, pages)
+
+    @rule(data=st.data(), ok=st.booleans())
+    def executor(self, data: st.DataObject, ok: bool) -> None:
+        if self.state.transfers:
+            number = data.draw(st.sampled_from(sorted(self.state.transfers)))
+            self.reached[self.state.transfers[number].kind, ok] += 1
+            (t.complete_transfer if ok else t.fail_transfer)(self.state, number)
+
+    @precondition(lambda self: any(tr.kind in FETCHES for tr in self.state.transfers.values()))
+    @rule(data=st.data(), ok=st.booleans())
+    def fetch_ends(self, data: st.DataObject, ok: bool) -> None:
+        """The executor ends a load back or a prefetch (rarer than backups: they follow a spill)."""
+        fetches = sorted(number for number, tr in self.state.transfers.items() if tr.kind in FETCHES)
+        number = data.draw(st.sampled_from(fetches))
+        self.reached[self.state.transfers[number].kind, ok] += 1
+        (t.complete_transfer if ok else t.fail_transfer)(self.state, number)
+
+    @rule()
+    def drain(self) -> None:
+        """The executor completes every write in flight (backups, and the stores their completions start)."""
+        while writes := [number for number, tr in self.state.transfers.items() if tr.kind not in FETCHES]:
+            number = min(writes)
+            self.reached[self.state.transfers[number].kind, True] += 1
+            t.complete_transfer(self.state, number)
+
+    @rule(now=st.integers(0, 7))
+    def reset(self, now: int) -> None:
+        """Now and then (one draw in eight), a reset: refused under locks and transfers."""
+        if now:
+            return
+        full = bool(self.state.entries)
+        if self.refusable(lambda: t.reset(self.state)):
+            self.handles.clear()
+            self.reached["reset", full] += 1
+
+    @invariant()
+    def laws_hold(self) -> None:
+        t.check_tiered_invariants(self.state)
+
+
+def test_random_programs_keep_every_tier_law() -> None:
+    TieredSpecMachine.reached.clear()
+    # derandomized: the reach asserted below is that of one fixed run
+    run_state_machine_as_test(
+        TieredSpecMachine,
+        settings=settings(max_examples=800, stateful_step_count=50, deadline=None, derandomize=True, database=None),
+    )
+    # the programs reached every kind of transfer's completion and failure, and resets of a full cache
+    kinds = {(kind, ok) for kind in t.ROUTES for ok in (True, False)}
+    assert kinds | {("reset", True)} <= set(TieredSpecMachine.reached), TieredSpecMachine.reached
+
+
+def forgetful_fail(state: t.TieredState, number: int) -> None:
+    """A failure that leaves the host pages it reserved reserved forever."""
+    transfer = state.transfers.pop(number)
+    for key in transfer.keys:
+        if t.ROUTES[transfer.kind][0] == "host":
+            state.entries[key].host_locks -= 1
+    if t.ROUTES[transfer.kind][1] == "device":
+        state.device_free.extend(transfer.destination)
+
+
+def unlocking_load(state: t.TieredState, number: int) -> None:
+    """A completed load that keeps its host lock (the split that leaves host locks behind)."""
+    loading = state.transfers[number].kind == "load_back"
+    keys = state.transfers[number].keys
+    COMPLETE(state, number)
+    if loading:
+        state.entries[keys[0]].host_locks += 1
+
+
+def reset_keeping_storage(state: t.TieredState) -> None:
+    """A reset that leaves the storage tier serving (vLLM #57727's class)."""
+    kept = dict(state.storage)
+    RESET(state)
+    state.storage.update(kept)
+
+
+def evicting_pinned(state: t.TieredState, num_pages: int, keep: object = ()) -> list[PageKey]:
+    """Device eviction that forgets the transfers' pins."""
+    pinned = t.get_pinned_keys
+    t.get_pinned_keys = lambda s: set()  # type: ignore[assignment]
+    try:
+        return PLAN(state, num_pages, keep)  # type: ignore[arg-type]
+    finally:
+        t.get_pinned_keys = pinned  # type: ignore[assignment]
+
+
+COMPLETE, RESET, PLAN = t.complete_transfer, t.reset, t.plan_device_eviction
+# each fault path, planted: (what is patched, the bug, the law that must name it)
+PLANTED = {
+    "a failed transfer's host pages never come back": ("fail_transfer", forgetful_fail, "tiers_are_conserved"),
+    "a load keeps its host lock": ("complete_transfer", unlocking_load, "host_locks_are_balanced"),
+    "a reset leaves storage serving": ("reset", reset_keeping_storage, "reset_left_no_copy"),
+    "eviction under a transfer": ("plan_device_eviction", evicting_pinned, "transfers_hold_both_ends"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_random_programs_catch_a_planted_bug(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    function, bug, law = PLANTED[name]
+    monkeypatch.setattr(t, function, bug)
+    with pytest.raises(IntegrityError, match=law):
+        run_state_machine_as_test(
+            TieredSpecMachine,
+            # found, not shrunk: the law's name is what the test asks
+            settings=settings(
+                max_examples=500,
+                stateful_step_count=50,
+                deadline=None,
+                database=None,
+                phases=[Phase.generate],
+                derandomize=True,
+            ),
+        )
