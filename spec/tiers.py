@@ -637,19 +637,17 @@ def fail_transfer(state: TieredState, transfer_id: int) -> None:
 
 
 def reset(state: TieredState) -> None:
-    """Empty every tier: the device and host copies go back to their free lists, storage is cleared, and no copy
+    """Empty every tier: the device and host copies go back to their free lists (ascending), storage is cleared,
+    and no copy
     written before serves again. Refused while a page is locked or a transfer is in flight (its pages are the
     executor's until it ends); pages the callers hold stay theirs."""
     # CHECK
     locked = sum(1 for entry in state.entries.values() if entry.ref_count)
     if locked or state.transfers:
         raise CacheBusyError(f"reset refused: {locked} pages locked, {len(state.transfers)} transfers in flight")
-    # UPDATE
-    for entry in state.entries.values():
-        if entry.device is not None:
-            state.device_free.append(entry.device)
-        if entry.host is not None:
-            state.host_free.append(entry.host)
+    # UPDATE: the pages go back in ascending order
+    state.device_free += sorted(entry.device for entry in state.entries.values() if entry.device is not None)
+    state.host_free += sorted(entry.host for entry in state.entries.values() if entry.host is not None)
     state.entries.clear()
     state.storage.clear()
     state.epoch += 1

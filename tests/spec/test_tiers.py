@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections import Counter
 from collections.abc import Callable
-from typing import ClassVar
 
 import pytest
 from hypothesis import Phase, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import run_state_machine_as_test
 
+from radixspec.fuzz.tiered_machine import TieredMachine
 from radixspec.spec import tiers as t
 from radixspec.spec.errors import (
     CacheBusyError,
@@ -269,136 +260,17 @@ def test_a_refused_call_changes_nothing(name: str) -> None:
 
 # ---------------------------------------------------------------- random programs, the spec as its own executor
 
-FETCHES = ("load_back", "prefetch")
-PROMPTS = [A, B, C, [1, 2, 3, 4, 9, 9], [7, 8, 1, 1], [5, 5]]
-
-
-class TieredSpecMachine(RuleBasedStateMachine):
-    """Requests and the executor's answers in any order: every law holds after every step, and a refusal
-    changes nothing."""
-
-    # what the programs reached, over the whole run: transfers ended per (kind, completed), resets of a full cache
-    reached: ClassVar[Counter[tuple[str, bool]]] = Counter()
-
-    @initialize(
-        policy=st.sampled_from(t.WRITE_POLICIES),
-        device=st.integers(2, 8),
-        host=st.integers(1, 8),
-        storage=st.integers(0, 8),
-    )
-    def configure(self, policy: t.WritePolicy, device: int, host: int, storage: int) -> None:
-        self.state = t.new_state(2, device, host, storage, policy, threshold=2)
-        self.handles: list[t.TieredHandle] = []
-
-    def refusable(self, call: Callable[[], object]) -> bool:
-        """Make the call; True when it was not refused (a refusal must change nothing)."""
-        before = copy.deepcopy(self.state)
-        try:
-            call()
-        except CacheError:
-            assert self.state == before, "a refused call changed the state"
-            return False
-        return True
-
-    @rule(prompt=st.sampled_from(PROMPTS))
-    def request(self, prompt: list[int]) -> None:
-        """A prefill (cache()): refused, when the device has no room, with nothing changed but the match."""
-        match = t.match_prefix(self.state, prompt)
-        t.lock(self.state, match.handle)
-        p, hit = self.state.page_size, match.device_len
-        pages: list[int] = []
-        if self.refusable(lambda: pages.extend(t.allocate(self.state, (len(prompt) - hit) // p))):
-            result = t.insert_prefix(self.state, prompt, [0] * hit + slots(pages, p))
-            t.free(self.state, pages[(result.handle.cached_len - hit) // p :])
-        t.unlock(self.state, match.handle)
-
-    @rule(prompt=st.sampled_from(PROMPTS), hold=st.integers(0, 3))
-    def match_and_load(self, prompt: list[int], hold: int) -> None:
-        """A match, its device hit locked (one in four, until ``unlock``), its host hit loaded back and its storage
-        hit prefetched."""
-        match = t.match_prefix(self.state, prompt)
-        assert match.device_len <= match.host_len <= match.storage_len
-        if not hold:
-            t.lock(self.state, match.handle)
-            self.handles.append(match.handle)
-        self.refusable(lambda: t.load_back(self.state, prompt))
-        t.prefetch(self.state, prompt)
-
-    @rule(data=st.data())
-    def unlock(self, data: st.DataObject) -> None:
-        if self.handles:
-            t.unlock(self.state, self.handles.pop(data.draw(st.integers(0, len(self.handles) - 1))))
-
-    @rule(data=st.data(), host=st.booleans())
-    def evict(self, data: st.DataObject, host: bool) -> None:
-        """Up to one page more than is evictable (refused) from the device or the host tier."""
-        state = self.state
-        plan = t.plan_host_eviction(state, state.host_pages, set()) if host else t.plan_device_eviction(state, 99)
-        pages = data.draw(st.integers(0, len(plan) + 1))
-        self.refusable(lambda: (t.evict_host if host else t.evict_device)(state, pages))
-
-    @rule(host=st.booleans())
-    def pressure(self, host: bool) -> None:
-        """The device under pressure: every evictable device page evicted (to the host tier where backed up);
-        then, or not, the host tier too (what storage holds stays there)."""
-        state = self.state
-        t.evict_device(state, len(t.plan_device_eviction(state, state.device_pages)))
-        if host:
-            t.evict_host(state, len(t.plan_host_eviction(state, state.host_pages, set())))
-
-    @rule(pages=st.integers(1, 3))
-    def write_back(self, pages: int) -> None:
-        t.write_back(self.state, pages)
-
-    @rule(data=st.data(), ok=st.booleans())
-    def executor(self, data: st.DataObject, ok: bool) -> None:
-        if self.state.transfers:
-            number = data.draw(st.sampled_from(sorted(self.state.transfers)))
-            self.reached[self.state.transfers[number].kind, ok] += 1
-            (t.complete_transfer if ok else t.fail_transfer)(self.state, number)
-
-    @precondition(lambda self: any(tr.kind in FETCHES for tr in self.state.transfers.values()))
-    @rule(data=st.data(), ok=st.booleans())
-    def fetch_ends(self, data: st.DataObject, ok: bool) -> None:
-        """The executor ends a load back or a prefetch (rarer than backups: they follow a spill)."""
-        fetches = sorted(number for number, tr in self.state.transfers.items() if tr.kind in FETCHES)
-        number = data.draw(st.sampled_from(fetches))
-        self.reached[self.state.transfers[number].kind, ok] += 1
-        (t.complete_transfer if ok else t.fail_transfer)(self.state, number)
-
-    @rule()
-    def drain(self) -> None:
-        """The executor completes every write in flight (backups, and the stores their completions start)."""
-        while writes := [number for number, tr in self.state.transfers.items() if tr.kind not in FETCHES]:
-            number = min(writes)
-            self.reached[self.state.transfers[number].kind, True] += 1
-            t.complete_transfer(self.state, number)
-
-    @rule(now=st.integers(0, 7))
-    def reset(self, now: int) -> None:
-        """Now and then (one draw in eight), a reset: refused under locks and transfers."""
-        if now:
-            return
-        full = bool(self.state.entries)
-        if self.refusable(lambda: t.reset(self.state)):
-            self.handles.clear()
-            self.reached["reset", full] += 1
-
-    @invariant()
-    def laws_hold(self) -> None:
-        t.check_tiered_invariants(self.state)
-
 
 def test_random_programs_keep_every_tier_law() -> None:
-    TieredSpecMachine.reached.clear()
+    TieredMachine.reached.clear()
     # derandomized: the reach asserted below is that of one fixed run
     run_state_machine_as_test(
-        TieredSpecMachine,
+        TieredMachine,
         settings=settings(max_examples=800, stateful_step_count=50, deadline=None, derandomize=True, database=None),
     )
     # the programs reached every kind of transfer's completion and failure, and resets of a full cache
     kinds = {(kind, ok) for kind in t.ROUTES for ok in (True, False)}
-    assert kinds | {("reset", True)} <= set(TieredSpecMachine.reached), TieredSpecMachine.reached
+    assert kinds | {("reset", True)} <= set(TieredMachine.reached), TieredMachine.reached
 
 
 def forgetful_fail(state: t.TieredState, number: int) -> None:
@@ -453,7 +325,7 @@ def test_random_programs_catch_a_planted_bug(name: str, monkeypatch: pytest.Monk
     monkeypatch.setattr(t, function, bug)
     with pytest.raises(IntegrityError, match=law):
         run_state_machine_as_test(
-            TieredSpecMachine,
+            TieredMachine,
             # found, not shrunk: the law's name is what the test asks
             settings=settings(
                 max_examples=500,

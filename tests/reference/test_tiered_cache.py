@@ -1,0 +1,66 @@
+"""The reference tiered cache (reference/tiered_cache.py) against the spec of tiers: the same results, errors
+and abstract state after every call of random programs in which the machine is the executor of the transfers;
+and the tree's own mechanics (splits under pins and host locks)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from radixspec.fuzz.tiered_machine import TieredMachine
+from radixspec.reference.tiered_cache import TieredRadixCache
+from radixspec.spec import tiers as t
+from radixspec.spec.errors import IntegrityError
+
+
+class ReferenceTiered(TieredMachine):
+    implementations = (TieredRadixCache,)
+
+
+def run(examples: int, phases: tuple[Phase, ...] = tuple(Phase)) -> None:
+    ReferenceTiered.reached.clear()
+    run_state_machine_as_test(
+        ReferenceTiered,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=50,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            phases=phases,
+        ),
+    )
+
+
+def test_the_reference_agrees_with_the_spec_on_random_programs() -> None:
+    run(600)
+    kinds = {(kind, ok) for kind in t.ROUTES for ok in (True, False)}
+    assert kinds | {("reset", True)} <= set(ReferenceTiered.reached), ReferenceTiered.reached
+
+
+def test_a_split_keeps_the_host_locks_of_both_halves() -> None:
+    cache = TieredRadixCache(2, 4, 4, storage_pages=4)
+    pages = cache.allocate(2)
+    cache.insert_prefix([1, 2, 3, 4], [pages[0], pages[0] + 1, pages[1], pages[1] + 1])
+    cache.complete_transfer(0)  # the backup; its store (transfer 1) now reads both host pages
+    cache.match_prefix([1, 2])  # splits the node under the store
+    assert [e.host_locks for e in cache.abstract_state().entries.values()] == [1, 1]
+    cache.complete_transfer(1)
+    assert [e.host_locks for e in cache.abstract_state().entries.values()] == [0, 0]
+    cache.check_integrity()
+
+
+def test_a_split_that_leaves_a_host_lock_behind_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang PR #38480's class: a split that does not give the upper half the node's host locks."""
+    split = TieredRadixCache.__init__.__globals__["TieredNode"].split
+
+    def forgetful(self, tokens):  # type: ignore[no-untyped-def]
+        upper = split(self, tokens)
+        upper.host_ref = 0
+        return upper
+
+    monkeypatch.setattr(TieredRadixCache.__init__.__globals__["TieredNode"], "split", forgetful)
+    # found, not shrunk: the law's name is what the test asks
+    with pytest.raises(IntegrityError, match="host_locks_are_balanced"):
+        run(300, phases=(Phase.generate,))
