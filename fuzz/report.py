@@ -33,6 +33,14 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
         f" most pages indexed by a router {shown(s.most_router_blocks)}  (n/a: not observable by these machines)"
     )
     p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
+    if s.most_transfers_in_flight is not None:
+        ended = {rule: n for rule, n in s.rules.items() if rule.startswith("tiered.") and "[" in rule}
+        p(
+            f"tiers: largest host tier {shown(s.largest_host_pages, ' pages')},"
+            f" largest storage {shown(s.largest_storage_pages, ' pages')},"
+            f" most transfers in flight {shown(s.most_transfers_in_flight)};"
+            + "".join(f" {rule[len('tiered.') :]} {n}," for rule, n in sorted(ended.items())).rstrip(",")
+        )
     if s.router_scores_checked:
         p(f"router: scores checked {s.router_scores_checked}   removals relayed {s.router_removals}")
     if s.router_faults:

@@ -26,6 +26,9 @@ REACH = (
     "most_router_over_pages",
     "most_router_under_pages",
     "longest_router_outage_steps",
+    "largest_host_pages",
+    "largest_storage_pages",
+    "most_transfers_in_flight",
 )
 
 
@@ -70,6 +73,10 @@ class CampaignStats:
     most_router_over_pages: int | None = None
     most_router_under_pages: int | None = None
     longest_router_outage_steps: int | None = None
+    # the tiered machine: host and storage pages serving copies at once, transfers in flight at once
+    largest_host_pages: int | None = None
+    largest_storage_pages: int | None = None
+    most_transfers_in_flight: int | None = None
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""

@@ -230,22 +230,22 @@ class TieredRadixCache:
             self._start_backups(namespace, tokens, list(range(cached, end)))
         return TieredInsertResult(cached * p, self._handle(namespace, self._walk(namespace, tokens[: end * p]), end, t))
 
-    def lock(self, handle: TieredHandle) -> None:
+    def lock(self, handle: object) -> None:
         """One lock more on every node of the handle's device path."""
         # CHECK
-        self._check_handle(handle)
+        checked = self._check_handle(handle)
         # UPDATE
-        for node in self._path_up(handle.node):
+        for node in self._path_up(checked.node):
             node.lock_ref += 1
 
-    def unlock(self, handle: TieredHandle) -> None:
+    def unlock(self, handle: object) -> None:
         """One lock less on every node of the handle's path; refused unless each holds one."""
         # CHECK
-        self._check_handle(handle)
-        if handle.cached_len and handle.node.lock_ref == 0:
-            raise UnlockError.no_lock_ends_here(handle.cached_len)
+        checked = self._check_handle(handle)
+        if checked.cached_len and checked.node.lock_ref == 0:
+            raise UnlockError.no_lock_ends_here(checked.cached_len)
         # UPDATE
-        for node in self._path_up(handle.node):
+        for node in self._path_up(checked.node):
             node.lock_ref -= 1
 
     def allocate(self, num_pages: int) -> list[int]:

@@ -33,6 +33,7 @@ from radixspec.spec.events import Event
 from radixspec.spec.hit_rules import Window
 from radixspec.spec.metrics import CacheStats
 from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
+from radixspec.spec.tiers import TieredState, WritePolicy
 
 if TYPE_CHECKING:
     from radixspec.reference.hybrid_manager import HybridCache, HybridReq
@@ -445,6 +446,58 @@ class ExactManager(CacheManagerTarget[R, H], Protocol[R, H]):
         """The KV events its prefix cache emitted since the last call."""
 
 
+class TieredHandle(Protocol):
+    """A tiered cache's handle on a device path: the machine reads its length only."""
+
+    @property
+    def cached_len(self) -> int: ...
+
+
+class TieredMatchView(Protocol):
+    """What a tiered cache's match_prefix returns (spec/tiers.py: TieredMatch)."""
+
+    @property
+    def handle(self) -> TieredHandle: ...
+    @property
+    def device_len(self) -> int: ...
+    @property
+    def host_len(self) -> int: ...
+    @property
+    def storage_len(self) -> int: ...
+
+
+class TieredInserted(Protocol):
+    """What a tiered cache's insert_prefix returns (spec/tiers.py: TieredInsertResult)."""
+
+    @property
+    def cached_len(self) -> int: ...
+    @property
+    def handle(self) -> TieredHandle: ...
+
+
+class TieredCacheTarget(Protocol):
+    """A tiered cache, the tiered layer's target: spec/tiers.py's operations by their names (the transfers it
+    starts are ended by the caller: complete_transfer, fail_transfer) and its abstract state."""
+
+    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> TieredMatchView: ...
+    def insert_prefix(
+        self, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
+    ) -> TieredInserted: ...
+    def lock(self, handle: TieredHandle) -> None: ...
+    def unlock(self, handle: TieredHandle) -> None: ...
+    def allocate(self, num_pages: int) -> list[int]: ...
+    def free(self, pages: Sequence[int]) -> None: ...
+    def evict_device(self, num_pages: int) -> list[int]: ...
+    def evict_host(self, num_pages: int) -> list[int]: ...
+    def write_back(self, num_pages: int) -> list[int]: ...
+    def load_back(self, input_ids: Sequence[int], namespace: Namespace = None) -> int | None: ...
+    def prefetch(self, input_ids: Sequence[int], namespace: Namespace = None) -> int | None: ...
+    def complete_transfer(self, transfer_id: int) -> None: ...
+    def fail_transfer(self, transfer_id: int) -> None: ...
+    def reset(self) -> None: ...
+    def abstract_state(self) -> TieredState: ...
+
+
 class LifecycleTarget(Protocol):
     """A request-lifecycle manager, the hybrid layer's target: an engine's cache as its scheduler drives it, or our
     hybrid manager (``reference/hybrid_manager.py``) over one of our hybrid caches. The hybrid machine makes these
@@ -498,6 +551,9 @@ class TargetInfo:
     hybrid_cache: Callable[[int, tuple[Window, ...]], HybridCache] | None = None
     # makes a router's index of many workers' caches: factory(page_size) -> RouterTarget; None when not a router
     router_factory: Callable[[int], RouterTarget] | None = None
+    # makes a tiered cache (device, host, storage): factory(page_size, device_pages, host_pages, storage_pages,
+    # policy, threshold) -> TieredCacheTarget; None when the target has no tiered layer
+    tiered_factory: Callable[[int, int, int, int, WritePolicy, int], TieredCacheTarget] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

@@ -122,6 +122,13 @@ def our_hybrid_caches() -> dict[str, Callable[[int, tuple[Window, ...]], HybridC
     return {name: info.hybrid_cache for name, info in IMPLEMENTATIONS.items() if info.hybrid_cache}
 
 
+def our_tiered_caches() -> dict[str, object]:
+    """The tiered cache factory of each of our implementations that has one, by name."""
+    from .ours import IMPLEMENTATIONS
+
+    return {name: info.tiered_factory for name, info in IMPLEMENTATIONS.items() if info.tiered_factory}
+
+
 LAYERS: dict[str, Layer] = {
     layer.name: layer
     for layer in (
@@ -169,6 +176,17 @@ LAYERS: dict[str, Layer] = {
             dict,
             router_layer,
             drives_routers,
+        ),
+        Layer(
+            "tiered",
+            "tiered_factory",
+            "factory(page_size, device_pages, host_pages, storage_pages, policy, threshold)",
+            None,
+            None,
+            "tiered",
+            False,
+            our_tiered_caches,
+            lambda targets, lru: {"IMPLS": targets},
         ),
     )
 }

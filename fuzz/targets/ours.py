@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from radixspec import reference
 from radixspec.reference.hybrid_cache import HybridRadixCache
 from radixspec.reference.radix_cache import RadixCacheHandle
+from radixspec.reference.tiered_cache import TieredRadixCache
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
@@ -142,10 +143,11 @@ class ReferenceManager(OurManager):
 
 REFERENCE = TargetInfo(
     name="reference",
-    description="radixspec's reference RadixPrefixCache and CacheManager (pure Python)",
+    description="radixspec's reference RadixPrefixCache, CacheManager and TieredRadixCache (pure Python)",
     cache_factory=ReferenceCache,
     manager_factory=ReferenceManager,
     hybrid_cache=HybridRadixCache,
+    tiered_factory=TieredRadixCache,
     profile=EXACT,
 )
 

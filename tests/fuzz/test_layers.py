@@ -20,7 +20,9 @@ def test_every_factory_of_a_target_is_a_layer_and_every_layer_has_its_machine() 
 
 
 def test_a_target_has_the_layers_of_its_factories() -> None:
-    assert [layer.name for layer in layers_of(IMPLEMENTATIONS["reference"])] == ["cache", "manager"]
+    assert [layer.name for layer in layers_of(IMPLEMENTATIONS["reference"])] == ["cache", "manager", "tiered"]
+    # the optimized tiered cache is not built yet
+    assert [layer.name for layer in layers_of(IMPLEMENTATIONS["optimized"])] == ["cache", "manager"]
     router = resolve("radixspec-router", check=False)
     assert [layer.name for layer in layers_of(router)] == ["router"]
     only_hybrid = TargetInfo("h", "a user's lifecycle manager", hybrid_factory=lambda p, w, n: None)
@@ -28,6 +30,7 @@ def test_a_target_has_the_layers_of_its_factories() -> None:
     # its machine drives it, ours are no hybrid target of that name
     assert machines_for(["h"], {"h": only_hybrid}) == ["hybrid"]
     assert "hybrid" in machines_for(["reference"], {})
+    assert "tiered" in machines_for(["reference"], {}) and "tiered" not in machines_for(["optimized"], {})
 
 
 def test_a_layers_record_configures_its_machine() -> None:
@@ -35,4 +38,5 @@ def test_a_layers_record_configures_its_machine() -> None:
     attributes = LAYERS["cache"].configure((reference,), None)
     assert attributes == {"TARGETS": (reference,), "LRU": reference.profile.default_lru}
     assert LAYERS["hybrid"].configure(("reference",), None) == {"IMPLS": ("reference",)}
+    assert LAYERS["tiered"].configure(("reference",), None) == {"IMPLS": ("reference",)}
     assert LAYERS["router"].configure(("radixspec-router",), None)["ROUTERS"][0].name == "radixspec-router"

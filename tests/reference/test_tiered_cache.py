@@ -15,7 +15,7 @@ from radixspec.spec.errors import IntegrityError
 
 
 class ReferenceTiered(TieredMachine):
-    implementations = (TieredRadixCache,)
+    IMPLS = ("reference",)
 
 
 def run(examples: int, phases: tuple[Phase, ...] = tuple(Phase)) -> None:
@@ -63,4 +63,4 @@ def test_a_split_that_leaves_a_host_lock_behind_is_caught(monkeypatch: pytest.Mo
     monkeypatch.setattr(TieredRadixCache.__init__.__globals__["TieredNode"], "split", forgetful)
     # found, not shrunk: the law's name is what the test asks
     with pytest.raises(IntegrityError, match="host_locks_are_balanced"):
-        run(300, phases=(Phase.generate,))
+        run(1000, phases=(Phase.generate,))
