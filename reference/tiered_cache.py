@@ -634,7 +634,7 @@ class TieredRadixCache:
                 and node.pins == 0
                 and node not in keep
                 and all(cleared[child] for child in children)
-                and (node.host_value is not None or (self.policy != "write_back" and all(gone[c] for c in children)))
+                and (node.host_value is not None or (self._may_drop() and all(gone[c] for c in children)))
             )
             count += node.pages if evictable else 0
             cleared[node] = (node.value is None or evictable) and all(cleared[child] for child in children)
@@ -662,6 +662,10 @@ class TieredRadixCache:
         self.device_free.extend(freed)
         return freed
 
+    def _may_drop(self) -> bool:
+        """Whether a device page with no copy elsewhere may leave the tree (write-back never lets one)."""
+        return self.policy != "write_back"
+
     def _is_device_leaf(self, node: TieredNode, keep: set[TieredNode]) -> bool:
         return (
             node.value is not None
@@ -669,7 +673,7 @@ class TieredRadixCache:
             and node.pins == 0
             and node not in keep
             and not any(child.value is not None for child in node.children.values())
-            and (node.host_value is not None or (self.policy != "write_back" and not node.children))
+            and (node.host_value is not None or (self._may_drop() and not node.children))
         )
 
     def _host_evictable(self, keep: set[TieredNode]) -> int:

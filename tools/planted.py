@@ -323,6 +323,60 @@ BUGS += (
 )
 
 
+# the tiered cache (the tiered machine, the reference beside the spec): the classes of the engines' 2026 tier bugs
+TIERED = "reference/tiered_cache.py"
+BUGS += (
+    PlantedBug(
+        "a load back copies one host page into every device page (SGLang #39830, #30321: a host hit's wrong KV)",
+        TIERED,
+        "                self.device_pool[destination // p] = self.host_pool[source // p]\n",
+        "                self.device_pool[destination // p] = self.host_pool[transfer.source[0] // p]\n",
+        "tiered",
+    ),
+    PlantedBug(
+        "write-back lets an unbacked page leave on eviction (SGLang #39444: a prefix lost before its backup)",
+        TIERED,
+        '        return self.policy != "write_back"\n',
+        "        return True\n",
+        "tiered",
+    ),
+    PlantedBug(
+        "a split leaves the upper half without host locks (SGLang PR #38480)",
+        TIERED,
+        '        for name in ("device_since", "lock_ref", "host_ref", "pins", "hits"):\n',
+        '        for name in ("device_since", "lock_ref", "pins", "hits"):\n',
+        "tiered",
+    ),
+    PlantedBug(
+        "reset gives the host pages back twice (SGLang #26009: duplicate host free slots)",
+        TIERED,
+        "        self.host_free += sorted(start for node in nodes for start in node.host_value or [])\n",
+        "        self.host_free += 2 * sorted(start for node in nodes for start in node.host_value or [])\n",
+        "tiered",
+    ),
+    PlantedBug(
+        "reset leaves storage serving (vLLM #57727: a reset that leaves the CPU tier serving)",
+        TIERED,
+        "        self.storage.clear()\n        self.epoch += 1\n",
+        "        self.epoch += 1\n",
+        "tiered",
+    ),
+    PlantedBug(
+        "a store files its page under its parent's key (vLLM #53498: stored blocks never reachable)",
+        TIERED,
+        "                self.storage[namespace, tuple(tokens[: (page + 1) * p])] = content\n",
+        "                self.storage[namespace, tuple(tokens[: max(1, page) * p])] = content\n",
+        "tiered",
+    ),
+    PlantedBug(
+        "a load back may evict the device hit it extends (SGLang PR #42289: a hit lost before allocation)",
+        TIERED,
+        "        keep = set(self._nodes_between(path, 0, device)) | self._fetching()\n",
+        "        keep = self._fetching()\n",
+        "tiered",
+    ),
+)
+
 # historical bug classes of SGLang, re-planted in a copy of its released radix cache (RADIXSPEC_SGLANG_RADIX_CACHE)
 PEER_BUGS: tuple[PlantedBug, ...] = (
     PlantedBug(
