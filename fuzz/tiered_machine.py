@@ -19,12 +19,13 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import ClassVar, cast
+from typing import ClassVar, NamedTuple, cast
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixspec.spec import tiers as tiers
+from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import CacheError, IntegrityError
 
 from .stats import STATS
@@ -34,9 +35,25 @@ from .targets.layers import our_tiered_caches
 from .targets.ours import IMPLEMENTATIONS
 
 FETCHES = ("load_back", "prefetch")
-# prompts of pages of 2 that share prefixes (the machine's page size), in two namespaces
-PROMPTS = ([1, 2, 3, 4], [1, 2, 5, 6], [7, 8], [1, 2, 3, 4, 9, 9], [7, 8, 1, 1], [5, 5])
 PAGE_SIZE = 2
+# the pages prompts are made of (few, so that prompts share prefixes); a prompt starts with one of two
+FIRST_PAGES = ((1, 2), (7, 8))
+PAGES = ((1, 2), (3, 4), (5, 6), (7, 8), (9, 9))
+
+
+class Prompt(NamedTuple):
+    """A request's tokens, and the namespace it caches under."""
+
+    tokens: list[int]
+    namespace: Namespace
+
+
+prompts = st.builds(
+    lambda first, rest, namespace: Prompt([token for page in (first, *rest) for token in page], namespace),
+    st.sampled_from(FIRST_PAGES),
+    st.lists(st.sampled_from(PAGES), max_size=11),
+    st.sampled_from((None, None, ("tenant", 1))),
+)
 
 
 class SpecTieredCache:
@@ -77,9 +94,9 @@ class TieredMachine(RuleBasedStateMachine):
 
     @initialize(
         policy=st.sampled_from(tiers.WRITE_POLICIES),
-        device=st.integers(2, 8),
-        host=st.integers(1, 8),
-        storage=st.integers(0, 8),
+        device=st.one_of(st.integers(2, 8), st.integers(9, 40)),
+        host=st.one_of(st.integers(1, 8), st.integers(9, 40)),
+        storage=st.one_of(st.just(0), st.integers(1, 8), st.integers(9, 60)),
     )
     def configure(self, policy: tiers.WritePolicy, device: int, host: int, storage: int) -> None:
         STATS.examples += 1
@@ -123,8 +140,8 @@ class TieredMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ requests
 
-    @rule(prompt=st.sampled_from(PROMPTS))
-    def request(self, prompt: list[int]) -> None:
+    @rule(prompt=prompts)
+    def request(self, prompt: Prompt) -> None:
         """A prefill: its device hit locked while it allocates device pages for the rest and inserts them; the
         pages past a page being loaded back go back."""
         STATS.record_rule("tiered.request")
@@ -132,26 +149,26 @@ class TieredMachine(RuleBasedStateMachine):
         handles = [match.handle for match in matches]
         self.call("lock", each=handles)
         hit = matches[0].device_len
-        allocated = self.call("allocate", (len(prompt) - hit) // PAGE_SIZE)
+        allocated = self.call("allocate", (len(prompt.tokens) - hit) // PAGE_SIZE)
         if allocated is not None:
             pages = cast(list[int], allocated[0])
             row = [0] * hit + [page + i for page in pages for i in range(PAGE_SIZE)]
-            inserted = cast(list[TieredInserted], self.call("insert_prefix", prompt, row))
+            inserted = cast(list[TieredInserted], self.call("insert_prefix", prompt.tokens, row, prompt.namespace))
             self.call("free", pages[(inserted[0].handle.cached_len - hit) // PAGE_SIZE :])
         self.call("unlock", each=handles)
 
-    def matches(self, prompt: list[int]) -> list[TieredMatchView]:
+    def matches(self, prompt: Prompt) -> list[TieredMatchView]:
         """match_prefix on every cache (a match is never refused)."""
-        return cast(list[TieredMatchView], self.call("match_prefix", prompt))
+        return cast(list[TieredMatchView], self.call("match_prefix", *prompt))
 
-    @rule(prompt=st.sampled_from(PROMPTS), hold=st.integers(0, 3))
-    def match_and_load(self, prompt: list[int], hold: int) -> None:
+    @rule(prompt=prompts, hold=st.integers(0, 3))
+    def match_and_load(self, prompt: Prompt, hold: int) -> None:
         """A match, its device hit locked (one in four, until ``unlock``), its host hit loaded back and its
         storage hit prefetched."""
         STATS.record_rule("tiered.match_and_load")
         self.match_and_fetch(prompt, hold)
 
-    def match_and_fetch(self, prompt: list[int], hold: int) -> None:
+    def match_and_fetch(self, prompt: Prompt, hold: int) -> None:
         matches = self.matches(prompt)
         first = matches[0]
         assert first.device_len <= first.host_len <= first.storage_len
@@ -159,11 +176,11 @@ class TieredMachine(RuleBasedStateMachine):
             handles = [match.handle for match in matches]
             self.call("lock", each=handles)
             self.handles.append(handles)
-        self.call("load_back", prompt)
-        self.call("prefetch", prompt)
+        self.call("load_back", *prompt)
+        self.call("prefetch", *prompt)
 
-    @rule(prompt=st.sampled_from(PROMPTS), host=st.booleans())
-    def come_back(self, prompt: list[int], host: bool) -> None:
+    @rule(prompt=prompts, host=st.booleans())
+    def come_back(self, prompt: Prompt, host: bool) -> None:
         """A prompt comes back after the tiers were pressed: its host hit loaded back, its storage hit fetched."""
         STATS.record_rule("tiered.come_back")
         self.press(host)

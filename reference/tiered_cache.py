@@ -524,12 +524,10 @@ class TieredRadixCache:
         prefix-closed: the host run goes on where the device run ends)."""
         device = host = 0
         for node in path:
-            if node.value is not None and device == host:
-                device += node.pages
-            elif node.value is None and node.host_value is not None:
-                pass
-            else:
+            on_device = node.value is not None and device == host
+            if not on_device and node.host_value is None:
                 break
+            device += node.pages if on_device else 0
             host += node.pages
         return device, host
 
