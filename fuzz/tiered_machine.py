@@ -51,7 +51,8 @@ class Prompt(NamedTuple):
 prompts = st.builds(
     lambda first, rest, namespace: Prompt([token for page in (first, *rest) for token in page], namespace),
     st.sampled_from(FIRST_PAGES),
-    st.lists(st.sampled_from(PAGES), max_size=11),
+    # short prompts most often (small pools fill and evict), long ones for deep trees
+    st.one_of(st.lists(st.sampled_from(PAGES), max_size=2), st.lists(st.sampled_from(PAGES), max_size=11)),
     st.sampled_from((None, None, ("tenant", 1))),
 )
 
@@ -94,8 +95,9 @@ class TieredMachine(RuleBasedStateMachine):
 
     @initialize(
         policy=st.sampled_from(tiers.WRITE_POLICIES),
-        device=st.one_of(st.integers(2, 8), st.integers(9, 40)),
-        host=st.one_of(st.integers(1, 8), st.integers(9, 40)),
+        # small pools most often: a device that runs out makes loads back and allocations evict
+        device=st.one_of(st.integers(2, 8), st.integers(2, 8), st.integers(9, 40)),
+        host=st.one_of(st.integers(1, 8), st.integers(1, 8), st.integers(9, 40)),
         storage=st.one_of(st.just(0), st.integers(1, 8), st.integers(9, 60)),
     )
     def configure(self, policy: tiers.WritePolicy, device: int, host: int, storage: int) -> None:
@@ -179,12 +181,17 @@ class TieredMachine(RuleBasedStateMachine):
         self.call("load_back", *prompt)
         self.call("prefetch", *prompt)
 
-    @rule(prompt=prompts, host=st.booleans())
-    def come_back(self, prompt: Prompt, host: bool) -> None:
-        """A prompt comes back after the tiers were pressed: its host hit loaded back, its storage hit fetched."""
+    @rule(prompt=prompts, spilled=st.integers(0, 8), busy=st.booleans())
+    def come_back(self, prompt: Prompt, spilled: int, busy: bool) -> None:
+        """A prompt comes back after ``spilled`` device pages went to the host tier (its tail, often): its host hit
+        loaded back, its storage hit fetched; ``busy``: while running requests hold every free device page (the
+        load back must evict, or is refused)."""
         STATS.record_rule("tiered.come_back")
-        self.press(host)
+        self.call("evict_device", min(spilled, len(tiers.plan_device_eviction(self.spec, spilled))))
+        held = self.call("allocate", len(self.spec.device_free)) if busy else None
         self.match_and_fetch(prompt, hold=1)
+        if held is not None:
+            self.call("free", held[0])
 
     @precondition(lambda self: bool(self.handles))
     @rule(data=st.data())
