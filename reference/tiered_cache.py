@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from radixspec.spec import tiers as st
 from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
@@ -104,22 +103,6 @@ class TieredHandle:
         self.node, self.namespace, self.cached_len, self.made_at = node, namespace, cached_len, made_at
 
 
-class TieredMatch(NamedTuple):
-    """What match_prefix returns (spec/tiers.py: TieredMatch)."""
-
-    handle: TieredHandle
-    device_len: int
-    host_len: int
-    storage_len: int
-
-
-class TieredInsertResult(NamedTuple):
-    """What insert_prefix returns (spec/tiers.py: TieredInsertResult)."""
-
-    cached_len: int
-    handle: TieredHandle
-
-
 @dataclass(frozen=True)
 class QueuedTransfer:
     """An entry of the controller's queue: pages ``pages`` (indices) of the path ``tokens`` in ``namespace``."""
@@ -166,7 +149,7 @@ class TieredRadixCache:
 
     # ------------------------------------------------------------ operations
 
-    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> TieredMatch:
+    def match_prefix(self, input_ids: Sequence[int], namespace: Namespace = None) -> st.TieredMatch[TieredHandle]:
         """The device, host and storage hits; stamps the tree's pages up to the host hit and counts their hits;
         under write_through_selective, backs up the device pages that reached the threshold."""
         # CHECK
@@ -184,11 +167,11 @@ class TieredRadixCache:
             hot = [page for page in range(device) if self._node_at(path, page).hits >= self.threshold]
             self._start_backups(namespace, tokens, hot)
         p = self.page_size
-        return TieredMatch(self._handle(namespace, path, device, t), device * p, host * p, stored * p)
+        return st.TieredMatch(self._handle(namespace, path, device, t), device * p, host * p, stored * p)
 
     def insert_prefix(
         self, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
-    ) -> TieredInsertResult:
+    ) -> st.TieredInsertResult[TieredHandle]:
         """Cache the whole pages on the device with the caller's pages (spec: insert_prefix)."""
         # CHECK
         tokens = check_token_ids(input_ids)
@@ -228,7 +211,9 @@ class TieredRadixCache:
             self.device_pool[start // p] = (namespace, tuple(tokens[: (page + 1) * p]), self.epoch)
         if self.policy == "write_through":
             self._start_backups(namespace, tokens, list(range(cached, end)))
-        return TieredInsertResult(cached * p, self._handle(namespace, self._walk(namespace, tokens[: end * p]), end, t))
+        return st.TieredInsertResult(
+            cached * p, self._handle(namespace, self._walk(namespace, tokens[: end * p]), end, t)
+        )
 
     def lock(self, handle: object) -> None:
         """One lock more on every node of the handle's device path."""
@@ -344,13 +329,8 @@ class TieredRadixCache:
         self._evict_device(need - len(self.device_free), keep)
         destination, self.device_free = self.device_free[:need], self.device_free[need:]
         pages = list(range(device, end))
-        nodes = self._align(namespace, tokens, pages)
-        source = []
-        for node in nodes:
-            node.host_ref += 1
-            assert node.host_value is not None
-            source += node.host_value
-        return self._enqueue("load_back", namespace, tokens, pages, tuple(source), tuple(destination))
+        source = self._read_host(self._align(namespace, tokens, pages))
+        return self._enqueue("load_back", namespace, tokens, pages, source, tuple(destination))
 
     def prefetch(self, input_ids: Sequence[int], namespace: Namespace = None) -> int | None:
         """Start bringing the storage hit past the host hit into the host tier (spec: prefetch)."""
@@ -857,15 +837,17 @@ class TieredRadixCache:
             for page in pages
             if (key := (namespace, tuple(tokens[: (page + 1) * p]))) not in self.storage and key not in storing
         ][: max(0, room)]
-        if not run:
-            return
-        nodes = self._align(namespace, tokens, run)
-        source = []
+        if run:
+            self._enqueue("store", namespace, tokens, run, self._read_host(self._align(namespace, tokens, run)), ())
+
+    def _read_host(self, nodes: Sequence[TieredNode]) -> tuple[int, ...]:
+        """The host pages of ``nodes``, each node locked for a transfer that reads it."""
+        source: list[int] = []
         for node in nodes:
+            assert node.host_value is not None, "a transfer reads host copies"
             node.host_ref += 1
-            assert node.host_value is not None
             source += node.host_value
-        self._enqueue("store", namespace, tokens, run, tuple(source), ())
+        return tuple(source)
 
     def _check_transfer(self, transfer_id: object) -> QueuedTransfer:
         if not isinstance(transfer_id, int) or isinstance(transfer_id, bool):

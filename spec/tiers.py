@@ -35,7 +35,7 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Generic, Literal, NamedTuple, TypeVar
 
 from .domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
 from .errors import (
@@ -122,24 +122,28 @@ class TieredHandle:
         return len(self.keys[-1][1]) if self.keys else 0
 
 
-class TieredMatch(NamedTuple):
+# a handle's type: the spec's TieredHandle, or an implementation's (the results below are shared)
+H = TypeVar("H")
+
+
+class TieredMatch(NamedTuple, Generic[H]):
     """What match_prefix returns."""
 
     # the device hit: lock it before using its pages
-    handle: TieredHandle
+    handle: H
     # tokens of the device hit, and of the longer hits counting host copies, then storage copies too
     device_len: int
     host_len: int
     storage_len: int
 
 
-class TieredInsertResult(NamedTuple):
+class TieredInsertResult(NamedTuple, Generic[H]):
     """What insert_prefix returns."""
 
     # tokens that had a device copy before the call: the caller frees its own pages among them
     cached_len: int
     # the device path inserted; pages past it (from a page being loaded back) stay the caller's
-    handle: TieredHandle
+    handle: H
 
 
 class TierUsage(NamedTuple):
@@ -368,7 +372,9 @@ def get_tier_usage(state: TieredState) -> dict[Tier, TierUsage]:
 # ---------------------------------------------------------------- operations
 
 
-def match_prefix(state: TieredState, input_ids: Sequence[int], namespace: Namespace = None) -> TieredMatch:
+def match_prefix(
+    state: TieredState, input_ids: Sequence[int], namespace: Namespace = None
+) -> TieredMatch[TieredHandle]:
     """The device, host and storage hits of ``input_ids``; stamps the tree's pages up to the host hit and counts
     their hits. Under write_through_selective a device page whose hits reach the threshold starts its backup."""
     # CHECK
@@ -390,7 +396,7 @@ def match_prefix(state: TieredState, input_ids: Sequence[int], namespace: Namesp
 
 def insert_prefix(
     state: TieredState, input_ids: Sequence[int], indices: Sequence[int], namespace: Namespace = None
-) -> TieredInsertResult:
+) -> TieredInsertResult[TieredHandle]:
     """Cache the whole pages of ``input_ids`` on the device; new pages take the caller's pages from ``indices``.
 
     Pages with a device copy keep it (``cached_len`` counts them; the caller frees its own duplicates). A page
@@ -541,12 +547,7 @@ def load_back(state: TieredState, input_ids: Sequence[int], namespace: Namespace
     namespace = check_namespace(namespace)
     keys = get_page_keys(state, namespace, tokens)
     device, host, _ = get_hit_lengths(state, keys)
-    loading = get_moving_keys(state, "load_back")
-    run = []
-    for key in keys[device:host]:
-        if key in loading:
-            break
-        run.append(key)
+    run = take_until(keys[device:host], get_moving_keys(state, "load_back"))
     if not run:
         return None
     # the path's device pages stay: the run hangs under them
@@ -556,13 +557,7 @@ def load_back(state: TieredState, input_ids: Sequence[int], namespace: Namespace
     # UPDATE
     apply_device_eviction(state, plan)
     destination, state.device_free = state.device_free[: len(run)], state.device_free[len(run) :]
-    source = []
-    for key in run:
-        entry = state.entries[key]
-        entry.host_locks += 1
-        assert entry.host is not None
-        source.append(entry.host)
-    return begin_transfer(state, Transfer("load_back", tuple(run), tuple(source), tuple(destination)))
+    return begin_transfer(state, Transfer("load_back", tuple(run), read_host_copies(state, run), tuple(destination)))
 
 
 def prefetch(state: TieredState, input_ids: Sequence[int], namespace: Namespace = None) -> int | None:
@@ -574,12 +569,7 @@ def prefetch(state: TieredState, input_ids: Sequence[int], namespace: Namespace 
     namespace = check_namespace(namespace)
     keys = get_page_keys(state, namespace, tokens)
     _, host, stored = get_hit_lengths(state, keys)
-    fetching = get_moving_keys(state, "prefetch")
-    run = []
-    for key in keys[host:stored]:
-        if key in fetching:
-            break
-        run.append(key)
+    run = take_until(keys[host:stored], get_moving_keys(state, "prefetch"))
     # UPDATE
     return start_host_run(state, "prefetch", run, (), keep=set(keys[:host]))
 
@@ -683,6 +673,27 @@ def check_transfer(state: TieredState, transfer_id: object) -> Transfer:
 
 def make_handle(state: TieredState, namespace: Namespace, keys: Sequence[PageKey]) -> TieredHandle:
     return TieredHandle(namespace, tuple(keys), tuple(state.entries[key].device_since for key in keys))
+
+
+def take_until(keys: Sequence[PageKey], moving: set[PageKey]) -> list[PageKey]:
+    """``keys`` up to the first one a transfer already moves."""
+    run = []
+    for key in keys:
+        if key in moving:
+            break
+        run.append(key)
+    return run
+
+
+def read_host_copies(state: TieredState, keys: Sequence[PageKey]) -> tuple[int, ...]:
+    """The host pages of ``keys``, each locked for a transfer that reads it."""
+    source = []
+    for key in keys:
+        entry = state.entries[key]
+        assert entry.host is not None, "a transfer reads host copies"
+        entry.host_locks += 1
+        source.append(entry.host)
+    return tuple(source)
 
 
 def begin_transfer(state: TieredState, transfer: Transfer) -> int:
@@ -827,15 +838,8 @@ def start_store(state: TieredState, keys: Sequence[PageKey]) -> None:
     storing = get_moving_keys(state, "store")
     room = get_tier_usage(state)["storage"].free
     run = [key for key in keys if key not in state.storage and key not in storing][:room]
-    if not run:
-        return
-    source = []
-    for key in run:
-        entry = state.entries[key]
-        entry.host_locks += 1
-        assert entry.host is not None
-        source.append(entry.host)
-    begin_transfer(state, Transfer("store", tuple(run), tuple(source), ()))
+    if run:
+        begin_transfer(state, Transfer("store", tuple(run), read_host_copies(state, run), ()))
 
 
 # ---------------------------------------------------------------- laws

@@ -334,7 +334,7 @@ def test_random_programs_catch_a_planted_bug(name: str, monkeypatch: pytest.Monk
             SpecAlone,
             # found, not shrunk: the law's name is what the test asks
             settings=settings(
-                max_examples=500,
+                max_examples=1500,
                 stateful_step_count=50,
                 deadline=None,
                 database=None,
