@@ -97,5 +97,6 @@ def test_a_clean_campaign_writes_a_junit_case_per_machine_without_failures(tmp_p
     assert run(tmp_path, *args) == 0
     suite = ET.parse(tmp_path / "j.xml").getroot()
     names = [case.get("classname") for case in suite.iter("testcase")]
-    assert names == [f"radixspec.fuzz.{name}" for name in ("cache", "manager", "scheduler", "kv", "hybrid", "hostile")]
+    machines = ("cache", "manager", "scheduler", "kv", "hybrid", "hostile", "tiered")
+    assert names == [f"radixspec.fuzz.{name}" for name in machines]
     assert suite.get("failures") == "0" and not list(suite.iter("failure"))
