@@ -10,12 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from radixspec.spec.domains import (
+    Namespace,
+    check_insert_inputs,
+    check_namespace,
+    check_page_size,
+    check_token_ids,
+)
 from radixspec.spec.errors import (
     DuplicateSlotError,
     IntegrityError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
 )
 from radixspec.spec.helpers import align_down, is_page_run
@@ -60,11 +65,7 @@ class NaivePrefixCache(BasePrefixCache):
     ) -> InsertResult:
         """Keeps nothing: reports 0 cached tokens and an empty handle."""
         # CHECK
-        tokens = check_token_ids(input_ids)
-        slots = check_slot_indices(indices)
-        namespace = check_namespace(namespace)
-        if len(tokens) != len(slots):
-            raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
+        _, slots, namespace = check_insert_inputs(input_ids, indices, namespace)
         p = self.page_size
         seen: set[int] = set()
         for start in range(0, align_down(len(slots), p), p):

@@ -13,13 +13,18 @@ from collections.abc import Hashable, Iterator, Sequence
 
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
-from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from radixspec.spec.domains import (
+    Namespace,
+    check_insert_inputs,
+    check_namespace,
+    check_page_size,
+    check_token_ids,
+)
 from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     IntegrityError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
     StaleHandleError,
     UnlockError,
@@ -205,11 +210,7 @@ class RadixPrefixCache(ev.EmitsEvents, BasePrefixCache):
     ) -> InsertResult:
         """Cache the whole pages of ``input_ids``; new pages take their slots from ``indices``."""
         # CHECK
-        tokens = check_token_ids(input_ids)
-        slots = check_slot_indices(indices)
-        namespace = check_namespace(namespace)
-        if len(tokens) != len(slots):
-            raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
+        tokens, slots, namespace = check_insert_inputs(input_ids, indices, namespace)
         insert_len = align_down(len(tokens), self.page_size)
         tokens, slots = tokens[:insert_len], slots[:insert_len]
         root = self._find_root(namespace)

@@ -16,14 +16,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from radixspec.spec import tiers as st
-from radixspec.spec.domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from radixspec.spec.domains import (
+    Namespace,
+    check_insert_inputs,
+    check_namespace,
+    check_page_size,
+    check_token_ids,
+)
 from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     EvictionError,
     InvalidInputError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
     OutOfPagesError,
     StaleHandleError,
@@ -174,11 +179,7 @@ class TieredRadixCache:
     ) -> st.TieredInsertResult[TieredHandle]:
         """Cache the whole pages on the device with the caller's pages (spec: insert_prefix)."""
         # CHECK
-        tokens = check_token_ids(input_ids)
-        slots = check_slot_indices(indices)
-        namespace = check_namespace(namespace)
-        if len(tokens) != len(slots):
-            raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
+        tokens, slots, namespace = check_insert_inputs(input_ids, indices, namespace)
         p = self.page_size
         whole = len(tokens) // p
         path = self._walk(namespace, tokens)
@@ -252,12 +253,7 @@ class TieredRadixCache:
     def free(self, pages: Sequence[int]) -> None:
         """The caller gives back device pages it holds."""
         # CHECK
-        starts = check_slot_indices(pages, "pages")
-        for start in starts:
-            if start not in self.private:
-                raise InvalidInputError(f"page {start} is not held by the caller")
-        if len(set(starts)) != len(starts):
-            raise DuplicateSlotError(f"pages {list(starts)} name a page twice")
+        starts = st.check_pages_held(pages, self.private)
         # UPDATE
         self.private.difference_update(starts)
         self.device_free.extend(starts)

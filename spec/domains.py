@@ -14,6 +14,7 @@ from .errors import (
     InvalidInputError,
     InvalidSizeError,
     InvalidTypeError,
+    LengthMismatchError,
     NamespaceDepthError,
     SlotOutOfRangeError,
 )
@@ -150,6 +151,19 @@ def check_token_ids(values: object, what: str = "input_ids") -> tuple[int, ...]:
 def check_slot_indices(values: object, what: str = "indices") -> tuple[int, ...]:
     """``values`` as a tuple of slots, each ``0 <= slot < SLOT_LIMIT``, or raise SlotOutOfRangeError."""
     return _check_ints(values, what, SLOT_LIMIT, SlotOutOfRangeError)
+
+
+def check_insert_inputs(
+    input_ids: object, indices: object, namespace: object
+) -> tuple[tuple[int, ...], tuple[int, ...], Namespace]:
+    """The guards every ``insert_prefix`` starts with: the token ids, the slots and the namespace in their
+    domains (checked in that order), and one slot per token (else ``LengthMismatchError``)."""
+    tokens = check_token_ids(input_ids)
+    slots = check_slot_indices(indices)
+    checked_namespace = check_namespace(namespace)
+    if len(tokens) != len(slots):
+        raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
+    return tokens, slots, checked_namespace
 
 
 def _check_ints(values: object, what: str, limit: int, out_of_range: type[InvalidInputError]) -> tuple[int, ...]:

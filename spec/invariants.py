@@ -17,6 +17,8 @@ from .prefix_cache import (
     Handle,
     PageKey,
     PrefixCacheState,
+    count_child_locks,
+    find_orphan_key,
     get_handle_keys,
     get_parent_key,
     size_info,
@@ -36,20 +38,13 @@ def keys_are_whole_pages(state: PrefixCacheState) -> str | None:
 
 def entries_are_prefix_closed(state: PrefixCacheState) -> str | None:
     """The parent page of every cached page is cached."""
-    for key in state.entries:
-        parent = get_parent_key(key)
-        if parent is not None and parent not in state.entries:
-            return f"page ending at token {len(key[1])} is cached but its parent page is not"
-    return None
+    key = find_orphan_key(state.entries.keys())
+    return None if key is None else f"page ending at token {len(key[1])} is cached but its parent page is not"
 
 
 def ref_counts_cover_children(state: PrefixCacheState) -> str | None:
     """Each page holds at least as many locks as its child pages together (a lock covers a whole root path)."""
-    below: Counter[PageKey] = Counter()
-    for key, entry in state.entries.items():
-        parent = get_parent_key(key)
-        if parent is not None:
-            below[parent] += entry.ref_count
+    below = count_child_locks((key, entry.ref_count) for key, entry in state.entries.items())
     for key, entry in state.entries.items():
         if entry.ref_count < 0 or entry.ref_count < below[key]:
             return (

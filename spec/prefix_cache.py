@@ -14,18 +14,24 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from .domains import Immutable, Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from .domains import (
+    Immutable,
+    Namespace,
+    check_insert_inputs,
+    check_namespace,
+    check_page_size,
+    check_token_ids,
+)
 from .errors import (
     CacheBusyError,
     DuplicateSlotError,
     EvictionError,
     InvalidSizeError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
     StaleHandleError,
     UnlockError,
@@ -192,6 +198,25 @@ def get_parent_key(key: PageKey) -> PageKey | None:
     return None if prefix.parent is None else (namespace, prefix.parent)
 
 
+def find_orphan_key(keys: Collection[PageKey]) -> PageKey | None:
+    """A key of ``keys`` whose parent page is not among them, or None when they are prefix-closed."""
+    for key in keys:
+        parent = get_parent_key(key)
+        if parent is not None and parent not in keys:
+            return key
+    return None
+
+
+def count_child_locks(locks: Iterable[tuple[PageKey, int]]) -> Counter[PageKey]:
+    """For each page, the locks its child pages hold together (from ``(key, ref_count)`` pairs)."""
+    below: Counter[PageKey] = Counter()
+    for key, ref_count in locks:
+        parent = get_parent_key(key)
+        if parent is not None:
+            below[parent] += ref_count
+    return below
+
+
 def get_keys_with_children(state: PrefixCacheState) -> set[PageKey]:
     """Cached pages that some cached page extends by one page (one pass over the cache)."""
     return {parent for key in state.entries if (parent := get_parent_key(key)) is not None}
@@ -333,11 +358,7 @@ def insert_prefix(
     the caller frees its own duplicates among them (``CacheManager.cache_req``).
     """
     # CHECK
-    tokens = check_token_ids(input_ids)
-    slots = check_slot_indices(indices)
-    namespace = check_namespace(namespace)
-    if len(tokens) != len(slots):
-        raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
+    tokens, slots, namespace = check_insert_inputs(input_ids, indices, namespace)
     p = state.page_size
     keys = get_page_keys(state, namespace, tokens)
     num_cached = 0

@@ -33,11 +33,18 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, NamedTuple, TypeVar
 
-from .domains import Namespace, check_namespace, check_page_size, check_slot_indices, check_token_ids
+from .domains import (
+    Namespace,
+    check_insert_inputs,
+    check_namespace,
+    check_page_size,
+    check_slot_indices,
+    check_token_ids,
+)
 from .errors import (
     CacheBusyError,
     DuplicateSlotError,
@@ -46,14 +53,13 @@ from .errors import (
     InvalidInputError,
     InvalidSizeError,
     InvalidTypeError,
-    LengthMismatchError,
     MisalignedPageError,
     OutOfPagesError,
     StaleHandleError,
     UnlockError,
 )
 from .helpers import is_page_run
-from .prefix_cache import PageKey, compute_page_prefixes, get_parent_key, take_tick
+from .prefix_cache import PageKey, compute_page_prefixes, count_child_locks, find_orphan_key, get_parent_key, take_tick
 
 Tier = Literal["device", "host", "storage"]
 # which copies the cache makes of its device pages (SGLang's hicache_write_policy names)
@@ -404,11 +410,7 @@ def insert_prefix(
     copy gains the caller's page as its device copy. Under write_through every new device page starts its
     backup."""
     # CHECK
-    tokens = check_token_ids(input_ids)
-    slots = check_slot_indices(indices)
-    namespace = check_namespace(namespace)
-    if len(tokens) != len(slots):
-        raise LengthMismatchError.tokens_and_slots(len(tokens), len(slots))
+    tokens, slots, namespace = check_insert_inputs(input_ids, indices, namespace)
     p = state.page_size
     keys = get_page_keys(state, namespace, tokens)
     cached, _, _ = get_hit_lengths(state, keys)
@@ -476,15 +478,21 @@ def allocate(state: TieredState, num_pages: int) -> list[int]:
     return taken
 
 
-def free(state: TieredState, pages: Sequence[int]) -> None:
-    """The caller gives back device pages it holds (page starts)."""
-    # CHECK
+def check_pages_held(pages: object, held: Collection[int]) -> tuple[int, ...]:
+    """The guards of ``free``: ``pages`` are page starts the caller holds (``held``), none named twice."""
     starts = check_slot_indices(pages, "pages")
     for start in starts:
-        if start not in state.private:
+        if start not in held:
             raise InvalidInputError(f"page {start} is not held by the caller")
     if len(set(starts)) != len(starts):
         raise DuplicateSlotError(f"pages {list(starts)} name a page twice")
+    return starts
+
+
+def free(state: TieredState, pages: Sequence[int]) -> None:
+    """The caller gives back device pages it holds (page starts)."""
+    # CHECK
+    starts = check_pages_held(pages, state.private)
     # UPDATE
     state.private.difference_update(starts)
     state.device_free.extend(starts)
@@ -847,11 +855,8 @@ def start_store(state: TieredState, keys: Sequence[PageKey]) -> None:
 
 def entries_are_prefix_closed(state: TieredState) -> str | None:
     """The parent page of every page of the tree is in the tree."""
-    for key in state.entries:
-        parent = get_parent_key(key)
-        if parent is not None and parent not in state.entries:
-            return f"page ending at token {len(key[1])} is in the tree, its parent page is not"
-    return None
+    key = find_orphan_key(state.entries.keys())
+    return None if key is None else f"page ending at token {len(key[1])} is in the tree, its parent page is not"
 
 
 def entries_have_a_copy(state: TieredState) -> str | None:
@@ -873,11 +878,7 @@ def device_copies_are_prefix_closed(state: TieredState) -> str | None:
 
 def locked_pages_are_on_the_device(state: TieredState) -> str | None:
     """A locked page has a device copy, and holds at least as many locks as the pages extending it."""
-    below: Counter[PageKey] = Counter()
-    for key, entry in state.entries.items():
-        parent = get_parent_key(key)
-        if parent is not None:
-            below[parent] += entry.ref_count
+    below = count_child_locks((key, entry.ref_count) for key, entry in state.entries.items())
     for key, entry in state.entries.items():
         if entry.ref_count and entry.device is None:
             return f"page ending at token {len(key[1])} has {entry.ref_count} locks and no device copy"
