@@ -4,14 +4,15 @@ the executor of their transfers.
 Each step makes the same call on the spec and on every implementation (``TieredCacheTarget`` of
 ``fuzz/targets/api.py``: the spec's operation names as methods): requests that match, lock, allocate and
 insert; loads back and prefetches of their hits; pressure on the device and host tiers; write-back; and the
-executor's answers, each transfer in flight completed or failed, in any order; resets, refused under locks and
-transfers. Results and error classes must
-agree, a refused call must change nothing, the abstract states must be equal, and every law of the spec must
-hold after every step (``check_tiered_invariants``, on the spec's state and on each implementation's).
+executor's answers, each transfer in flight completed or failed, in any order; storage going offline for a
+while (its transfers in flight can then only fail or wait); resets, refused under locks and transfers. Results
+and error classes must agree, a refused call must change nothing, the abstract states must be equal, and every
+law of the spec must hold after every step (``check_tiered_invariants``, on the spec's state and on each
+implementation's).
 
 ``reached`` counts what the examples reached: each kind of transfer completed and failed, resets of a full
-cache. A campaign's summary reports the same as rules (``tiered.backup[completed]``, ...) and the reach: pages
-per tier and transfers in flight at once.
+cache, storage going offline and back, completions refused while it is offline. A campaign's summary reports
+the same as rules (``tiered.backup[completed]``, ...) and the reach: pages per tier and transfers in flight at once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixspec.spec import tiers as tiers
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import CacheError, IntegrityError
+from radixspec.spec.prefix_cache import PageKey
 
 from .stats import STATS
 from .targets import resolve
@@ -91,6 +93,8 @@ class TieredMachine(RuleBasedStateMachine):
 
     # ours by name, or targets: each with a tiered layer (machine_for sets it for the selected ones)
     IMPLS: ClassVar[tuple[str | TargetInfo, ...]] = tuple(our_tiered_caches())
+    # (a transfer kind, completed or failed); ("reset", of a full cache); storage going offline or back (with
+    # transfers in flight); a completion refused while storage is offline
     reached: ClassVar[Counter[tuple[str, bool]]] = Counter()
 
     @initialize(
@@ -181,17 +185,39 @@ class TieredMachine(RuleBasedStateMachine):
         self.call("load_back", *prompt)
         self.call("prefetch", *prompt)
 
-    @rule(prompt=prompts, spilled=st.integers(0, 8), busy=st.booleans())
-    def come_back(self, prompt: Prompt, spilled: int, busy: bool) -> None:
-        """A prompt comes back after ``spilled`` device pages went to the host tier (its tail, often): its host hit
-        loaded back, its storage hit fetched; ``busy``: while running requests hold every free device page (the
-        load back must evict, or is refused)."""
+    @rule(prompt=prompts, spilled=st.integers(0, 8), tail=st.booleans(), busy=st.integers(0, 2))
+    def come_back(self, prompt: Prompt, spilled: int, tail: bool, busy: int) -> None:
+        """A prompt comes back after ``spilled`` device pages went to the host tier (``tail``: every other evictable
+        page, then 1 to all but one of its own, its backups done first): its host hit loaded back, its storage hit
+        fetched. ``busy`` 1: while running requests hold every free device page (the load back must evict, or is
+        refused); 2: every device page but the prompt's own (the load back must keep its device hit: refused)."""
         STATS.record_rule("tiered.come_back")
-        self.call("evict_device", min(spilled, len(tiers.plan_device_eviction(self.spec, spilled))))
-        held = self.call("allocate", len(self.spec.device_free)) if busy else None
+        if tail:
+            # long after it was served: its backups done; stamped last, its pages go after the others'
+            self.complete_writes()
+            self.matches(prompt)
+            others = tiers.plan_device_eviction(self.spec, self.spec.device_pages, keep=self.keys(prompt))
+            # 1 to all but one of its own pages: a device hit with a host tail
+            own = len(prompt.tokens) // PAGE_SIZE
+            spilled = len(others) + (1 + spilled % (own - 1) if own > 1 else 0)
+        self.call("evict_device", len(tiers.plan_device_eviction(self.spec, spilled)))
+        held = self.call("allocate", self.busy_pages(prompt, busy)) if busy else None
         self.match_and_fetch(prompt, hold=1)
         if held is not None:
             self.call("free", held[0])
+
+    def busy_pages(self, prompt: Prompt, busy: int) -> int:
+        """The device pages running requests hold: every free one, and (``busy`` 2) every evictable one but the
+        prompt's device hit (matched first, so that eviction takes the others' pages first)."""
+        if busy == 1:
+            return len(self.spec.device_free)
+        self.matches(prompt)
+        others = tiers.plan_device_eviction(self.spec, self.spec.device_pages, keep=self.keys(prompt))
+        return len(self.spec.device_free) + len(others)
+
+    def keys(self, prompt: Prompt) -> set[PageKey]:
+        """The spec's keys of the prompt's pages."""
+        return set(tiers.get_page_keys(self.spec, prompt.namespace, prompt.tokens))
 
     @precondition(lambda self: bool(self.handles))
     @rule(data=st.data())
@@ -234,10 +260,15 @@ class TieredMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ the executor
 
     def end(self, number: int, ok: bool) -> None:
+        """The executor completes (``ok``) or fails transfer ``number``; a completion that storage being offline
+        refuses counts apart (the transfer stays in flight)."""
         kind = self.spec.transfers[number].kind
+        if self.call("complete_transfer" if ok else "fail_transfer", number) is None:
+            self.reached[f"{kind} while storage is offline", ok] += 1
+            STATS.rules[f"tiered.{kind}[refused offline]"] += 1
+            return
         self.reached[kind, ok] += 1
         STATS.rules[f"tiered.{kind}[{'completed' if ok else 'failed'}]"] += 1
-        self.call("complete_transfer" if ok else "fail_transfer", number)
 
     @precondition(lambda self: bool(self.spec.transfers))
     @rule(data=st.data(), ok=st.booleans())
@@ -256,10 +287,35 @@ class TieredMachine(RuleBasedStateMachine):
 
     @rule()
     def drain(self) -> None:
-        """The executor completes every write in flight (backups, and the stores their completions start)."""
+        """The executor completes every write in flight (backups, and the stores their completions start; no
+        store while storage is offline)."""
         STATS.record_rule("tiered.drain")
-        while writes := [number for number, transfer in self.spec.transfers.items() if transfer.kind not in FETCHES]:
+        self.complete_writes()
+
+    def complete_writes(self) -> None:
+        while writes := self.writes():
             self.end(min(writes), True)
+
+    def writes(self) -> list[int]:
+        """The writes in flight that can complete now."""
+        online = self.spec.storage_online
+        return [
+            number
+            for number, transfer in self.spec.transfers.items()
+            if transfer.kind not in FETCHES and (online or transfer.kind != "store")
+        ]
+
+    @rule(online=st.booleans(), now=st.integers(0, 7))
+    def outage(self, online: bool, now: int = 0) -> None:
+        """Storage comes back (``online``), or goes offline (one draw in eight of the rest: for a while, not half
+        the time): its transfers in flight can then only fail or wait, a match sees no storage hit."""
+        STATS.record_rule("tiered.outage")
+        if not online and now:
+            return
+        if self.spec.storage_online != online:
+            self.reached["storage " + ("back" if online else "offline"), bool(self.spec.transfers)] += 1
+            STATS.rules[f"tiered.storage[{'back' if online else 'offline'}]"] += 1
+        self.call("set_storage_online", online)
 
     @rule(now=st.integers(0, 7))
     def reset(self, now: int) -> None:

@@ -32,6 +32,7 @@ from radixspec.spec.errors import (
     MisalignedPageError,
     OutOfPagesError,
     StaleHandleError,
+    StorageOfflineError,
     UnlockError,
 )
 from radixspec.spec.helpers import is_page_run
@@ -151,6 +152,7 @@ class TieredRadixCache:
         self.clock = 0
         self.epoch = 0
         self.dropped_unbacked = 0
+        self.storage_online = True
 
     # ------------------------------------------------------------ operations
 
@@ -346,6 +348,8 @@ class TieredRadixCache:
         """The executor finished the transfer (spec: complete_transfer)."""
         # CHECK
         transfer = self._check_transfer(transfer_id)
+        if "storage" in st.ROUTES[transfer.kind] and not self.storage_online:
+            raise StorageOfflineError(f"transfer {transfer_id} ({transfer.kind}) cannot complete: storage is offline")
         # UPDATE
         del self.queue[transfer_id]
         p, namespace, tokens = self.page_size, transfer.namespace, transfer.tokens
@@ -384,6 +388,14 @@ class TieredRadixCache:
         elif destination == "host":
             self.host_free.extend(transfer.destination)
 
+    def set_storage_online(self, online: bool) -> None:
+        """Storage goes offline or comes back, its copies kept (spec: set_storage_online)."""
+        # CHECK
+        if not isinstance(online, bool):
+            raise InvalidTypeError(f"online must be a bool, got {type(online).__name__}")
+        # UPDATE
+        self.storage_online = online
+
     def reset(self) -> None:
         """Empty every tier (spec: reset); refused under locks and transfers."""
         # CHECK
@@ -419,6 +431,7 @@ class TieredRadixCache:
             clock=self.clock,
             epoch=self.epoch,
             dropped_unbacked=self.dropped_unbacked,
+            storage_online=self.storage_online,
         )
         for node in self._nodes():
             namespace, tokens = self._path_tokens(node)
@@ -508,7 +521,10 @@ class TieredRadixCache:
         return device, host
 
     def _stored_run(self, namespace: Namespace, tokens: Sequence[int], start: int) -> int:
+        """The end of the run of pages from ``start`` that storage holds (none while it is offline)."""
         p, page = self.page_size, start
+        if not self.storage_online:
+            return page
         while (page + 1) * p <= len(tokens) and (namespace, tuple(tokens[: (page + 1) * p])) in self.storage:
             page += 1
         return page
@@ -824,6 +840,8 @@ class TieredRadixCache:
             self._start_backup_run(namespace, tokens, run)
 
     def _start_store(self, namespace: Namespace, tokens: Sequence[int], pages: Sequence[int]) -> None:
+        if not self.storage_online:
+            return
         p = self.page_size
         storing = self._moving_anywhere(("store",))
         in_flight = sum(len(t.pages) for t in self.queue.values() if t.kind == "store")

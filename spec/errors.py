@@ -95,6 +95,10 @@ class KVCorruptionError(CacheError):
     """A KV slot holds values other than those stored for its token."""
 
 
+class StorageOfflineError(CacheError):
+    """The storage tier is offline: a transfer to or from it cannot complete until it is back."""
+
+
 class UnavailableError(CacheError):
     """An optional part (CUDA kernel, C extension) is not available on this machine."""
 
@@ -228,6 +232,7 @@ __all__ = [
     "SchedulingLawError",
     "SlotOutOfRangeError",
     "StaleHandleError",
+    "StorageOfflineError",
     "UnavailableError",
     "UnlockError",
 ]

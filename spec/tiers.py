@@ -56,6 +56,7 @@ from .errors import (
     MisalignedPageError,
     OutOfPagesError,
     StaleHandleError,
+    StorageOfflineError,
     UnlockError,
 )
 from .helpers import is_page_run
@@ -193,6 +194,8 @@ class TieredState:
     epoch: int = 0
     # device pages evicted with no copy left in any tier (write-through may drop; write-back never)
     dropped_unbacked: int = 0
+    # storage reachable: offline, a match sees no storage hit, no store starts and none in flight completes
+    storage_online: bool = True
 
 
 # The tiered cache's operations: the spec's names, which the reference and optimized twins keep.
@@ -210,6 +213,7 @@ OPERATIONS = (
     "prefetch",
     "complete_transfer",
     "fail_transfer",
+    "set_storage_online",
     "reset",
 )
 
@@ -321,7 +325,7 @@ def is_host_evictable(state: TieredState, key: PageKey, pinned: set[PageKey], ch
 
 def get_hit_lengths(state: TieredState, keys: Sequence[PageKey]) -> tuple[int, int, int]:
     """Pages of ``keys`` (a path, shortest first) with a device copy, then with a device or host copy, then with
-    a copy in any tier, each counted from the first page."""
+    a copy in any tier (storage counted while it is online), each counted from the first page."""
     device = host = stored = 0
     for key in keys:
         entry = state.entries.get(key)
@@ -335,7 +339,7 @@ def get_hit_lengths(state: TieredState, keys: Sequence[PageKey]) -> tuple[int, i
             break
         host += 1
     stored = host
-    for key in keys[host:]:
+    for key in keys[host:] if state.storage_online else ():
         if key not in state.storage:
             break
         stored += 1
@@ -584,9 +588,12 @@ def prefetch(state: TieredState, input_ids: Sequence[int], namespace: Namespace 
 
 def complete_transfer(state: TieredState, transfer_id: int) -> None:
     """The executor finished the transfer: its destination pages now serve copies of what its source held; its
-    source pins are released. A backup's pages then start their store, where storage is on."""
+    source pins are released. A backup's pages then start their store, where storage is on. A store or a
+    prefetch cannot complete while storage is offline (StorageOfflineError: it may fail, or wait)."""
     # CHECK
     transfer = check_transfer(state, transfer_id)
+    if "storage" in ROUTES[transfer.kind] and not state.storage_online:
+        raise StorageOfflineError(f"transfer {transfer_id} ({transfer.kind}) cannot complete: storage is offline")
     # UPDATE
     del state.transfers[transfer_id]
     kind, keys = transfer.kind, transfer.keys
@@ -632,6 +639,17 @@ def fail_transfer(state: TieredState, transfer_id: int) -> None:
         state.device_free.extend(transfer.destination)
     elif destination == "host":
         state.host_free.extend(transfer.destination)
+
+
+def set_storage_online(state: TieredState, online: bool) -> None:
+    """Storage goes offline or comes back (its copies stay where they are). Offline, a match reports no storage
+    hit, so nothing is prefetched; completed backups start no store; a store or a prefetch in flight cannot
+    complete (the executor may fail it, or hold it until storage is back)."""
+    # CHECK
+    if not isinstance(online, bool):
+        raise InvalidTypeError(f"online must be a bool, got {type(online).__name__}")
+    # UPDATE
+    state.storage_online = online
 
 
 def reset(state: TieredState) -> None:
@@ -841,8 +859,10 @@ def start_backups(state: TieredState, pages: Sequence[PageKey]) -> None:
 
 
 def start_store(state: TieredState, keys: Sequence[PageKey]) -> None:
-    """Where storage is on, store the pages of a completed backup that storage lacks, as many as it has room
-    for; their host copies are locked until the store ends."""
+    """Where storage is on and online, store the pages of a completed backup that storage lacks, as many as it
+    has room for; their host copies are locked until the store ends."""
+    if not state.storage_online:
+        return
     storing = get_moving_keys(state, "store")
     room = get_tier_usage(state)["storage"].free
     run = [key for key in keys if key not in state.storage and key not in storing][:room]

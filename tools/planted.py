@@ -375,6 +375,20 @@ BUGS += (
         "        keep = self._fetching()\n",
         "tiered",
     ),
+    PlantedBug(
+        "a match serves storage hits while storage is offline (an outage the cache does not see)",
+        TIERED,
+        "        if not self.storage_online:\n            return page\n",
+        "",
+        "tiered",
+    ),
+    PlantedBug(
+        "a store completes while storage is offline (an acknowledged write the backend never took)",
+        TIERED,
+        '        if "storage" in st.ROUTES[transfer.kind] and not self.storage_online:\n',
+        "        if False:\n",
+        "tiered",
+    ),
 )
 
 # historical bug classes of SGLang, re-planted in a copy of its released radix cache (RADIXSPEC_SGLANG_RADIX_CACHE)

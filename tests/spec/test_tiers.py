@@ -18,7 +18,9 @@ from radixspec.spec.errors import (
     CacheError,
     EvictionError,
     IntegrityError,
+    InvalidTypeError,
     StaleHandleError,
+    StorageOfflineError,
 )
 from radixspec.spec.prefix_cache import PageKey, Prefix
 
@@ -207,6 +209,41 @@ def test_a_failed_transfer_gives_its_destination_back_and_makes_no_copy() -> Non
     t.check_tiered_invariants(state)
 
 
+def test_storage_offline_serves_nothing_and_completes_no_transfer_until_it_is_back() -> None:
+    state = t.new_state(2, 2, 2, storage_pages=4)
+    cache(state, A)
+    t.complete_transfer(state, only(state, "backup"))
+    t.set_storage_online(state, False)
+    number = only(state, "store")
+    before = copy.deepcopy(state)
+    with pytest.raises(StorageOfflineError):
+        t.complete_transfer(state, number)
+    assert state == before
+    t.set_storage_online(state, True)
+    t.complete_transfer(state, number)
+    t.evict_device(state, 2)
+    t.evict_host(state, 2)
+    assert t.match_prefix(state, A)[1:] == (0, 0, 4)
+    t.set_storage_online(state, False)
+    # offline: no storage hit, nothing to prefetch, the copies kept
+    assert t.match_prefix(state, A)[1:] == (0, 0, 0) and t.prefetch(state, A) is None
+    assert len(state.storage) == 2
+    t.set_storage_online(state, True)
+    fetch = t.prefetch(state, A)
+    assert fetch is not None
+    t.set_storage_online(state, False)
+    with pytest.raises(StorageOfflineError):
+        t.complete_transfer(state, fetch)
+    t.fail_transfer(state, fetch)
+    # a backup completed offline starts no store
+    cache(state, C)
+    t.complete_transfer(state, only(state, "backup"))
+    assert not state.transfers
+    t.check_tiered_invariants(state)
+    with pytest.raises(InvalidTypeError):
+        t.set_storage_online(state, 1)  # type: ignore[arg-type]
+
+
 def test_reset_waits_for_the_transfers_and_leaves_no_tier_serving() -> None:
     state = t.new_state(2, 4, 4, storage_pages=4)
     cache(state, A)
@@ -308,9 +345,17 @@ def tour(machine_class: type[TieredMachine]) -> None:
     for ok in (False, True):
         step(lambda: machine.match_and_fetch(one, hold=1))
         end("prefetch", ok)
+    # storage offline under a store: the completion refused, the store failed; storage back
+    step(lambda: machine.request(Prompt([9, 9], None)))
+    end("backup", True)
+    step(lambda: machine.outage(False))
+    end("store", True)
+    end("store", False)
+    step(lambda: machine.outage(True))
     step(lambda: machine.reset(now=0))
     kinds = {(kind, ok) for kind in t.ROUTES for ok in (True, False)}
-    assert set(machine_class.reached) == kinds | {("reset", True)}, machine_class.reached
+    outage = {("storage offline", True), ("store while storage is offline", True), ("storage back", False)}
+    assert set(machine_class.reached) == kinds | outage | {("reset", True)}, machine_class.reached
 
 
 def test_the_machine_reaches_every_transfer_completed_and_failed_and_a_full_reset() -> None:
