@@ -4,6 +4,7 @@
                           [--target NAME] [--json rows.json] [--plot hit_rate.png]
     radixspec replay --generate trace.jsonl --requests 100000 [--seed 0]
     radixspec replay TRACE --workers 1,2,4,8 --router dynamo,radixspec,round-robin,least-loaded
+    radixspec replay TRACE --tiers --pool-pages 256 --host-pages 256,1024,4096 --storage-pages 0,16384
 
 Each request of the trace, in order, goes through the cache the way a
 serving engine's cache manager uses it for a prompt: match the prompt, lock
@@ -25,6 +26,9 @@ Trace formats (``--format auto`` tells them apart by the first line):
   the tokens ``h * B ... h * B + B - 1``; the prompt is cut to
   ``input_length``. Output tokens are not replayed (only prompts are cached).
 
+``--tiers`` replays through tiered caches (device, host, storage: ``fuzz/tier_replay.py``): the hit rate by
+tier against the host and storage sizes, ``--pool-pages`` being the device's.
+
 ``--generate`` writes a synthetic JSONL trace: conversations that share one
 of a few system prompts, multi-turn chats whose every turn extends the
 previous prompt, and few-shot prompts that share their example blocks,
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import random
 import sys
@@ -49,9 +54,12 @@ from radixspec.spec.errors import CacheError
 
 from .pools import Driver, Pool, Request, optimized_target
 from .routing import POLICIES as ROUTER_POLICIES
+from .tier_replay import check_policy
 
 if TYPE_CHECKING:
-    from .targets.api import PrefixCacheTarget
+    from radixspec.spec.tiers import WritePolicy
+
+    from .targets.api import PrefixCacheTarget, TieredCacheTarget
 
 # a target's handle: the driver hands it back to the target that made it
 H = TypeVar("H")
@@ -321,12 +329,21 @@ def plot(rows: Sequence[Row], path: Path) -> None:
 
 def pool_sizes(text: str) -> list[int]:
     """An argparse type: comma-separated page counts, each > 0."""
+    return counts_from(text, minimum=1)
+
+
+def page_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated page counts, each >= 0."""
+    return counts_from(text, minimum=0)
+
+
+def counts_from(text: str, minimum: int) -> list[int]:
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated page counts, got {text!r}") from None
-    if not sizes or min(sizes) <= 0:
-        raise argparse.ArgumentTypeError(f"page counts must be > 0, got {text!r}")
+    if not sizes or min(sizes) < minimum:
+        raise argparse.ArgumentTypeError(f"page counts must be >= {minimum}, got {text!r}")
     return sizes
 
 
@@ -372,6 +389,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(ROUTER_POLICIES),
         help="with --workers: router policies, comma-separated (dynamo, radixspec, round-robin, least-loaded)",
     )
+    parser.add_argument(
+        "--tiers",
+        action="store_true",
+        help="replay through tiered caches instead: hit rate by tier (device, host, storage) against --host-pages"
+        " and --storage-pages, --pool-pages being the device's (radixspec.fuzz.tier_replay)",
+    )
+    parser.add_argument("--host-pages", type=pool_sizes, default=[256, 1024, 4096], help="with --tiers")
+    parser.add_argument("--storage-pages", type=page_counts, default=[0, 16384], help="with --tiers (0: none)")
+    parser.add_argument("--policy", type=check_policy, default="write_through", help="with --tiers: write policy")
     parser.add_argument("--generate", type=Path, default=None, help="write a synthetic JSONL trace here and stop")
     parser.add_argument("--requests", type=positive, default=10_000, help="requests of the generated trace")
     parser.add_argument("--seed", type=int, default=0)
@@ -384,6 +410,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.trace is None:
         parser.error("name a trace (or --generate PATH)")
+    if args.tiers and (args.workers is not None or args.plot_with or args.impl == "optimized"):
+        parser.error(
+            "--tiers replays our spec and reference tiered caches (or a --target's): no --workers,"
+            " --plot-with or --impl optimized"
+        )
     if not args.trace.is_file():
         parser.error(f"no trace file {args.trace}")
     if args.target and args.impl:
@@ -418,6 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     page_size: int = args.page_size
     if args.workers is not None:
         return replay_routing(args, fmt, policies)
+    if args.tiers:
+        return replay_tiered(args, parser, fmt)
     # each implementation's replay: (pool pages, the trace's requests) -> its row
     runs: list[Callable[[int, Iterator[Request]], Row]]
     from .targets.api import TargetError
@@ -456,14 +489,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f" {row.peak_pages_in_use:>7} {row.seconds:>8.2f}",
                 flush=True,
             )
-    mismatch = differential(rows)
+    return finish(args, [asdict(row) for row in rows], differential(rows), lambda path: plot([*rows, *earlier], path))
+
+
+def finish(args: argparse.Namespace, rows: Sequence[object], mismatch: str, draw: Callable[[Path], None]) -> int:
+    """The end of a replay: the differential's verdict, the rows (as dicts) in JSON (``--json``), the plot (``--plot``);
+    the exit status (1 when our implementations disagree)."""
     if mismatch:
         print(f"DIFFERENTIAL FAILED: {mismatch}", file=sys.stderr)
     if args.json is not None:
-        args.json.write_text(json.dumps([asdict(row) for row in rows], indent=2) + "\n")
+        args.json.write_text(json.dumps(rows, indent=2) + "\n")
         print(f"rows written to {args.json}")
     if args.plot is not None:
-        plot(rows + earlier, args.plot)
+        draw(args.plot)
         print(f"plot written to {args.plot}")
     return 1 if mismatch else 0
 
@@ -488,6 +526,41 @@ def replay_routing(args: argparse.Namespace, fmt: str, policies: Sequence[str]) 
         plot([row for row in rows if row.pool_pages == args.pool_pages[0]], args.plot)
         print(f"plot written to {args.plot}")
     return 0
+
+
+def replay_tiered(args: argparse.Namespace, parser: argparse.ArgumentParser, fmt: str) -> int:
+    """``--tiers``: a row per cache and (device, host, storage) size, the differential, the JSON and the plot."""
+    from . import tier_replay as tr
+    from .targets.api import TargetError
+
+    makers: dict[str, Callable[[int, int, int, int, WritePolicy, int], TieredCacheTarget]] = {}
+    if args.target:
+        from .targets import resolve
+
+        try:
+            factory = resolve(args.target).tiered_factory
+        except TargetError as exc:
+            parser.error(str(exc))
+        if factory is None:
+            parser.error(f"target {args.target} has no tiered layer")
+        makers[args.target] = factory
+    else:
+        for impl in tr.TIER_IMPLS if args.impl in (None, "all") else (args.impl,):
+            makers[impl] = tr.our_tiered_cache(impl)
+    rows: list[tr.TierRow] = []
+    print(f"write policy {args.policy}, pages of {args.page_size} tokens")
+    print(tr.HEADER)
+    for sizes in itertools.product(args.pool_pages, args.host_pages, args.storage_pages):
+        for name, make in makers.items():
+            requests = read_trace(args.trace, fmt, args.block_size)
+            try:
+                row = tr.replay_tiers(name, make, args.page_size, sizes, args.policy, requests, sys.stderr)
+            except (ValueError, CacheError, TargetError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            rows.append(row)
+            print(tr.format_row(row), flush=True)
+    return finish(args, [asdict(row) for row in rows], tr.differential(rows), lambda path: tr.plot(rows, path))
 
 
 def differential(rows: Sequence[Row]) -> str:

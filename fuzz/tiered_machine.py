@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import ClassVar, NamedTuple, cast
 
 from hypothesis import strategies as st
@@ -34,7 +34,7 @@ from .stats import STATS
 from .targets import resolve
 from .targets.api import TargetInfo, TieredCacheTarget, TieredHandle, TieredInserted, TieredMatchView
 from .targets.layers import our_tiered_caches
-from .targets.ours import IMPLEMENTATIONS
+from .targets.ours import IMPLEMENTATIONS, SpecTieredCache
 
 FETCHES = ("load_back", "prefetch")
 PAGE_SIZE = 2
@@ -57,24 +57,6 @@ prompts = st.builds(
     st.one_of(st.lists(st.sampled_from(PAGES), max_size=2), st.lists(st.sampled_from(PAGES), max_size=11)),
     st.sampled_from((None, None, ("tenant", 1))),
 )
-
-
-class SpecTieredCache:
-    """The spec's free functions as a TieredCacheTarget (each looked up at call time: a test may patch one)."""
-
-    def __init__(
-        self, page_size: int, device: int, host: int, storage: int, policy: tiers.WritePolicy, threshold: int
-    ) -> None:
-        self.state = tiers.new_state(page_size, device, host, storage, policy, threshold)
-
-    def __getattr__(self, name: str) -> Callable[..., object]:
-        if name not in tiers.OPERATIONS:
-            raise AttributeError(name)
-        operation = getattr(tiers, name)
-        return lambda *args: operation(self.state, *args)
-
-    def abstract_state(self) -> tiers.TieredState:
-        return self.state
 
 
 def summary(result: object) -> object:

@@ -12,7 +12,7 @@ turns tensors into lists.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from radixspec import reference
@@ -21,6 +21,7 @@ from radixspec.reference.radix_cache import RadixCacheHandle
 from radixspec.reference.tiered_cache import TieredRadixCache
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
+from radixspec.spec import tiers
 from radixspec.spec.domains import Namespace
 from radixspec.spec.events import Event
 from radixspec.spec.invariants import check_invariants
@@ -231,3 +232,27 @@ class SpecHybridCache:
 
     def check_integrity(self) -> None:
         hy.check_hybrid_invariants(self.state, [self.size_info(g) for g in range(len(self.windows))])
+
+
+class SpecTieredCache:
+    """The spec's free functions as a TieredCacheTarget (each looked up at call time: a test may patch one)."""
+
+    def __init__(
+        self,
+        page_size: int,
+        device: int,
+        host: int,
+        storage: int = 0,
+        policy: tiers.WritePolicy = "write_through",
+        threshold: int = 2,
+    ) -> None:
+        self.state = tiers.new_state(page_size, device, host, storage, policy, threshold)
+
+    def __getattr__(self, name: str) -> Callable[..., object]:
+        if name not in tiers.OPERATIONS:
+            raise AttributeError(name)
+        operation = getattr(tiers, name)
+        return lambda *args: operation(self.state, *args)
+
+    def abstract_state(self) -> tiers.TieredState:
+        return self.state
