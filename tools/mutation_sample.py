@@ -68,6 +68,11 @@ def mutmut(root: Path, names: list[str], max_children: int) -> int:
     return subprocess.run(cmd, cwd=root, check=False, env=env).returncode
 
 
+def wanted(name: str, args: argparse.Namespace) -> bool:
+    """Whether mutant ``name`` is of a module ``--module`` names (any, without one)."""
+    return not args.module or any(name.startswith(module + ".") for module in args.module)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.mutation_sample",
@@ -81,6 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path("."), help="where mutmut runs (holds mutants/)")
     parser.add_argument("--out", type=Path, default=None, help="write the sample's survivors with their diffs here")
     parser.add_argument("--report-only", action="store_true", help="check nothing: the report of what is checked")
+    parser.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only the mutants of this module (as mutmut names it: spec.tiers, reference.tiered_cache); repeatable",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.percent <= 100:
         parser.error(f"--percent must be in (0, 100], got {args.percent}")
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         if not names:
             print(f"mutmut made no mutants under {args.root}/mutants", file=sys.stderr)
             return 1
-        sample = [name for name in sorted(names) if in_sample(name, args.percent, args.seed)]
+        sample = [name for name in sorted(names) if in_sample(name, args.percent, args.seed) and wanted(name, args)]
         pending = [name for name in sample if names[name] is None]
         print(
             f"sample {args.percent:g} % (seed {args.seed}): {len(sample)} of {len(names)} mutants;"
@@ -104,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if pending:
             mutmut(args.root, pending, args.max_children)
-    mutants = [m for m in mr.load(args.root) if in_sample(m.name, args.percent, args.seed)]
+    mutants = [m for m in mr.load(args.root) if in_sample(m.name, args.percent, args.seed) and wanted(m.name, args)]
     if not mutants:
         print(f"no mutmut results under {args.root}: run it without --report-only first", file=sys.stderr)
         return 1

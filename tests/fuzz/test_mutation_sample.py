@@ -39,6 +39,19 @@ def test_only_the_sampled_mutants_without_a_verdict_go_to_mutmut(
     assert passed == sorted(n for n in NAMES if ms.in_sample(n, 20, 0) and codes[n] is None)
 
 
+def test_module_keeps_the_sample_to_the_modules_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    names = [*NAMES, *(name.replace("spec.mod.", "spec.other.") for name in NAMES)]
+    (tmp_path / "mutants" / "spec").mkdir(parents=True)
+    (tmp_path / "mutants" / "spec" / "mod.py.meta").write_text(json.dumps({"exit_code_by_key": dict.fromkeys(names)}))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(ms, "mutmut", lambda root, names, children: calls.append(names) or 0)
+    monkeypatch.setattr(ms.mr, "load", lambda root: [])
+    assert ms.main(["--root", str(tmp_path), "--percent", "20", "--module", "spec.other"]) == 1
+    (passed,) = calls
+    assert passed and all(name.startswith("spec.other.x_") for name in passed)
+    assert passed == sorted(n for n in names if n.startswith("spec.other.") and ms.in_sample(n, 20, 0))
+
+
 def test_a_resumed_run_gets_the_checkouts_compiled_modules(tmp_path: Path) -> None:
     (tmp_path / "optimized").mkdir()
     (tmp_path / "mutants" / "optimized").mkdir(parents=True)
