@@ -306,10 +306,12 @@ class TieredMachine(RuleBasedStateMachine):
         if now:
             return
         full = bool(self.spec.entries)
-        if self.call("reset") is not None:
-            self.handles.clear()
-            self.reached["reset", full] += 1
-            STATS.rules[f"tiered.reset[{'full' if full else 'empty'}]"] += 1
+        if self.call("reset") is None:
+            STATS.rules["tiered.reset[refused under load]"] += 1
+            return
+        self.handles.clear()
+        self.reached["reset", full] += 1
+        STATS.rules[f"tiered.reset[{'full' if full else 'empty'}]"] += 1
 
     # ------------------------------------------------------------ after every step
 
