@@ -795,8 +795,6 @@ def apply_device_eviction(state: TieredState, plan: Sequence[PageKey]) -> list[i
 
 def plan_host_eviction(state: TieredState, num_pages: int, keep: set[PageKey]) -> list[PageKey]:
     """The host copies evict_host would take for ``num_pages`` (none of ``keep``)."""
-    if num_pages <= 0:
-        return []
     pinned = get_pinned_keys(state) | keep
     children, _ = get_children(state)
 

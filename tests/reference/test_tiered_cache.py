@@ -8,9 +8,17 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from radixspec.fuzz.targets.api import TieredCacheTarget
+from radixspec.fuzz.targets.ours import SpecTieredCache
 from radixspec.fuzz.tiered_machine import TieredMachine
 from radixspec.reference.tiered_cache import TieredNode, TieredRadixCache
-from radixspec.spec.errors import IntegrityError
+from radixspec.spec.errors import (
+    DuplicateSlotError,
+    EvictionError,
+    IntegrityError,
+    InvalidSizeError,
+    MisalignedPageError,
+)
 
 from ..spec.test_tiers import tour
 
@@ -74,3 +82,27 @@ def test_a_split_that_leaves_a_host_lock_behind_is_caught(monkeypatch: pytest.Mo
     cache.match_prefix([1, 2])  # splits the node under the store
     with pytest.raises(IntegrityError, match="^host_locks_are_balanced: "):
         cache.check_integrity()
+
+
+# ---------------------------------------------------------------- refusals, alike in both, with their numbers
+
+BOTH = {"spec": SpecTieredCache, "reference": TieredRadixCache}
+
+
+@pytest.mark.parametrize("impl", sorted(BOTH))
+def test_refusals_name_what_was_wrong_with_its_numbers(impl: str) -> None:
+    make = BOTH[impl]
+    with pytest.raises(InvalidSizeError, match=r"^host_pages must be an int >= 1, got 0$"):
+        make(2, 4, 0)
+    cache: TieredCacheTarget = make(2, 4, 4)
+    with pytest.raises(InvalidSizeError, match=r"^num_pages must be >= 0, got -1$"):
+        cache.allocate(-1)
+    pages = cache.allocate(2)
+    with pytest.raises(MisalignedPageError, match=r"not a run start\.\.start\+1 with start % 2 == 0$"):
+        cache.insert_prefix([1, 2], [pages[0] + 1, pages[0] + 2])
+    # one page named for two new pages of one insert
+    with pytest.raises(DuplicateSlotError):
+        cache.insert_prefix([1, 2, 3, 4], [pages[1], pages[1] + 1, pages[1], pages[1] + 1])
+    with pytest.raises(EvictionError, match=r"^cannot evict 1 host pages: 0 evictable$"):
+        cache.evict_host(1)
+    assert cache.evict_host(0) == []

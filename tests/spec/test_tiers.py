@@ -125,6 +125,17 @@ def test_check_tiered_invariants_names_the_broken_law(name: str) -> None:
         t.check_tiered_invariants(BROKEN[name](healthy()))
 
 
+@pytest.mark.parametrize("tier", ["device", "host"])
+def test_a_page_twice_in_a_free_list_is_named_with_its_tier(tier: str) -> None:
+    state = healthy()
+    free = getattr(state, f"{tier}_free")
+    free.append(free[0])
+    assert (
+        t.free_lists_hold_no_page_twice(state)
+        == f"the {tier} free list holds [{free[0]}] twice, [] not page starts of it"
+    )
+
+
 # ---------------------------------------------------------------- operations
 
 
