@@ -410,10 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.trace is None:
         parser.error("name a trace (or --generate PATH)")
-    if args.tiers and (args.workers is not None or args.plot_with or args.impl == "optimized"):
+    if args.tiers and (args.workers is not None or args.plot_with):
         parser.error(
-            "--tiers replays our spec and reference tiered caches (or a --target's): no --workers,"
-            " --plot-with or --impl optimized"
+            "--tiers replays our spec, reference and optimized tiered caches (or a --target's): no --workers"
+            " or --plot-with"
         )
     if not args.trace.is_file():
         parser.error(f"no trace file {args.trace}")

@@ -1,10 +1,11 @@
 """``radixspec replay TRACE --tiers``: the hit rate by tier (device, host, storage) against host and storage sizes.
 
     radixspec replay TRACE --tiers --pool-pages 256 --host-pages 256,1024,4096 --storage-pages 0,16384
-                         [--policy write_through] [--impl spec|reference|all] [--json rows.json] [--plot tiers.png]
+                         [--policy write_through] [--impl spec|reference|optimized|all] [--json rows.json]
+                         [--plot tiers.png]
 
-Each request of the trace, in order, goes through a tiered cache (``spec/tiers.py``: our spec and reference, or
-a target's tiered layer) as an engine with a host tier and storage serves a prompt: match it; prefetch its
+Each request of the trace, in order, goes through a tiered cache (``spec/tiers.py``: our spec, reference and
+optimized, or a target's tiered layer) as an engine with a host tier and storage serves a prompt: match it; prefetch its
 storage hit into the host tier and load its host hit back to the device (the executor completes each transfer
 at once, in the order they started); match again; lock the device hit, take device pages for the rest of the
 whole pages (under write_back, backing up the pages eviction takes next when the device is short), insert,
@@ -13,7 +14,7 @@ device cannot hold is counted ``too_long`` and left out.
 
 A row per (device, host, storage) size: the prompt tokens asked, the tokens the device already held (device
 hits), those loaded back from the host tier (host hits) and those fetched from storage (storage hits), as
-shares of the asked tokens. Spec and reference must give the same rows (``--impl all``: a differential at trace
+shares of the asked tokens. Ours must give the same rows (``--impl all``: a differential at trace
 scale). The plot: the hit rate of all tiers and of the device alone against the host size, a curve per
 storage size.
 """
@@ -34,8 +35,8 @@ from radixspec.spec.tiers import WRITE_POLICIES, WritePolicy
 from .pools import Request
 from .targets.api import TieredCacheTarget
 
-# our tiered caches by name, as --impl names them under --tiers (no optimized tiered cache yet)
-TIER_IMPLS = ("spec", "reference")
+# our tiered caches by name, as --impl names them under --tiers
+TIER_IMPLS = ("spec", "reference", "optimized")
 # seconds between two progress lines of a long replay (on stderr)
 PROGRESS_S = 10.0
 
@@ -187,12 +188,13 @@ def replay_tiers(
 
 def our_tiered_cache(name: str) -> Callable[[int, int, int, int, WritePolicy, int], TieredCacheTarget]:
     """The factory of our tiered cache ``name`` (``TIER_IMPLS``)."""
-    from .targets.ours import REFERENCE, SpecTieredCache
+    from .targets.ours import IMPLEMENTATIONS, SpecTieredCache
 
     if name == "spec":
         return cast(Callable[[int, int, int, int, WritePolicy, int], TieredCacheTarget], SpecTieredCache)
-    assert REFERENCE.tiered_factory is not None
-    return REFERENCE.tiered_factory
+    factory = IMPLEMENTATIONS[name].tiered_factory
+    assert factory is not None, f"{name} has a tiered cache"
+    return factory
 
 
 def differential(rows: Sequence[TierRow]) -> str:

@@ -5,8 +5,11 @@ import re
 from pathlib import Path
 
 from radixspec import optimized, reference
+from radixspec.optimized import tiered_cache as optimized_tiers
+from radixspec.reference import tiered_cache as reference_tiers
 from radixspec.spec import cache_manager as spec_manager
 from radixspec.spec import prefix_cache as spec_cache
+from radixspec.spec import tiers as spec_tiers
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +39,10 @@ def test_every_spec_operation_has_a_method_of_the_same_name_in_both_implementati
         assert callable(getattr(spec_manager, name)), name
         for cls in (reference.CacheManager, optimized.CacheManager):
             assert hasattr(cls, name), (cls, name)
+    for name in spec_tiers.OPERATIONS:
+        assert callable(getattr(spec_tiers, name)), name
+        for cls in (reference_tiers.TieredRadixCache, optimized_tiers.TieredRadixCache):
+            assert callable(getattr(cls, name, None)), (cls, name)
 
 
 def test_each_optimized_class_names_its_reference_twin() -> None:

@@ -32,6 +32,7 @@ from .exact import ExactTarget, OurManager, TreeTarget
 
 if TYPE_CHECKING:
     from radixspec.optimized.hybrid_cache import HybridRadixCache as OptimizedHybridCache
+    from radixspec.optimized.tiered_cache import TieredRadixCache as OptimizedTieredCache
 
     from .ours_optimized import OptimizedCache, OptimizedManager
 
@@ -174,14 +175,29 @@ def make_optimized_hybrid(page_size: int, windows: tuple[hy.Window, ...]) -> Opt
     return OptimizedHybridCache(page_size, windows)
 
 
+def make_optimized_tiered(
+    page_size: int,
+    device_pages: int,
+    host_pages: int,
+    storage_pages: int = 0,
+    policy: tiers.WritePolicy = "write_through",
+    threshold: int = 2,
+) -> OptimizedTieredCache:
+    """The optimized tiered cache (its pools tensors on the CPU); torch is imported when one is made."""
+    from radixspec.optimized.tiered_cache import TieredRadixCache as OptimizedTieredCache
+
+    return OptimizedTieredCache(page_size, device_pages, host_pages, storage_pages, policy, threshold)
+
+
 # the optimized targets are made by these functions: naming them imports neither torch nor the C tree (a campaign
 # over the spec, the reference or a user's pure-Python cache never loads either)
 OPTIMIZED = TargetInfo(
     name="optimized",
-    description="radixspec's optimized RadixPrefixCache and CacheManager (torch, C)",
+    description="radixspec's optimized RadixPrefixCache, CacheManager and TieredRadixCache (torch, C)",
     cache_factory=make_optimized_cache,
     manager_factory=make_optimized_manager,
     hybrid_cache=make_optimized_hybrid,
+    tiered_factory=make_optimized_tiered,
     profile=EXACT,
 )
 # what --impl names: our implementations, in the order --impl all drives them

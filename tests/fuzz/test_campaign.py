@@ -78,7 +78,7 @@ def test_by_default_the_campaign_is_the_differential_of_every_implementation() -
     assert args.targets == ("reference", "optimized") and args.machine == "all"
     from radixspec.fuzz.machines import machine_class
     from radixspec.fuzz.registry import MACHINES
-    from radixspec.fuzz.targets.layers import our_hybrid_caches
+    from radixspec.fuzz.targets.layers import our_hybrid_caches, our_tiered_caches
 
     assert tuple(MACHINES) == campaign.MACHINE_NAMES
     # every entry of the registry names a machine class that exists
@@ -86,11 +86,15 @@ def test_by_default_the_campaign_is_the_differential_of_every_implementation() -
         assert machine_class(name).__name__ == MACHINES[name].attribute
     # the hybrid machine joins when every selected implementation has a hybrid twin
     hybrid = set(args.targets) <= set(our_hybrid_caches())
-    # the router machine runs only when a router target is selected; the tiered one only over the reference (the
-    # optimized tiered cache is not built yet)
+    # the router machine runs only when a router target is selected; the tiered one, as the hybrid one, when every
+    # selected implementation has a tiered twin (both of ours have)
+    tiered = set(args.targets) <= set(our_tiered_caches())
     expected = [
-        name for name in campaign.MACHINE_NAMES if (name != "hybrid" or hybrid) and name not in ("router", "tiered")
+        name
+        for name in campaign.MACHINE_NAMES
+        if (name != "hybrid" or hybrid) and (name != "tiered" or tiered) and name != "router"
     ]
+    assert "tiered" in expected
     assert campaign.machines_for(args.targets, args.foreign) == expected
     assert "hybrid" in campaign.machines_for(("reference",), {})
     assert "tiered" in campaign.machines_for(("reference",), {})

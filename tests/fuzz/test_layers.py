@@ -21,8 +21,7 @@ def test_every_factory_of_a_target_is_a_layer_and_every_layer_has_its_machine() 
 
 def test_a_target_has_the_layers_of_its_factories() -> None:
     assert [layer.name for layer in layers_of(IMPLEMENTATIONS["reference"])] == ["cache", "manager", "tiered"]
-    # the optimized tiered cache is not built yet
-    assert [layer.name for layer in layers_of(IMPLEMENTATIONS["optimized"])] == ["cache", "manager"]
+    assert [layer.name for layer in layers_of(IMPLEMENTATIONS["optimized"])] == ["cache", "manager", "tiered"]
     router = resolve("radixspec-router", check=False)
     assert [layer.name for layer in layers_of(router)] == ["router"]
     only_hybrid = TargetInfo("h", "a user's lifecycle manager", hybrid_factory=lambda p, w, n: None)
@@ -30,7 +29,9 @@ def test_a_target_has_the_layers_of_its_factories() -> None:
     # its machine drives it, ours are no hybrid target of that name
     assert machines_for(["h"], {"h": only_hybrid}) == ["hybrid"]
     assert "hybrid" in machines_for(["reference"], {})
-    assert "tiered" in machines_for(["reference"], {}) and "tiered" not in machines_for(["optimized"], {})
+    assert "tiered" in machines_for(["reference"], {}) and "tiered" in machines_for(["optimized"], {})
+    # a target without a tiered factory is no tiered target
+    assert "tiered" not in machines_for(["h"], {"h": only_hybrid})
 
 
 def test_a_layers_record_configures_its_machine() -> None:

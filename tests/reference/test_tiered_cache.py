@@ -4,6 +4,8 @@ and the tree's own mechanics (splits under pins and host locks)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -91,7 +93,11 @@ BOTH = {"spec": SpecTieredCache, "reference": TieredRadixCache}
 
 @pytest.mark.parametrize("impl", sorted(BOTH))
 def test_refusals_name_what_was_wrong_with_its_numbers(impl: str) -> None:
-    make = BOTH[impl]
+    refusals(BOTH[impl])
+
+
+def refusals(make: Callable[..., TieredCacheTarget]) -> None:
+    """Each refusal of a tiered cache made by ``make``, with its message (the optimized twin's test runs it too)."""
     with pytest.raises(InvalidSizeError, match=r"^host_pages must be an int >= 1, got 0$"):
         make(2, 4, 0)
     cache: TieredCacheTarget = make(2, 4, 4)
