@@ -293,6 +293,11 @@ ONE_BY_ONE_CLASS = "equivalent: argued one by one"
 # (its test on (name, removed, added), the argument): survivors equivalent for a reason of their own line
 ONE_BY_ONE: list[tuple[Callable[[str, str, str], bool], str]] = [
     (
+        _argued(r"TieredNodeǁ__init__", r"self\.detached = False", r"self\.detached = None"),
+        "a tiered node's detached flag is read only as a truth value (a handle through a detached node is "
+        "stale), and None reads as False",
+    ),
+    (
         _argued(r"xǁPrefixǁ__eq__", r"a is None or b is None"),
         "two prefixes of equal length with equal pages at each level reach the end of their chains together, so "
         "one is None only when both are, and then the loop has ended (a is b)",

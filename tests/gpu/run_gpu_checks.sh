@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks of the KV store, as one script for a lent device (15 minutes of device time in all):
-# build csrc/store.cu, run the CUDA tests, run the kv fuzz machine on CUDA for 60 s, run the store
-# benchmark (checked and fast modes; rows 1..65536, head_dim 128, 8 KV heads, bf16), and leave logs
-# and a JSON of results under $OUT. Needs torch, cffi, hypothesis and pytest.
+# build csrc/store.cu, run the CUDA tests (the store's, and the tiered cache with its pools on the GPU),
+# run the kv fuzz machine on CUDA for 60 s, run the store benchmark (checked and fast modes; rows 1..65536,
+# head_dim 128, 8 KV heads, bf16), and leave logs and a JSON of results under $OUT.
+# Needs torch, cffi, hypothesis and pytest.
 #
 #   run with timeout_s <= 300:  bash tests/gpu/run_gpu_checks.sh
 set -uo pipefail
@@ -20,7 +21,7 @@ status=0
 python3 csrc/build_ffi.py >"$OUT/build_cffi.log" 2>&1 || echo "cffi module not built (CPU path unavailable here)"
 python3 -m optimized.build_cuda 2>&1 | tee "$OUT/build_cuda.log" || status=1
 if python3 -c "import pytest" 2>/dev/null; then
-  python3 -m pytest --noconftest -p no:cacheprovider -q tests/optimized/test_kv_store.py -k "cuda" 2>&1 | tee "$OUT/cuda_tests.log"
+  python3 -m pytest --noconftest -p no:cacheprovider -q tests/optimized/test_kv_store.py tests/optimized/test_tiered_cache.py -k "cuda" 2>&1 | tee "$OUT/cuda_tests.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else
   echo "pytest missing: CUDA tests not run" | tee "$OUT/cuda_tests.log"

@@ -9,13 +9,13 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from radixspec.fuzz.targets.api import TargetInfo
 from radixspec.fuzz.tiered_machine import TieredMachine
 from radixspec.optimized.tiered_cache import TieredRadixCache
 from radixspec.reference.tiered_cache import TieredRadixCache as ReferenceTieredCache
 from radixspec.spec import tiers as t
 from radixspec.spec.errors import IntegrityError, InvalidTypeError, StaleHandleError
 
-from ..reference.test_tiered_cache import refusals
 from ..spec.test_tiers import tour
 
 
@@ -50,10 +50,6 @@ def test_spec_reference_and_optimized_agree_on_random_programs() -> None:
 
 def test_spec_reference_and_optimized_agree_on_the_tour_of_every_transfer() -> None:
     tour(AllTiered)
-
-
-def test_refusals_name_what_was_wrong_with_its_numbers() -> None:
-    refusals(TieredRadixCache)
 
 
 def backed_up(cache: TieredRadixCache) -> None:
@@ -124,3 +120,22 @@ def test_a_handle_is_stale_once_a_page_left_the_device_and_another_caches_handle
         other.lock(cache.match_prefix([1, 2]).handle)
     with pytest.raises(InvalidTypeError):
         cache.lock(other.match_prefix([1, 2]).handle)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (tests/gpu/run_gpu_checks.sh)")
+def test_with_its_pools_on_cuda_the_three_agree() -> None:
+    """The pools on the GPU, the host pool pinned: every copy through the CUDA store kernel and back."""
+
+    def on_cuda(*config: object) -> TieredRadixCache:
+        return TieredRadixCache(*config, device="cuda")  # type: ignore[arg-type]
+
+    class OnCuda(TieredMachine):
+        IMPLS = (
+            "reference",
+            TargetInfo("optimized-cuda", "the optimized tiered cache on CUDA", tiered_factory=on_cuda),
+        )
+
+    cache = on_cuda(2, 4, 4)
+    assert cache.device_k.is_cuda and cache.host_k.is_pinned()
+    run(OnCuda, 100)
+    tour(OnCuda)

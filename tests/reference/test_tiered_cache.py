@@ -11,7 +11,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from radixspec.fuzz.targets.api import TieredCacheTarget
-from radixspec.fuzz.targets.ours import SpecTieredCache
+from radixspec.fuzz.targets.ours import SpecTieredCache, make_optimized_tiered
 from radixspec.fuzz.tiered_machine import TieredMachine
 from radixspec.reference.tiered_cache import TieredNode, TieredRadixCache
 from radixspec.spec.errors import (
@@ -86,18 +86,19 @@ def test_a_split_that_leaves_a_host_lock_behind_is_caught(monkeypatch: pytest.Mo
         cache.check_integrity()
 
 
-# ---------------------------------------------------------------- refusals, alike in both, with their numbers
+# ---------------------------------------------------------------- alike in all three, with their numbers
 
-BOTH = {"spec": SpecTieredCache, "reference": TieredRadixCache}
+# our tiered caches: the optimized one made through its target's factory (torch is imported for it only)
+OURS: dict[str, Callable[..., TieredCacheTarget]] = {
+    "spec": SpecTieredCache,
+    "reference": TieredRadixCache,
+    "optimized": make_optimized_tiered,
+}
 
 
-@pytest.mark.parametrize("impl", sorted(BOTH))
+@pytest.mark.parametrize("impl", sorted(OURS))
 def test_refusals_name_what_was_wrong_with_its_numbers(impl: str) -> None:
-    refusals(BOTH[impl])
-
-
-def refusals(make: Callable[..., TieredCacheTarget]) -> None:
-    """Each refusal of a tiered cache made by ``make``, with its message (the optimized twin's test runs it too)."""
+    make = OURS[impl]
     with pytest.raises(InvalidSizeError, match=r"^host_pages must be an int >= 1, got 0$"):
         make(2, 4, 0)
     cache: TieredCacheTarget = make(2, 4, 4)
@@ -112,3 +113,30 @@ def refusals(make: Callable[..., TieredCacheTarget]) -> None:
     with pytest.raises(EvictionError, match=r"^cannot evict 1 host pages: 0 evictable$"):
         cache.evict_host(1)
     assert cache.evict_host(0) == []
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_load_back_evicts_for_the_room_the_free_list_lacks(impl: str) -> None:
+    cache = OURS[impl](2, 2, 4)
+    (a,) = cache.allocate(1)
+    cache.insert_prefix([1, 2], [a, a + 1])
+    cache.complete_transfer(0)  # the backup (write-through)
+    cache.evict_device(1)  # [1, 2] now lives on the host only
+    (b,) = cache.allocate(1)
+    cache.insert_prefix([5, 6], [b, b + 1])
+    cache.complete_transfer(1)  # [5, 6] on the device, backed up: evictable
+    cache.allocate(1)  # the last free device page, held
+    assert cache.abstract_state().device_free == []
+    # one page to load, none free, one evictable: the load evicts it
+    transfer = cache.load_back([1, 2])
+    assert transfer == 2
+    assert cache.abstract_state().transfers[2].destination == (b,)
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_handle_names_its_namespace(impl: str) -> None:
+    cache = OURS[impl](2, 4, 4)
+    (a,) = cache.allocate(1)
+    assert cache.insert_prefix([1, 2], [a, a + 1], ("t", 1)).handle.namespace == ("t", 1)
+    for tokens in ([1, 2], [3, 4]):  # a hit, and none
+        assert cache.match_prefix(tokens, ("t", 1)).handle.namespace == ("t", 1)

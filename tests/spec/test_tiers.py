@@ -139,6 +139,15 @@ def test_a_page_twice_in_a_free_list_is_named_with_its_tier(tier: str) -> None:
 # ---------------------------------------------------------------- operations
 
 
+def test_tier_usage_counts_storage_against_its_capacity() -> None:
+    state = t.new_state(2, 4, 4, storage_pages=6)
+    cache(state, A)
+    t.complete_transfer(state, only(state, "backup"))
+    assert t.get_tier_usage(state)["storage"] == t.TierUsage(free=4, cached=0, in_flight=2, private=0, capacity=6)
+    t.complete_transfer(state, only(state, "store"))
+    assert t.get_tier_usage(state)["storage"] == t.TierUsage(free=4, cached=2, in_flight=0, private=0, capacity=6)
+
+
 def test_write_through_backs_up_each_new_page_and_a_completed_backup_is_stored() -> None:
     state = t.new_state(2, 4, 4, storage_pages=4)
     cache(state, A)
