@@ -7,8 +7,9 @@ Two things differ from the reference, both in representation:
   counts a guard needs as it changes: the pages below a page and those of them on the device, the transfers
   that pin it, move it or read its host copy. A guard reads fields; it never scans the transfers or splits a node.
 * The pools hold KV. The device pool is a tensor on the cache's device, the host pool a CPU tensor (pinned beside a
-  CUDA device), storage a pair of CPU tensors per page key; every copy a transfer makes moves the rows through the
-  store path (``store_cache``: C on the CPU, the CUDA kernel on a GPU). A row holds what the spec's ``Written``
+  CUDA device), storage a pair of CPU tensors per page key; every copy into a pool (a backup, a load back, a
+  prefetch, the forward pass's writes) moves the rows through the store path (``store_cache``: C on the CPU, the
+  CUDA kernel on a GPU); a store keeps a copy of the host rows. A row holds what the spec's ``Written``
   names: the code of the page's key, the reset epoch, and the row's position in the page (negated in V). The
   abstract state reads each copy's content back from those bytes, so a torn, shifted or misplaced copy shows as
   the KV of no prefix and ``copies_hold_their_prefix`` names it.
@@ -156,14 +157,15 @@ class TieredRadixCache:
         self.device_free = [page * p for page in range(device_pages)]
         self.host_free = [page * p for page in range(host_pages)]
         self.private: set[int] = set()
-        # KV rows (-1: never written); the host pool is pinned beside a CUDA device, for asynchronous copies
-        pinned = self.device.type == "cuda"
+        # KV rows (-1: never written); the host pool is page-locked beside a CUDA device (the copies stay blocking:
+        # the store reads the rows next)
         self.device_k = torch.full((device_pages * p, ROW), -1.0, dtype=torch.float64, device=self.device)
         self.device_v = torch.full_like(self.device_k, -1.0)
-        self.host_k = torch.full((host_pages * p, ROW), -1.0, dtype=torch.float64)
-        if pinned:
-            self.host_k = self.host_k.pin_memory()
-        self.host_v = torch.full_like(self.host_k, -1.0)
+        # the device as the pools hold it ("cuda" resolved to its index), so that slots on it are the cache's
+        self.device = self.device_k.device
+        self.host_k, self.host_v = (torch.full((host_pages * p, ROW), -1.0, dtype=torch.float64) for _ in "kv")
+        if self.device.type == "cuda":
+            self.host_k, self.host_v = self.host_k.pin_memory(), self.host_v.pin_memory()
         self.storage: dict[PageKey, tuple[torch.Tensor, torch.Tensor]] = {}
         # the code each key's KV is written with, and back
         self.codes: dict[PageKey, int] = {}
@@ -211,7 +213,8 @@ class TieredRadixCache:
         """Cache the whole pages on the device with the caller's pages, writing their KV (spec: insert_prefix)."""
         # CHECK: tokens, slots, namespace, lengths, in the spec's order
         ids = as_tokens(input_ids)
-        slots = as_slots(indices, torch.device("cpu")).tolist()
+        # slots as the caller holds them: a list, or a tensor on the cache's device
+        slots = as_slots(indices, self.device).tolist()
         namespace = check_namespace(namespace)
         if ids.numel() != len(slots):
             raise LengthMismatchError.tokens_and_slots(ids.numel(), len(slots))

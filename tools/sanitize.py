@@ -137,9 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--machine",
         nargs="+",
-        default=["cache", "manager", "hybrid", "hostile"],
+        default=["cache", "manager", "hybrid", "hostile", "tiered"],
         choices=list(MACHINES),
-        help="machines to run, one process each, side by side (default: cache manager hybrid hostile)",
+        help="machines to run, one process each, side by side (default: cache manager hybrid hostile tiered)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None, help="build the sanitized copy here and keep it")

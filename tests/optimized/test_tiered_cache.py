@@ -55,7 +55,9 @@ def test_spec_reference_and_optimized_agree_on_the_tour_of_every_transfer() -> N
 def backed_up(cache: TieredRadixCache) -> None:
     """Two pages cached on the device, their backup completed (write-through)."""
     pages = cache.allocate(2)
-    cache.insert_prefix(torch.tensor([1, 2, 3, 4]), [pages[0], pages[0] + 1, pages[1], pages[1] + 1])
+    # tokens and slots as tensors (slots on the cache's device), as the optimized caches take them
+    slots = torch.tensor([pages[0], pages[0] + 1, pages[1], pages[1] + 1], dtype=torch.int32, device=cache.device)
+    cache.insert_prefix(torch.tensor([1, 2, 3, 4], dtype=torch.int32), slots)
     cache.complete_transfer(0)
 
 
@@ -136,6 +138,8 @@ def test_with_its_pools_on_cuda_the_three_agree() -> None:
         )
 
     cache = on_cuda(2, 4, 4)
-    assert cache.device_k.is_cuda and cache.host_k.is_pinned()
+    assert cache.device_k.is_cuda and cache.host_k.is_pinned() and cache.host_v.is_pinned()
+    backed_up(cache)
+    cache.check_integrity()
     run(OnCuda, 100)
     tour(OnCuda)
