@@ -1,6 +1,6 @@
 """Build hooks (everything else is in pyproject.toml).
 
-* ``cffi_modules``: csrc/radix.c, store.c, tree.c and hybrid.c become ``radixspec.optimized._radix_c``.
+* ``cffi_modules``: csrc/radix.c, store.c, tree.c, hybrid.c and tiers.c become ``radixspec.optimized._radix_c``.
 * ``ext_modules``: csrc/hotpath.c becomes ``radixspec.optimized._hotpath`` (the CPython entry points of the prefix
   cache's match and insert, its handle and mutex, and the list reader).
 * ``packages``: every package under each folder that pyproject.toml's ``package-dir`` maps (``radixspec.fuzz`` is

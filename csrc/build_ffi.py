@@ -1,4 +1,5 @@
-"""cffi build script (API mode): csrc/radix.c, store.c, tree.c and hybrid.c become ``radixspec.optimized._radix_c``.
+"""cffi build script (API mode): csrc/radix.c, store.c, tree.c, hybrid.c and tiers.c become
+``radixspec.optimized._radix_c``.
 
 ``pip install .`` runs it through setup.py's ``cffi_modules``; by hand,
 ``python csrc/build_ffi.py`` builds the module in place. The declarations are
@@ -35,11 +36,11 @@ def _read_cdef(*names: str) -> str:
 
 sanitize = os.environ.get("RADIXSPEC_SANITIZE") == "1"
 ffibuilder = FFI()
-ffibuilder.cdef(_read_cdef("radix.h", "store_status.h", "store.h", "tree.h", "hybrid.h"))
+ffibuilder.cdef(_read_cdef("radix.h", "store_status.h", "store.h", "tree.h", "hybrid.h", "tiers.h"))
 ffibuilder.set_source(
     "radixspec.optimized._radix_c",
-    '#include "radix.h"\n#include "store.h"\n#include "tree.h"\n#include "hybrid.h"',
-    sources=[str((HERE / name).relative_to(ROOT)) for name in ("radix.c", "store.c", "tree.c", "hybrid.c")],
+    '#include "radix.h"\n#include "store.h"\n#include "tree.h"\n#include "hybrid.h"\n#include "tiers.h"',
+    sources=[str((HERE / name).relative_to(ROOT)) for name in ("radix.c", "store.c", "tree.c", "hybrid.c", "tiers.c")],
     include_dirs=[str(HERE.relative_to(ROOT))],
     extra_compile_args=STRICT + (SANITIZE if sanitize else []),
     extra_link_args=SANITIZE if sanitize else [],

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NONE (-1)
-#define TOMB (-2)
+#include "pages.h"
+
+#define NONE PAGES_NONE
+#define TOMB PAGES_TOMB
 
 typedef struct {
     int64_t slot; /* page start, NONE where the group does not cache the page */
@@ -62,7 +64,7 @@ struct hybrid_tree {
     int64_t free_count;
     int64_t nodes;
     /* children table: cells hold node ids; (parent, page tokens) is read from the node */
-    set_t table;
+    page_table table;
     /* per group: the starts it caches, its evictable pages' heap, counts */
     set_t *starts;
     heap_t *heaps;
@@ -71,17 +73,6 @@ struct hybrid_tree {
 };
 
 /* ---------------------------------------------------------------- small helpers */
-
-static uint64_t mix(uint64_t h, uint64_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdULL;
-}
-
-static uint64_t page_hash(int64_t parent, const int64_t *tokens, int64_t p) {
-    uint64_t h = mix(0x1234567ULL, (uint64_t)parent);
-    for (int64_t i = 0; i < p; i++) h = mix(h, (uint64_t)tokens[i]);
-    return h ^ (h >> 29);
-}
 
 static int set_init(set_t *set, int64_t capacity) {
     set->cells = malloc((size_t)capacity * sizeof *set->cells);
@@ -92,7 +83,7 @@ static int set_init(set_t *set, int64_t capacity) {
     return HYBRID_OK;
 }
 
-static uint64_t key_hash(int64_t key) { return mix(0x51ed270b27ULL, (uint64_t)key); }
+static uint64_t key_hash(int64_t key) { return pages_mix(0x51ed270b27ULL, (uint64_t)key); }
 
 static int64_t set_find(const set_t *set, int64_t key) {
     uint64_t mask = (uint64_t)set->capacity - 1;
@@ -137,54 +128,23 @@ static value_t *value(const hybrid_tree *tree, int64_t node, int64_t group) {
     return &tree->values[node * tree->groups + group];
 }
 
-/* ---------------------------------------------------------------- the children table */
+/* ---------------------------------------------------------------- the children table (csrc/pages.h) */
 
 static int64_t table_find(const hybrid_tree *tree, int64_t parent, const int64_t *page) {
-    const set_t *t = &tree->table;
-    uint64_t mask = (uint64_t)t->capacity - 1;
-    int64_t p = tree->page_size;
-    for (uint64_t i = page_hash(parent, page, p) & mask;; i = (i + 1) & mask) {
-        int64_t node = t->cells[i];
-        if (node == NONE) return NONE;
-        if (node >= 0 && tree->parent[node] == parent &&
-            memcmp(&tree->tokens[node * p], page, (size_t)p * sizeof *page) == 0)
-            return node;
-    }
+    return page_table_find(&tree->table, tree->parent, tree->tokens, tree->page_size, parent, page);
 }
 
 static void table_add(hybrid_tree *tree, int64_t node) {
-    set_t *t = &tree->table;
-    uint64_t mask = (uint64_t)t->capacity - 1;
-    uint64_t i = page_hash(tree->parent[node], &tree->tokens[node * tree->page_size], tree->page_size) & mask;
-    while (t->cells[i] >= 0) i = (i + 1) & mask;
-    if (t->cells[i] == NONE) t->used++;
-    t->cells[i] = node;
-    t->count++;
+    page_table_add(&tree->table, tree->parent, tree->tokens, tree->page_size, node);
 }
 
 static void table_remove(hybrid_tree *tree, int64_t node) {
-    set_t *t = &tree->table;
-    uint64_t mask = (uint64_t)t->capacity - 1;
-    uint64_t i = page_hash(tree->parent[node], &tree->tokens[node * tree->page_size], tree->page_size) & mask;
-    while (t->cells[i] != node) i = (i + 1) & mask;
-    t->cells[i] = TOMB;
-    t->count--;
+    page_table_remove(&tree->table, tree->parent, tree->tokens, tree->page_size, node);
 }
 
 static int table_reserve(hybrid_tree *tree, int64_t more) {
-    set_t *t = &tree->table;
-    if ((t->used + more) * 2 <= t->capacity) return HYBRID_OK;
-    int64_t capacity = t->capacity;
-    while ((t->count + more) * 2 > capacity) capacity *= 2;
-    set_t old = *t;
-    if (set_init(t, capacity) != HYBRID_OK) {
-        *t = old;
-        return HYBRID_NO_MEMORY;
-    }
-    for (int64_t i = 0; i < old.capacity; i++)
-        if (old.cells[i] >= 0) table_add(tree, old.cells[i]);
-    free(old.cells);
-    return HYBRID_OK;
+    int failed = page_table_reserve(&tree->table, tree->parent, tree->tokens, tree->page_size, more);
+    return failed ? HYBRID_NO_MEMORY : HYBRID_OK;
 }
 
 /* ---------------------------------------------------------------- the eviction heaps */
@@ -342,7 +302,7 @@ hybrid_tree *hybrid_new(int64_t page_size, int64_t groups, const int64_t *window
     int ok = tree->windows && tree->starts && tree->heaps && tree->cached && tree->locked;
     if (ok) memcpy(tree->windows, windows, (size_t)groups * sizeof *windows);
     for (int64_t g = 0; ok && g < groups; g++) ok = set_init(&tree->starts[g], 64) == HYBRID_OK;
-    ok = ok && set_init(&tree->table, 64) == HYBRID_OK;
+    ok = ok && page_table_init(&tree->table, 64) == 0;
     tree->capacity = 0;
     ok = ok && reserve_nodes(tree, 16) == HYBRID_OK;
     if (!ok) {

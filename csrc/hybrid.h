@@ -3,7 +3,7 @@
  * One node per page (spec/hybrid.py): each node holds, per attention group, the page's slot start
  * (-1 where the group does not cache it), stamp, lock count and generation. Nodes live in growable
  * arrays and are named by (id, version): a freed node's version is bumped. Children are found
- * through one hash table keyed by (parent, page tokens). Each group's evictable pages wait in a
+ * through one table keyed by (parent, page tokens) (csrc/pages.h). Each group's evictable pages wait in a
  * min-heap by (stamp, deeper first), with lazy deletion. Every call reserves its memory before it
  * changes anything, so a failed call changes nothing.
  *

@@ -3,9 +3,11 @@
 Twin of ``reference/tiered_cache.py`` (the meaning in ``spec/tiers.py``; every operation keeps the spec's name).
 Two things differ from the reference, both in representation:
 
-* The index holds one node per page (as ``csrc/hybrid.c`` does), each with its copies and counts, and keeps the
-  counts a guard needs as it changes: the pages below a page and those of them on the device, the transfers
-  that pin it, move it or read its host copy. A guard reads fields; it never scans the transfers or splits a node.
+* The index is C (``csrc/tiers.c``): one node per page (as ``csrc/hybrid.c`` does), each with its residency (its
+  device and host page starts), its stamps, its locks (requests' locks and the host locks of the transfers reading
+  its host copy) and the counts a guard needs, kept as they change: the pages below a page and those of them on the
+  device, the transfers that pin it or move it. A guard reads fields; it never scans the transfers or splits a
+  node. Eviction plans are made there too. The controller's queue, the keys of the pages and storage stay here.
 * The pools hold KV. The device pool is a tensor on the cache's device, the host pool a CPU tensor (pinned beside a
   CUDA device), storage a pair of CPU tensors per page key; every copy into a pool (a backup, a load back, a
   prefetch, the forward pass's writes) moves the rows through the store path (``store_cache``: C on the CPU, the
@@ -17,10 +19,10 @@ Two things differ from the reference, both in representation:
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,6 +32,7 @@ from radixspec.spec.errors import (
     CacheBusyError,
     DuplicateSlotError,
     EvictionError,
+    IntegrityError,
     InvalidInputError,
     InvalidTypeError,
     LengthMismatchError,
@@ -42,6 +45,7 @@ from radixspec.spec.errors import (
 from radixspec.spec.helpers import is_page_run
 from radixspec.spec.prefix_cache import PageKey, Prefix, compute_page_prefixes
 
+from ._c import load_c
 from .inputs import as_slots, as_tokens, device_of
 from .store import store_cache
 
@@ -49,65 +53,18 @@ from .store import store_cache
 TORN: PageKey = (None, Prefix.extend(None, (-1,)))
 # columns of a KV row: the key's code, the reset epoch, the position in the page
 ROW = 3
-
-
-class TierPage:
-    """One page of the index: its copies, its stamps, its counts."""
-
-    __slots__ = (
-        "alive",
-        "backing",
-        "children",
-        "depth",
-        "device",
-        "device_since",
-        "hits",
-        "host",
-        "host_locks",
-        "last_access",
-        "loading",
-        "namespace",
-        "on_device_below",
-        "parent",
-        "pins",
-        "prefix",
-        "ref_count",
-        "storing",
-    )
-
-    def __init__(self, namespace: Namespace, prefix: Prefix | None, parent: TierPage | None, stamp: int) -> None:
-        # the page's key: its namespace and its prefix (a root's prefix is None)
-        self.namespace, self.prefix = namespace, prefix
-        self.parent = parent
-        # pages from the root through it
-        self.depth: int = 0 if parent is None else parent.depth + 1
-        self.children: dict[tuple[int, ...], TierPage] = {}
-        self.device: int | None = None
-        self.host: int | None = None
-        self.last_access = self.device_since = stamp
-        self.ref_count = self.host_locks = self.hits = 0
-        # transfers that move it or hang under it (no eviction takes it)
-        self.pins = 0
-        # children with a device copy (the device copies stay prefix-closed)
-        self.on_device_below = 0
-        # transfers of each kind moving it
-        self.backing = self.loading = self.storing = 0
-        # False once it left the index: a handle through it is stale
-        self.alive = True
-
-    @property
-    def key(self) -> PageKey:
-        """The spec's key of the page (not of a root)."""
-        assert self.prefix is not None, "a root is no page"
-        return self.namespace, self.prefix
+# no copy in a tier (csrc/tiers.c)
+NONE = -1
 
 
 @dataclass(frozen=True)
 class TieredHandle:
-    """A device path: its pages and each page's ``device_since`` when the handle was made."""
+    """A device path: its pages (nodes of the index), each node's version and ``device_since`` when the handle was
+    made."""
 
     namespace: Namespace
-    pages: tuple[TierPage, ...]
+    pages: tuple[int, ...]
+    versions: tuple[int, ...]
     since: tuple[int, ...]
     page_size: int
     # the cache that made it: another cache's handle is refused
@@ -126,14 +83,126 @@ class InFlight:
 
     kind: st.TransferKind
     keys: tuple[PageKey, ...]
-    pages: tuple[TierPage, ...]
-    parent: TierPage | None
+    pages: tuple[int, ...]
+    parent: int | None
     source: tuple[int, ...]
     destination: tuple[int, ...]
 
 
+class TierIndex:
+    """The C index of csrc/tiers.c: pages by node, their fields read and written by name."""
+
+    def __init__(self, page_size: int) -> None:
+        self.ffi, self.lib = load_c()
+        self.page_size = page_size
+        self.tree = self.ffi.gc(self.lib.tier_new(page_size), self.lib.tier_free)
+        if self.tree == self.ffi.NULL:
+            raise MemoryError("the tier index could not be made")
+
+    def _array(self, values: Sequence[int]) -> Any:
+        return self.ffi.new("int64_t[]", list(values) or [0])
+
+    def _ok(self, status: int, what: str) -> None:
+        if status == self.lib.TIER_NO_MEMORY:
+            raise MemoryError(f"the tier index ran out of memory ({what})")
+        assert status == self.lib.TIER_OK, f"tier index: {what} returned {status}"
+
+    def new_root(self) -> int:
+        root = int(self.lib.tier_new_root(self.tree))
+        if root < 0:
+            raise MemoryError("the tier index ran out of memory (a root)")
+        return root
+
+    def walk(self, root: int | None, tokens: Sequence[int]) -> tuple[list[int], int, int]:
+        """The pages along the whole pages of ``tokens`` from the first, then how many of them from the first have
+        a device copy, and a device or host copy."""
+        pages = len(tokens) // self.page_size
+        if root is None or not pages:
+            return [], 0, 0
+        nodes = self.ffi.new("int64_t[]", pages)
+        runs = self.ffi.new("int64_t[2]")
+        length = self.lib.tier_walk(self.tree, root, self._array(tokens[: pages * self.page_size]), pages, nodes, runs)
+        return list(nodes[0:length]), int(runs[0]), int(runs[1])
+
+    def child(self, parent: int, page: Sequence[int]) -> int | None:
+        node = int(self.lib.tier_child(self.tree, parent, self._array(page)))
+        return None if node == NONE else node
+
+    def add_pages(self, parent: int, tokens: Sequence[int], pins: Sequence[int], stamp: int) -> list[int]:
+        """A chain of new pages under ``parent``, one per ``pins`` entry, with no copy yet."""
+        nodes = self.ffi.new("int64_t[]", max(1, len(pins)))
+        status = self.lib.tier_add_pages(
+            self.tree, parent, self._array(tokens), len(pins), self._array(pins), stamp, nodes
+        )
+        self._ok(status, "add_pages")
+        return list(nodes[0 : len(pins)])
+
+    def remove(self, node: int) -> None:
+        self._ok(self.lib.tier_remove(self.tree, node), "remove")
+
+    def get(self, node: int, name: int) -> int:
+        return int(self.lib.tier_get(self.tree, node, name))
+
+    def add(self, nodes: Sequence[int], name: int, delta: int) -> None:
+        if nodes:
+            self._ok(self.lib.tier_add(self.tree, self._array(nodes), len(nodes), name, delta), "add")
+
+    def set(self, nodes: Sequence[int], name: int, value: int) -> None:
+        if nodes:
+            self._ok(self.lib.tier_set(self.tree, self._array(nodes), len(nodes), name, value), "set")
+
+    def handle(self, op: int, handle: TieredHandle) -> int:
+        n = len(handle.pages)
+        arrays = (self._array(handle.pages), self._array(handle.versions), self._array(handle.since))
+        return int(self.lib.tier_handle(self.tree, op, *arrays, n))
+
+    def plan(self, tier: int, pages: int, may_drop: bool, keep: Sequence[int]) -> list[int]:
+        if pages <= 0:
+            return []
+        out = self.ffi.new("int64_t[]", pages)
+        length = self.lib.tier_plan(self.tree, tier, pages, may_drop, self._array(keep), len(keep), out)
+        if length < 0:
+            self._ok(length, "plan")
+        return list(out[0:length])
+
+    def unbacked(self, room: int) -> list[int]:
+        if room <= 0:
+            return []
+        out = self.ffi.new("int64_t[]", room)
+        length = self.lib.tier_unbacked(self.tree, out, room)
+        if length < 0:
+            self._ok(length, "unbacked")
+        return list(out[0:length])
+
+    def export(self) -> list[tuple[int, list[int]]]:
+        """Every page and its fields (``TIER_FIELDS`` of them, in the header's order)."""
+        counts = self.counts()
+        fields = self.lib.TIER_FIELDS
+        nodes = self.ffi.new("int64_t[]", max(1, counts[0]))
+        values = self.ffi.new("int64_t[]", max(1, counts[0] * fields))
+        length = self.lib.tier_export(self.tree, nodes, values, counts[0])
+        assert length == counts[0], "the export holds every page"
+        return [(int(nodes[i]), list(values[i * fields : (i + 1) * fields])) for i in range(length)]
+
+    def counts(self) -> tuple[int, int, int]:
+        """Pages, pages with a lock, roots."""
+        out = self.ffi.new("int64_t[3]")
+        self.lib.tier_counts(self.tree, out)
+        return int(out[0]), int(out[1]), int(out[2])
+
+    def reset(self) -> None:
+        self.lib.tier_reset(self.tree)
+
+    def check(self) -> None:
+        """The index's own laws (IntegrityError naming the broken one)."""
+        message = self.ffi.new("char[]", 256)
+        status = self.lib.tier_check(self.tree, message, 256)
+        if status != self.lib.TIER_OK:
+            raise IntegrityError(self.ffi.string(message).decode())
+
+
 class TieredRadixCache:
-    """The tiered cache of ``spec/tiers.py``: an index of pages and KV pools as tensors (twin of
+    """The tiered cache of ``spec/tiers.py``: a C index of pages and KV pools as tensors (twin of
     ``reference.tiered_cache.TieredRadixCache``)."""
 
     def __init__(
@@ -152,8 +221,12 @@ class TieredRadixCache:
         p = self.page_size = page_size
         self.device_pages, self.host_pages, self.storage_pages = device_pages, host_pages, storage_pages
         self.policy, self.threshold = policy, threshold
-        self.roots: dict[Namespace, TierPage] = {}
-        self.live: dict[TierPage, None] = {}
+        self.index = TierIndex(page_size)
+        # the index's constants (its fields, handle ops, tiers)
+        self.c = self.index.lib
+        self.roots: dict[Namespace, int] = {}
+        # the key of each page of the index, by node
+        self.key_of: dict[int, PageKey] = {}
         self.device_free = [page * p for page in range(device_pages)]
         self.host_free = [page * p for page in range(host_pages)]
         self.private: set[int] = set()
@@ -192,15 +265,15 @@ class TieredRadixCache:
         tokens = tuple(as_tokens(input_ids).tolist())
         namespace = check_namespace(namespace)
         # WALK
-        path = self._walk(namespace, tokens)
-        device, host = self._runs(path)
+        path, device, host = self._walk(namespace, tokens)
         stored = self._stored_run(namespace, tokens, host)
         # UPDATE
         t = self._tick()
-        for page in path[:host]:
-            page.last_access, page.hits = t, page.hits + 1
+        self.index.set(path[:host], self.c.TIER_LAST_ACCESS, t)
+        self.index.add(path[:host], self.c.TIER_HITS, 1)
         if self.policy == "write_through_selective":
-            self._start_backups([page for page in path[:device] if page.hits >= self.threshold])
+            hits = self.c.TIER_HITS
+            self._start_backups([page for page in path[:device] if self.index.get(page, hits) >= self.threshold])
         p = self.page_size
         return st.TieredMatch(self._handle(namespace, path[:device]), device * p, host * p, stored * p)
 
@@ -221,9 +294,9 @@ class TieredRadixCache:
         tokens = tuple(ids.tolist())
         p = self.page_size
         whole = len(tokens) // p
-        path = self._walk(namespace, tokens)
-        cached, _ = self._runs(path)
-        end = next((page for page in range(cached, len(path)) if path[page].loading), whole)
+        path, cached, _ = self._walk(namespace, tokens)
+        loading = self.c.TIER_LOADING
+        end = next((page for page in range(cached, len(path)) if self.index.get(path[page], loading)), whole)
         starts: list[int] = []
         for index in range(cached, end):
             run = slots[index * p : (index + 1) * p]
@@ -234,16 +307,15 @@ class TieredRadixCache:
             starts.append(run[0])
         # UPDATE
         t = self._tick()
-        for page in path[:cached]:
-            page.last_access = t
-        parent = path[-1] if path else self._root(namespace)
-        for index in range(len(path), end):
-            parent = self._new_page(parent, tokens[index * p : (index + 1) * p], t)
-            path.append(parent)
+        self.index.set(path[:cached], self.c.TIER_LAST_ACCESS, t)
+        if end > len(path):
+            parent = path[-1] if path else self._root(namespace)
+            path += self._new_pages(namespace, parent, tokens[len(path) * p : end * p], t)
         for page, start in zip(path[cached:end], starts, strict=True):
-            self._set_device(page, start)
-            page.device_since = page.last_access = t
+            self.index.set([page], self.c.TIER_DEVICE, start)
             self.private.discard(start)
+        self.index.set(path[cached:end], self.c.TIER_DEVICE_SINCE, t)
+        self.index.set(path[cached:end], self.c.TIER_LAST_ACCESS, t)
         self._write_kv(path[cached:end])
         if self.policy == "write_through":
             self._start_backups(path[cached:end])
@@ -251,27 +323,19 @@ class TieredRadixCache:
 
     def lock(self, handle: object) -> None:
         """One lock more on every page of the handle's device path (spec: lock)."""
-        # CHECK
-        checked = self._check_handle(handle)
-        # UPDATE
-        for page in checked.pages:
-            page.ref_count += 1
+        # CHECK, then UPDATE (in C)
+        self._on_handle(self.c.TIER_LOCK, handle)
 
     def unlock(self, handle: object) -> None:
         """One lock less on every page of the handle's path; refused unless each holds one (spec: unlock)."""
-        # CHECK
-        checked = self._check_handle(handle)
-        if checked.pages and checked.pages[-1].ref_count == 0:
-            raise UnlockError.no_lock_ends_here(checked.cached_len)
-        # UPDATE
-        for page in checked.pages:
-            page.ref_count -= 1
+        # CHECK, then UPDATE (in C)
+        self._on_handle(self.c.TIER_UNLOCK, handle)
 
     def allocate(self, num_pages: int) -> list[int]:
         """Device pages for the caller, evicting for what the free list lacks (spec: allocate)."""
         # CHECK
         st.check_count("num_pages", num_pages)
-        plan = self._plan_device_eviction(num_pages - len(self.device_free), set())
+        plan = self._plan_device_eviction(num_pages - len(self.device_free), [])
         if len(self.device_free) + len(plan) < num_pages:
             raise OutOfPagesError(
                 f"{num_pages} device pages asked, {len(self.device_free)} free and {len(plan)} evictable"
@@ -294,7 +358,7 @@ class TieredRadixCache:
         """Evict exactly ``num_pages`` device copies, least recently used first (spec: evict_device)."""
         # CHECK
         st.check_count("num_pages", num_pages)
-        plan = self._plan_device_eviction(num_pages, set())
+        plan = self._plan_device_eviction(num_pages, [])
         if len(plan) < num_pages:
             raise EvictionError(f"cannot evict {num_pages} device pages: {len(plan)} evictable")
         # UPDATE
@@ -304,7 +368,7 @@ class TieredRadixCache:
         """Evict exactly ``num_pages`` host copies of pages off the device (spec: evict_host)."""
         # CHECK
         st.check_count("num_pages", num_pages)
-        plan = self._plan_host_eviction(num_pages, set())
+        plan = self._plan_host_eviction(num_pages, [])
         if len(plan) < num_pages:
             raise EvictionError(f"cannot evict {num_pages} host pages: {len(plan)} evictable")
         # UPDATE
@@ -314,50 +378,39 @@ class TieredRadixCache:
         """Back up the unlocked device leaves without a host copy, least recently used first (spec: write_back)."""
         # CHECK
         st.check_count("num_pages", num_pages)
-        # WALK
-        unbacked = [
-            page
-            for page in self.live
-            if page.device is not None
-            and page.host is None
-            and page.ref_count == 0
-            and page.pins == 0
-            and page.on_device_below == 0
-        ]
-        unbacked.sort(key=lambda page: (page.last_access, page.depth))
-        # UPDATE: one transfer a page
-        return [started for page in unbacked[:num_pages] if (started := self._start_backup_run([page])) is not None]
+        # WALK (in C), then UPDATE: one transfer a page
+        unbacked = self.index.unbacked(num_pages)
+        return [started for page in unbacked if (started := self._start_backup_run([page])) is not None]
 
     def load_back(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> int | None:
         """Start loading the host hit past the device hit back to the device (spec: load_back)."""
         # CHECK
         tokens = tuple(as_tokens(input_ids).tolist())
         namespace = check_namespace(namespace)
-        path = self._walk(namespace, tokens)
-        device, host = self._runs(path)
-        run: list[TierPage] = []
+        path, device, host = self._walk(namespace, tokens)
+        run: list[int] = []
         for page in path[device:host]:
-            if page.loading:
+            if self.index.get(page, self.c.TIER_LOADING):
                 break
             run.append(page)
         if not run:
             return None
         # the path's device pages stay: the run hangs under them
-        plan = self._plan_device_eviction(len(run) - len(self.device_free), set(path[:device]))
+        plan = self._plan_device_eviction(len(run) - len(self.device_free), path[:device])
         if len(self.device_free) + len(plan) < len(run):
             raise OutOfPagesError(f"loading {len(run)} pages back: {len(self.device_free)} free, {len(plan)} evictable")
         # UPDATE
         self._apply_device_eviction(plan)
         destination, self.device_free = self.device_free[: len(run)], self.device_free[len(run) :]
-        return self._begin("load_back", [page.key for page in run], run, self._read_host(run), tuple(destination))
+        keys = [self.key_of[page] for page in run]
+        return self._begin("load_back", keys, run, self._read_host(run), tuple(destination))
 
     def prefetch(self, input_ids: torch.Tensor | Sequence[int], namespace: Namespace = None) -> int | None:
         """Start bringing the storage hit past the host hit into the host tier (spec: prefetch)."""
         # CHECK
         tokens = tuple(as_tokens(input_ids).tolist())
         namespace = check_namespace(namespace)
-        path = self._walk(namespace, tokens)
-        _, host = self._runs(path)
+        path, _, host = self._walk(namespace, tokens)
         stored = self._stored_run(namespace, tokens, host)
         prefixes = compute_page_prefixes(tokens[: stored * self.page_size], self.page_size)
         run: list[PageKey] = []
@@ -367,7 +420,7 @@ class TieredRadixCache:
                 break
             run.append(key)
         # UPDATE
-        return self._start_host_run("prefetch", run, [], (), set(path[:host]))
+        return self._start_host_run("prefetch", run, [], (), path[:host])
 
     def complete_transfer(self, transfer_id: int) -> None:
         """The executor finished the transfer: the rows are copied, the copies serve (spec: complete_transfer)."""
@@ -378,26 +431,26 @@ class TieredRadixCache:
         # UPDATE
         del self.queue[transfer_id]
         self._release(transfer)
-        kind = transfer.kind
+        kind, pages = transfer.kind, list(transfer.pages)
         if kind == "backup":
             self._copy(self.device_k, self.device_v, transfer.source, self.host_k, self.host_v, transfer.destination)
-            for page, destination in zip(transfer.pages, transfer.destination, strict=True):
-                page.host = destination
-            self._start_store(transfer.pages)
+            for page, destination in zip(pages, transfer.destination, strict=True):
+                self.index.set([page], self.c.TIER_HOST, destination)
+            self._start_store(pages)
         elif kind == "load_back":
             t = self._tick()
             self._copy(self.host_k, self.host_v, transfer.source, self.device_k, self.device_v, transfer.destination)
-            for page, destination in zip(transfer.pages, transfer.destination, strict=True):
-                self._set_device(page, destination)
-                page.device_since = t
-                page.host_locks -= 1
+            for page, destination in zip(pages, transfer.destination, strict=True):
+                self.index.set([page], self.c.TIER_DEVICE, destination)
+            self.index.set(pages, self.c.TIER_DEVICE_SINCE, t)
+            self.index.add(pages, self.c.TIER_HOST_LOCKS, -1)
         elif kind == "store":
             rows = self._rows(transfer.source)
             p = self.page_size
-            for index, page in enumerate(transfer.pages):
-                page.host_locks -= 1
+            self.index.add(pages, self.c.TIER_HOST_LOCKS, -1)
+            for index, page in enumerate(pages):
                 at = rows[index * p : (index + 1) * p]
-                self.storage[page.key] = (self.host_k[at].clone(), self.host_v[at].clone())
+                self.storage[self.key_of[page]] = (self.host_k[at].clone(), self.host_v[at].clone())
         else:
             self._attach_fetched(transfer)
 
@@ -410,8 +463,7 @@ class TieredRadixCache:
         self._release(transfer)
         source, destination = st.ROUTES[transfer.kind]
         if source == "host":
-            for page in transfer.pages:
-                page.host_locks -= 1
+            self.index.add(transfer.pages, self.c.TIER_HOST_LOCKS, -1)
         if destination == "device":
             self.device_free.extend(transfer.destination)
         elif destination == "host":
@@ -428,15 +480,15 @@ class TieredRadixCache:
     def reset(self) -> None:
         """Empty every tier (spec: reset); refused under locks and transfers."""
         # CHECK
-        locked = sum(1 for page in self.live if page.ref_count)
+        _, locked, _ = self.index.counts()
         if locked or self.queue:
             raise CacheBusyError(f"reset refused: {locked} pages locked, {len(self.queue)} transfers in flight")
         # UPDATE: the pages go back in ascending order
-        self.device_free += sorted(page.device for page in self.live if page.device is not None)
-        self.host_free += sorted(page.host for page in self.live if page.host is not None)
-        for page in self.live:
-            page.alive = False
-        self.live.clear()
+        pages = [values for _, values in self.index.export()]
+        self.device_free += sorted(v[self.c.TIER_DEVICE] for v in pages if v[self.c.TIER_DEVICE] != NONE)
+        self.host_free += sorted(v[self.c.TIER_HOST] for v in pages if v[self.c.TIER_HOST] != NONE)
+        self.index.reset()
+        self.key_of.clear()
         self.roots.clear()
         self.storage.clear()
         self.epoch += 1
@@ -461,15 +513,17 @@ class TieredRadixCache:
             dropped_unbacked=self.dropped_unbacked,
             storage_online=self.storage_online,
         )
-        for page in self.live:
-            state.entries[page.key] = st.TieredEntry(
-                device=page.device,
-                host=page.host,
-                last_access=page.last_access,
-                device_since=page.device_since,
-                ref_count=page.ref_count,
-                host_locks=page.host_locks,
-                hits=page.hits,
+        f = self.c
+        for node, values in self.index.export():
+            device, host = values[f.TIER_DEVICE], values[f.TIER_HOST]
+            state.entries[self.key_of[node]] = st.TieredEntry(
+                device=None if device == NONE else device,
+                host=None if host == NONE else host,
+                last_access=values[f.TIER_LAST_ACCESS],
+                device_since=values[f.TIER_DEVICE_SINCE],
+                ref_count=values[f.TIER_REFS],
+                host_locks=values[f.TIER_HOST_LOCKS],
+                hits=values[f.TIER_HITS],
             )
         for key, (k, v) in self.storage.items():
             content = self._decode(k.tolist(), v.tolist())
@@ -482,7 +536,9 @@ class TieredRadixCache:
         return state
 
     def check_integrity(self) -> None:
-        """Every law of spec/tiers.py on the abstract state (IntegrityError naming the broken one)."""
+        """The index's own laws (csrc/tiers.c: its counts, its children table), then every law of spec/tiers.py on
+        the abstract state (IntegrityError naming the broken one)."""
+        self.index.check()
         st.check_tiered_invariants(self.abstract_state())
 
     # ------------------------------------------------------------ the index
@@ -492,76 +548,44 @@ class TieredRadixCache:
         self.clock += 1
         return t
 
-    def _root(self, namespace: Namespace) -> TierPage:
+    def _root(self, namespace: Namespace) -> int:
         root = self.roots.get(namespace)
         if root is None:
-            root = self.roots[namespace] = TierPage(namespace, None, None, 0)
+            root = self.roots[namespace] = self.index.new_root()
         return root
 
-    def _new_page(self, parent: TierPage, tokens: tuple[int, ...], stamp: int) -> TierPage:
-        """A page of ``tokens`` under ``parent``, pinned by the prefetches in flight that bring it."""
-        page = TierPage(parent.namespace, Prefix.extend(parent.prefix, tokens), parent, stamp)
-        page.pins = self.fetching[page.key]
-        parent.children[tokens] = page
-        self.live[page] = None
-        return page
-
-    def _remove(self, page: TierPage) -> None:
-        """A page with no copy left (and no child) leaves the index."""
-        parent = page.parent
-        assert parent is not None and not page.children
-        del parent.children[self._tokens_of(page)]
-        del self.live[page]
-        page.alive = False
-
-    def _set_device(self, page: TierPage, start: int | None) -> None:
-        """Give ``page`` a device copy at ``start``, or take it (None), keeping its parent's count."""
-        parent = page.parent
-        assert parent is not None
-        parent.on_device_below += (start is not None) - (page.device is not None)
-        page.device = start
-
-    def _walk(self, namespace: Namespace, tokens: Sequence[int]) -> list[TierPage]:
-        """The pages of the index along the whole pages of ``tokens``, from the first."""
-        root = self.roots.get(namespace)
-        path: list[TierPage] = []
+    def _new_pages(self, namespace: Namespace, parent: int, tokens: Sequence[int], stamp: int) -> list[int]:
+        """The pages of ``tokens`` (whole pages) in a chain under ``parent`` (a root or a page of ``namespace``),
+        each pinned by the prefetches in flight that bring it."""
         p = self.page_size
-        for at in range(0, len(tokens) // p * p, p):
-            if root is None:
-                break
-            root = root.children.get(tuple(tokens[at : at + p]))
-            if root is not None:
-                path.append(root)
-        return path
+        prefix = self.key_of[parent][1] if parent in self.key_of else None
+        keys: list[PageKey] = []
+        for at in range(0, len(tokens), p):
+            prefix = Prefix.extend(prefix, tuple(tokens[at : at + p]))
+            keys.append((namespace, prefix))
+        nodes = self.index.add_pages(parent, tokens, [self.fetching[key] for key in keys], stamp)
+        self.key_of.update(zip(nodes, keys, strict=True))
+        return nodes
 
-    def _find(self, key: PageKey) -> TierPage | None:
+    def _remove(self, page: int) -> None:
+        """A page with no copy left (and no child) leaves the index."""
+        self.index.remove(page)
+        del self.key_of[page]
+
+    def _walk(self, namespace: Namespace, tokens: Sequence[int]) -> tuple[list[int], int, int]:
+        """The pages of the index along the whole pages of ``tokens`` from the first; how many from the first have a
+        device copy, and a device or a host copy."""
+        return self.index.walk(self.roots.get(namespace), tokens)
+
+    def _find(self, key: PageKey) -> int | None:
         """The page of ``key`` in the index, or None."""
         pages: list[tuple[int, ...]] = []
         prefix: Prefix | None = key[1]
         while prefix is not None:
             pages.append(prefix.page)
             prefix = prefix.parent
-        page = self.roots.get(key[0])
-        for tokens in reversed(pages):
-            if page is None:
-                return None
-            page = page.children.get(tokens)
-        return page
-
-    @staticmethod
-    def _tokens_of(page: TierPage) -> tuple[int, ...]:
-        """Its own tokens (its key among its parent's children)."""
-        return page.key[1].page
-
-    def _runs(self, path: Sequence[TierPage]) -> tuple[int, int]:
-        """Pages with a device copy from the first, then with a device or a host copy."""
-        device = 0
-        while device < len(path) and path[device].device is not None:
-            device += 1
-        host = device
-        while host < len(path) and path[host].host is not None:
-            host += 1
-        return device, host
+        path, _, _ = self._walk(key[0], [token for page in reversed(pages) for token in page])
+        return path[-1] if len(path) == len(pages) else None
 
     def _stored_run(self, namespace: Namespace, tokens: tuple[int, ...], start: int) -> int:
         """The end of the run of pages from ``start`` that storage holds (none while it is offline)."""
@@ -573,108 +597,52 @@ class TieredRadixCache:
             page += 1
         return page
 
-    def _handle(self, namespace: Namespace, pages: Sequence[TierPage]) -> TieredHandle:
-        return TieredHandle(namespace, tuple(pages), tuple(page.device_since for page in pages), self.page_size, self)
+    def _handle(self, namespace: Namespace, pages: Sequence[int]) -> TieredHandle:
+        versions = tuple(self.index.get(page, self.c.TIER_VERSION) for page in pages)
+        since = tuple(self.index.get(page, self.c.TIER_DEVICE_SINCE) for page in pages)
+        return TieredHandle(namespace, tuple(pages), versions, since, self.page_size, self)
 
-    def _check_handle(self, handle: object) -> TieredHandle:
+    def _on_handle(self, op: int, handle: object) -> None:
         if not isinstance(handle, TieredHandle) or handle.cache is not self:
             raise InvalidTypeError(f"expected a TieredHandle of this cache, got {type(handle).__name__}")
-        for page, since in zip(handle.pages, handle.since, strict=True):
-            # the page left the index, or the device, or its device copy is a newer one
-            if not page.alive or page.device is None or page.device_since != since:
-                raise StaleHandleError(f"a page of the handle's {handle.cached_len} tokens left the device")
-        return handle
+        status = self.index.handle(op, handle)
+        if status == self.c.TIER_STALE:
+            # a page left the index, or the device, or its device copy is a newer one
+            raise StaleHandleError(f"a page of the handle's {handle.cached_len} tokens left the device")
+        if status == self.c.TIER_NOT_LOCKED:
+            raise UnlockError.no_lock_ends_here(handle.cached_len)
+        assert status == self.c.TIER_OK, f"tier index: a handle op returned {status}"
 
     # ------------------------------------------------------------ eviction
 
-    def _plan(
-        self, num_pages: int, is_evictable: Callable[[TierPage], bool], take: Callable[[TierPage], None]
-    ) -> list[TierPage]:
-        """Up to ``num_pages`` pages, one at a time, each the least recently used evictable one (its parent may
-        become evictable then). Candidates never share a stamp and a depth, so the order is total."""
-        if num_pages <= 0:
-            return []
-        heap = [
-            (page.last_access, page.depth, order, page) for order, page in enumerate(self.live) if is_evictable(page)
-        ]
-        heapq.heapify(heap)
-        plan: list[TierPage] = []
-        while heap and len(plan) < num_pages:
-            *_, page = heapq.heappop(heap)
-            plan.append(page)
-            take(page)
-            parent = page.parent
-            if parent is not None and parent.parent is not None and is_evictable(parent):
-                heapq.heappush(heap, (parent.last_access, parent.depth, -len(plan), parent))
-        return plan
-
-    def _plan_device_eviction(self, num_pages: int, keep: set[TierPage]) -> list[TierPage]:
+    def _plan_device_eviction(self, num_pages: int, keep: Sequence[int]) -> list[int]:
         """The device copies an eviction of ``num_pages`` takes (none of ``keep``)."""
-        taken: set[TierPage] = set()
-        # what the plan so far took below each page: device copies, and pages that leave the index
-        off_device: Counter[TierPage] = Counter()
-        leaving: Counter[TierPage] = Counter()
-        may_drop = self.policy != "write_back"
+        return self.index.plan(self.c.TIER_ON_DEVICE, num_pages, self.policy != "write_back", keep)
 
-        def evictable(page: TierPage) -> bool:
-            return (
-                page.device is not None
-                and page.ref_count == 0
-                and page.pins == 0
-                and page not in keep
-                and page not in taken
-                and page.on_device_below == off_device[page]
-                and (page.host is not None or (may_drop and len(page.children) == leaving[page]))
-            )
-
-        def take(page: TierPage) -> None:
-            assert page.parent is not None
-            off_device[page.parent] += 1
-            leaving[page.parent] += page.host is None
-            taken.add(page)
-
-        return self._plan(num_pages, evictable, take)
-
-    def _apply_device_eviction(self, plan: Sequence[TierPage]) -> list[int]:
+    def _apply_device_eviction(self, plan: Sequence[int]) -> list[int]:
         freed = []
         for page in plan:
-            assert page.device is not None
-            freed.append(page.device)
-            self._set_device(page, None)
-            if page.host is None:
-                self.dropped_unbacked += page.key not in self.storage
+            device = self.index.get(page, self.c.TIER_DEVICE)
+            assert device != NONE
+            freed.append(device)
+            self.index.set([page], self.c.TIER_DEVICE, NONE)
+            if self.index.get(page, self.c.TIER_HOST) == NONE:
+                self.dropped_unbacked += self.key_of[page] not in self.storage
                 self._remove(page)
         self.device_free.extend(freed)
         return freed
 
-    def _plan_host_eviction(self, num_pages: int, keep: set[TierPage]) -> list[TierPage]:
+    def _plan_host_eviction(self, num_pages: int, keep: Sequence[int]) -> list[int]:
         """The host copies an eviction of ``num_pages`` takes (pages off the device, leaves; none of ``keep``)."""
-        taken: set[TierPage] = set()
-        leaving: Counter[TierPage] = Counter()
+        return self.index.plan(self.c.TIER_ON_HOST, num_pages, False, keep)
 
-        def evictable(page: TierPage) -> bool:
-            return (
-                page.host is not None
-                and page.host_locks == 0
-                and page.pins == 0
-                and page not in keep
-                and page not in taken
-                and page.device is None
-                and len(page.children) == leaving[page]
-            )
-
-        def take(page: TierPage) -> None:
-            assert page.parent is not None
-            leaving[page.parent] += 1
-            taken.add(page)
-
-        return self._plan(num_pages, evictable, take)
-
-    def _apply_host_eviction(self, plan: Sequence[TierPage]) -> list[int]:
+    def _apply_host_eviction(self, plan: Sequence[int]) -> list[int]:
         freed = []
         for page in plan:
-            assert page.host is not None
-            freed.append(page.host)
+            host = self.index.get(page, self.c.TIER_HOST)
+            assert host != NONE
+            freed.append(host)
+            self.index.set([page], self.c.TIER_HOST, NONE)
             self._remove(page)
         self.host_free.extend(freed)
         return freed
@@ -685,7 +653,7 @@ class TieredRadixCache:
         self,
         kind: st.TransferKind,
         keys: Sequence[PageKey],
-        pages: Sequence[TierPage],
+        pages: Sequence[int],
         source: tuple[int, ...],
         destination: tuple[int, ...],
     ) -> int:
@@ -705,25 +673,21 @@ class TieredRadixCache:
         self._pin(transfer, -1)
 
     def _pin(self, transfer: InFlight, delta: int) -> None:
+        f = self.c
         if transfer.parent is not None:
-            transfer.parent.pins += delta
+            self.index.add([transfer.parent], f.TIER_PINS, delta)
         if transfer.kind == "prefetch":
             for key in transfer.keys:
                 self.fetching[key] += delta
                 # a page a request cached meanwhile was pinned when it entered the index
                 page = self._find(key)
                 if page is not None:
-                    page.pins += delta
+                    self.index.add([page], f.TIER_PINS, delta)
             self.fetching = +self.fetching
             return
-        for page in transfer.pages:
-            page.pins += delta
-            if transfer.kind == "backup":
-                page.backing += delta
-            elif transfer.kind == "load_back":
-                page.loading += delta
-            else:
-                page.storing += delta
+        moving = {"backup": f.TIER_BACKING, "load_back": f.TIER_LOADING, "store": f.TIER_STORING}[transfer.kind]
+        self.index.add(transfer.pages, f.TIER_PINS, delta)
+        self.index.add(transfer.pages, moving, delta)
         if transfer.kind == "store":
             self.storing_pages += delta * len(transfer.pages)
 
@@ -732,27 +696,29 @@ class TieredRadixCache:
         enter the index as host copies."""
         t = self._tick()
         # the run hangs under its parent page (pinned while it was in flight), or under the root
-        parent = transfer.parent or self._root(transfer.keys[0][0])
+        parent = self._root(transfer.keys[0][0]) if transfer.parent is None else transfer.parent
         for key, destination in zip(transfer.keys, transfer.destination, strict=True):
             k, v = self.storage[key]
             store_cache(self.host_k, self.host_v, self._rows([destination]), k, v)
-            page = parent.children.get(key[1].page) or self._new_page(parent, key[1].page, t)
-            page.host = destination
+            page = self.index.child(parent, key[1].page)
+            if page is None:
+                (page,) = self._new_pages(key[0], parent, key[1].page, t)
+            self.index.set([page], self.c.TIER_HOST, destination)
             parent = page
 
     def _start_host_run(
         self,
         kind: st.TransferKind,
         keys: Sequence[PageKey],
-        pages: Sequence[TierPage],
+        pages: Sequence[int],
         source: tuple[int, ...],
-        keep: set[TierPage],
+        keep: Sequence[int],
     ) -> int | None:
         """A transfer of ``keys`` into the host tier, as many (from the first) as it has room for, evicting host
         copies (none of ``keep``)."""
         if not keys:
             return None
-        plan = self._plan_host_eviction(len(keys) - len(self.host_free), keep | set(pages))
+        plan = self._plan_host_eviction(len(keys) - len(self.host_free), [*keep, *pages])
         fits = min(len(keys), len(self.host_free) + len(plan))
         if not fits:
             return None
@@ -760,35 +726,44 @@ class TieredRadixCache:
         destination, self.host_free = self.host_free[:fits], self.host_free[fits:]
         return self._begin(kind, keys[:fits], pages[:fits], source[:fits], tuple(destination))
 
-    def _start_backup_run(self, run: Sequence[TierPage]) -> int | None:
+    def _start_backup_run(self, run: Sequence[int]) -> int | None:
         """The backup of ``run`` (device pages without a host copy), as far as the host tier has room."""
-        source = tuple(page.device for page in run if page.device is not None)
-        assert len(source) == len(run), "a backup reads device copies"
-        return self._start_host_run("backup", [page.key for page in run], run, source, set())
+        source = tuple(self.index.get(page, self.c.TIER_DEVICE) for page in run)
+        assert NONE not in source, "a backup reads device copies"
+        return self._start_host_run("backup", [self.key_of[page] for page in run], run, source, [])
 
-    def _start_backups(self, pages: Sequence[TierPage]) -> None:
+    def _start_backups(self, pages: Sequence[int]) -> None:
         """The write policy's backups of ``pages`` with no host copy and none coming."""
-        run = [page for page in pages if page.host is None and not page.backing and not self.fetching[page.key]]
+        f = self.c
+        run = [
+            page
+            for page in pages
+            if self.index.get(page, f.TIER_HOST) == NONE
+            and not self.index.get(page, f.TIER_BACKING)
+            and not self.fetching[self.key_of[page]]
+        ]
         if run:
             self._start_backup_run(run)
 
-    def _start_store(self, pages: Sequence[TierPage]) -> None:
+    def _start_store(self, pages: Sequence[int]) -> None:
         """Store the pages of a completed backup that storage lacks, as many as it has room for."""
         if not self.storage_online:
             return
         room = self.storage_pages - len(self.storage) - self.storing_pages
-        run = [page for page in pages if page.key not in self.storage and not page.storing][: max(0, room)]
+        run = [
+            page
+            for page in pages
+            if self.key_of[page] not in self.storage and not self.index.get(page, self.c.TIER_STORING)
+        ][: max(0, room)]
         if run:
-            self._begin("store", [page.key for page in run], run, self._read_host(run), ())
+            self._begin("store", [self.key_of[page] for page in run], run, self._read_host(run), ())
 
-    def _read_host(self, pages: Iterable[TierPage]) -> tuple[int, ...]:
+    def _read_host(self, pages: Sequence[int]) -> tuple[int, ...]:
         """The host pages of ``pages``, each locked for a transfer that reads it."""
-        source = []
-        for page in pages:
-            assert page.host is not None, "a transfer reads host copies"
-            page.host_locks += 1
-            source.append(page.host)
-        return tuple(source)
+        source = tuple(self.index.get(page, self.c.TIER_HOST) for page in pages)
+        assert NONE not in source, "a transfer reads host copies"
+        self.index.add(pages, self.c.TIER_HOST_LOCKS, 1)
+        return source
 
     def _check_transfer(self, transfer_id: object) -> InFlight:
         if not isinstance(transfer_id, int) or isinstance(transfer_id, bool):
@@ -820,21 +795,22 @@ class TieredRadixCache:
         v = from_v[read].to(to_v.device)
         store_cache(to_k, to_v, self._rows(destinations).to(to_k.device), k, v)
 
-    def _write_kv(self, pages: Sequence[TierPage]) -> None:
+    def _write_kv(self, pages: Sequence[int]) -> None:
         """What the forward pass stored for ``pages`` (their device copies): their keys' KV, this epoch's."""
         if not pages:
             return
         p = self.page_size
         k, v = [], []
         for page in pages:
-            code = self.codes.get(page.key)
+            key = self.key_of[page]
+            code = self.codes.get(key)
             if code is None:
-                code = self.codes[page.key] = len(self.keys)
-                self.keys.append(page.key)
+                code = self.codes[key] = len(self.keys)
+                self.keys.append(key)
             for offset in range(p):
                 k.append((code, self.epoch, offset))
                 v.append((code, self.epoch, -1 - offset))
-        starts = [page.device for page in pages if page.device is not None]
+        starts = [self.index.get(page, self.c.TIER_DEVICE) for page in pages]
         to = self.device
         store_cache(
             self.device_k,

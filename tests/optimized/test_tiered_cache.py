@@ -103,7 +103,7 @@ def test_a_pin_left_behind_is_caught_by_the_machine(monkeypatch: pytest.MonkeyPa
         parent = transfer.parent  # type: ignore[attr-defined]
         pin(self, transfer, delta)  # type: ignore[arg-type]
         if delta < 0 and parent is not None:
-            parent.pins += 1
+            self.index.add([parent], self.c.TIER_PINS, 1)
 
     monkeypatch.setattr(TieredRadixCache, "_pin", forgetful)
     with pytest.raises(AssertionError, match="spec .*, optimized "):
