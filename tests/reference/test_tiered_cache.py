@@ -14,13 +14,16 @@ from radixspec.fuzz.targets.api import TieredCacheTarget
 from radixspec.fuzz.targets.ours import SpecTieredCache, make_optimized_tiered
 from radixspec.fuzz.tiered_machine import TieredMachine
 from radixspec.reference.tiered_cache import TieredNode, TieredRadixCache
+from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import (
+    CacheBusyError,
     DuplicateSlotError,
     EvictionError,
     IntegrityError,
     InvalidSizeError,
     MisalignedPageError,
 )
+from radixspec.spec.tiers import check_tiered_invariants
 
 from ..spec.test_tiers import tour
 
@@ -140,3 +143,60 @@ def test_a_handle_names_its_namespace(impl: str) -> None:
     assert cache.insert_prefix([1, 2], [a, a + 1], ("t", 1)).handle.namespace == ("t", 1)
     for tokens in ([1, 2], [3, 4]):  # a hit, and none
         assert cache.match_prefix(tokens, ("t", 1)).handle.namespace == ("t", 1)
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_write_back_of_a_negative_count_is_refused_naming_num_pages(impl: str) -> None:
+    """The refusal names the argument, as allocate's does (the spec's check_count words)."""
+    cache = OURS[impl](2, 4, 4)
+    with pytest.raises(InvalidSizeError, match=r"^num_pages must be >= 0, got -1$"):
+        cache.write_back(-1)
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_refused_reset_names_its_locked_pages_and_its_transfers(impl: str) -> None:
+    """The spec's message, with its numbers: locked pages (not nodes) and transfers in flight."""
+    cache = OURS[impl](2, 4, 4)
+    pages = cache.allocate(2)
+    handle = cache.insert_prefix([1, 2, 3, 4], [pages[0], pages[0] + 1, pages[1], pages[1] + 1]).handle
+    cache.lock(handle)  # and the insert's backup is in flight (write-through)
+    with pytest.raises(CacheBusyError, match=r"^reset refused: 2 pages locked, 1 transfers in flight$"):
+        cache.reset()
+
+
+def stored_and_gone(
+    make: Callable[..., TieredCacheTarget], tokens: list[int], namespace: Namespace
+) -> TieredCacheTarget:
+    """A cache (pages of 2) in which ``tokens`` (whole pages) were cached in ``namespace``, backed up and stored,
+    then evicted from the device and the host tiers: storage alone holds them. Transfers 0 and 1 are spent."""
+    cache = make(2, 4, 4, 4)
+    pages = cache.allocate(len(tokens) // 2)
+    cache.insert_prefix(tokens, [page + offset for page in pages for offset in (0, 1)], namespace)
+    cache.complete_transfer(0)  # the backup
+    cache.complete_transfer(1)  # its store
+    cache.evict_device(len(pages))
+    cache.evict_host(len(pages))
+    assert cache.match_prefix(tokens, namespace)[1:] == (0, 0, len(tokens))
+    return cache
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_prefetch_of_a_run_short_of_the_tokens_brings_in_only_its_pages(impl: str) -> None:
+    """The request's tokens run a page past what storage holds: the completed prefetch serves the two stored
+    pages from the host tier, not the third page it never fetched."""
+    cache = stored_and_gone(OURS[impl], [1, 2, 3, 4], None)
+    assert cache.prefetch([1, 2, 3, 4, 5, 6]) == 2
+    cache.complete_transfer(2)
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6])[1:] == (0, 4, 4)
+    check_tiered_invariants(cache.abstract_state())
+
+
+@pytest.mark.parametrize("impl", sorted(OURS))
+def test_a_prefetch_completed_in_a_namespace_serves_that_namespace_only(impl: str) -> None:
+    """The namespace's tree is empty when the prefetch completes: its pages hang under that namespace's root,
+    so the host hit is that namespace's, and the default namespace sees none."""
+    cache = stored_and_gone(OURS[impl], [1, 2, 3, 4], ("t", 1))
+    assert cache.prefetch([1, 2, 3, 4], ("t", 1)) == 2
+    cache.complete_transfer(2)
+    assert cache.match_prefix([1, 2, 3, 4], ("t", 1))[1:] == (0, 4, 4)
+    assert cache.match_prefix([1, 2, 3, 4])[1:] == (0, 0, 0)

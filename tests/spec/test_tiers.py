@@ -290,6 +290,65 @@ def test_a_locked_page_stays_on_the_device_and_a_handle_goes_stale_when_its_page
         t.lock(state, handle)
 
 
+def test_tier_usage_counts_each_host_copy_once() -> None:
+    """Two pages backed up: the host tier serves two copies, and its places add up to its capacity."""
+    state = t.new_state(2, 4, 4)
+    cache(state, A)
+    t.complete_transfer(state, only(state, "backup"))
+    host = t.get_tier_usage(state)["host"]
+    assert host == t.TierUsage(free=2, cached=2, in_flight=0, private=0, capacity=4)
+    assert host.free + host.cached + host.in_flight == host.capacity
+
+
+def test_a_handle_goes_stale_when_its_page_comes_back_as_a_newer_device_copy() -> None:
+    """A's pages evicted to the host tier and loaded back: the pages have device copies again, but newer ones
+    than the handle saw (their slots may hold other KV meanwhile), so locking the old handle is refused."""
+    state = t.new_state(2, 2, 2)
+    handle = cache(state, A).handle
+    t.complete_transfer(state, only(state, "backup"))
+    assert t.evict_device(state, 2) == [0, 2]
+    number = t.load_back(state, A)
+    assert number is not None
+    t.complete_transfer(state, number)
+    assert all(state.entries[k].device is not None for k in handle.keys)
+    before = copy.deepcopy(state)
+    with pytest.raises(StaleHandleError):
+        t.lock(state, handle)
+    assert state == before
+    t.lock(state, t.match_prefix(state, A).handle)  # a fresh handle locks
+
+
+def test_lock_refuses_what_is_not_a_handle_naming_its_type() -> None:
+    state = t.new_state(2, 4, 4)
+    with pytest.raises(InvalidTypeError, match=r"^expected a TieredHandle, got object$"):
+        t.lock(state, object())  # type: ignore[arg-type]
+
+
+# each call with a count that is not an int (a str, a float, a bool), and the type the refusal names
+NOT_COUNTS: dict[str, tuple[Callable[[t.TieredState], object], str]] = {
+    "allocate a str": (lambda s: t.allocate(s, "3"), "str"),  # type: ignore[arg-type]
+    "evict_device a float": (lambda s: t.evict_device(s, 2.0), "float"),  # type: ignore[arg-type]
+    "evict_host a bool": (lambda s: t.evict_host(s, True), "bool"),
+    "write_back a float": (lambda s: t.write_back(s, 1.0), "float"),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_COUNTS))
+def test_a_count_that_is_not_an_int_is_refused_naming_the_count_and_changes_nothing(name: str) -> None:
+    """Two device pages and a host copy evictable: a float or a bool count taken for a number would evict them,
+    a str one would fail inside with a TypeError."""
+    state = t.new_state(2, 4, 4)
+    for tokens in (A, C):
+        cache(state, tokens)
+        t.complete_transfer(state, only(state, "backup"))
+    assert t.evict_device(state, 1) == [2]  # A's second page now lives on the host only
+    before = copy.deepcopy(state)
+    call, type_name = NOT_COUNTS[name]
+    with pytest.raises(InvalidTypeError, match=rf"^num_pages must be an int, got {type_name}$"):
+        call(state)
+    assert state == before
+
+
 REFUSALS: dict[str, Callable[[t.TieredState], object]] = {
     "allocate past the device": lambda s: t.allocate(s, 5),
     "insert pages not held": lambda s: t.insert_prefix(s, [9, 9], [6, 7]),
