@@ -21,6 +21,7 @@ from radixspec.spec.errors import (
     EvictionError,
     IntegrityError,
     InvalidSizeError,
+    InvalidTypeError,
     MisalignedPageError,
 )
 from radixspec.spec.tiers import check_tiered_invariants
@@ -116,6 +117,14 @@ def test_refusals_name_what_was_wrong_with_its_numbers(impl: str) -> None:
     with pytest.raises(EvictionError, match=r"^cannot evict 1 host pages: 0 evictable$"):
         cache.evict_host(1)
     assert cache.evict_host(0) == []
+    with pytest.raises(EvictionError, match=r"^cannot evict 1 device pages: 0 evictable$"):
+        cache.evict_device(1)
+    # a transfer id that is not an int, and one that is a bool
+    for transfer in ("0", 0.0, False):
+        with pytest.raises(InvalidTypeError, match=rf"^a transfer id is an int, got {type(transfer).__name__}$"):
+            cache.complete_transfer(transfer)  # type: ignore[arg-type]
+        with pytest.raises(InvalidTypeError, match=rf"^a transfer id is an int, got {type(transfer).__name__}$"):
+            cache.fail_transfer(transfer)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("impl", sorted(OURS))
