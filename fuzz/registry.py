@@ -61,6 +61,7 @@ MACHINES: dict[str, MachineEntry] = {
         _entry("hostile", "HostileMachine", "ours", "what a buggy caller passes: a value or a named error"),
         _entry("router", "RouterMachine", "router", "a router's index of many workers against their caches"),
         _entry("tiered", "TieredMachine", "tiered", "tiered caches (device, host, storage) against the spec"),
+        _entry("offload", "OffloadMachine", "offload", "KV-offloading managers' host tiers against the spec"),
     )
 }
 # every layer's machine is in the registry, driving that layer

@@ -56,6 +56,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         vllm,
         vllm_hybrid,
         vllm_mamba,
+        vllm_offload,
     )
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
@@ -73,6 +74,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "vllm": no_argument(vllm.TARGET),
         "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
         "vllm-mamba": no_argument(vllm_mamba.TARGET),
+        "vllm-offload": no_argument(vllm_offload.TARGET),
         "minisgl": minisgl.target,
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,

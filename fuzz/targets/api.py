@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from radixspec.spec import cache_manager as sm
 from radixspec.spec import prefix_cache as pc
@@ -32,6 +32,7 @@ from radixspec.spec.domains import Namespace
 from radixspec.spec.events import Event
 from radixspec.spec.hit_rules import Window
 from radixspec.spec.metrics import CacheStats
+from radixspec.spec.offload import OffloadView
 from radixspec.spec.prefix_cache import PageKey, Prefix, page_key
 from radixspec.spec.tiers import TieredState, WritePolicy
 
@@ -475,6 +476,41 @@ class TieredInserted(Protocol):
     def handle(self) -> TieredHandle: ...
 
 
+class StoreOutput(NamedTuple):
+    """What an offloading manager answers a store offer: the keys it stores (in the offer's order), the slot of
+    each, and the chunks it evicted for them."""
+
+    new: tuple[PageKey, ...]
+    slots: tuple[int, ...]
+    evicted: tuple[PageKey, ...]
+
+
+class OffloadTarget(Protocol):
+    """A KV-offloading manager's host tier, the offload layer's target (``spec/offload.py``), driven as a scheduler
+    drives it: per request ``begin`` (its keys, in prefix order), lookups, at most one load of its hit, store
+    offers, ``finish``; the machine, as the executor, ends each job later. A job's completion names its keys."""
+
+    # the configuration it took of the drawn one (e.g. its eviction policy), for the summary
+    config: str
+
+    def begin(self, request: int, keys: Sequence[PageKey]) -> None: ...
+    def lookup(self, request: int, key: PageKey) -> Literal["miss", "pending", "hit"]: ...
+    def prepare_store(self, request: int, keys: Sequence[PageKey]) -> StoreOutput | None: ...
+    def complete_store(self, request: int, keys: Sequence[PageKey], success: bool) -> None: ...
+    def prepare_load(self, request: int, keys: Sequence[PageKey]) -> Sequence[int]: ...
+    def complete_load(self, request: int, keys: Sequence[PageKey]) -> None: ...
+    def finish(self, request: int) -> None: ...
+    def reset(self) -> None: ...
+    def take_events(self) -> list[tuple[PageKey, bool]]:
+        """The events published since the last call, as (key, removed); cleanups of failed stores left out."""
+
+    def view(self) -> OffloadView:
+        """Its chunks (key -> slot and pins, ``spec.offload.PENDING`` while stored) and its free slots."""
+
+    def check_integrity(self) -> None:
+        """The manager's own accounting (IntegrityError naming what broke)."""
+
+
 class TieredCacheTarget(Protocol):
     """A tiered cache, the tiered layer's target: spec/tiers.py's operations by their names (the transfers it
     starts are ended by the caller: complete_transfer, fail_transfer) and its abstract state."""
@@ -555,6 +591,9 @@ class TargetInfo:
     # makes a tiered cache (device, host, storage): factory(page_size, device_pages, host_pages, storage_pages,
     # policy, threshold) -> TieredCacheTarget; None when the target has no tiered layer
     tiered_factory: Callable[[int, int, int, int, WritePolicy, int], TieredCacheTarget] | None = None
+    # makes a KV-offloading manager's host tier: factory(capacity, draw) -> OffloadTarget, ``draw`` a number the
+    # target maps to one of its configurations (its eviction policies); None when the target has none
+    offload_factory: Callable[[int, int], OffloadTarget] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

@@ -188,6 +188,17 @@ LAYERS: dict[str, Layer] = {
             our_tiered_caches,
             lambda targets, lru: {"IMPLS": targets},
         ),
+        Layer(
+            "offload",
+            "offload_factory",
+            "factory(capacity, draw)",
+            None,
+            None,
+            "offload",
+            False,
+            dict,
+            lambda targets, lru: {"IMPLS": targets},
+        ),
     )
 }
 

@@ -35,7 +35,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-mamba:python",
         "sglang-mamba:both",
     ),
-    "vllm": ("vllm", "vllm-hybrid", "vllm-mamba"),
+    "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload"),
     "dynamo": ("dynamo",),
 }
 

@@ -109,6 +109,13 @@ def import_with_stand_ins(name: str, **stand_ins: types.ModuleType) -> types.Mod
                 sys.modules[key] = module
 
 
+class Never:
+    """Stands for a class a peer's import chain names (in annotations) but must never build here."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        never(*args, **kwargs)
+
+
 class Recorded:
     """Stands for an event class of a peer: keeps its keyword arguments as attributes."""
 

@@ -1,0 +1,155 @@
+"""spec/offload.py: the host tier as an offloading manager serves it. A tour pins the rules (all-or-nothing
+offers, pending chunks skipped, loads pinning, failed stores giving back, reset abandoning), the guards refuse
+with nothing changed, and each law is seen failing on a state planted to break it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from radixspec.spec import offload as of
+from radixspec.spec.errors import IntegrityError, InvalidInputError, InvalidSizeError, OutOfPagesError
+from radixspec.spec.prefix_cache import PageKey, compute_page_prefixes
+from radixspec.spec.tiers import Written
+
+
+def keys(*pages: int) -> list[PageKey]:
+    """The page keys of a prompt of one-token pages."""
+    return [(None, prefix) for prefix in compute_page_prefixes(list(pages), 1)]
+
+
+def test_a_tour_of_offers_loads_failures_and_a_reset() -> None:
+    state = of.new_state(3)
+    a = keys(1, 2, 3)
+    store = of.prepare_store(state, a, evicted=(), slots=(2, 0, 1))
+    assert store == 0 and [of.lookup(state, key) for key in a] == ["pending"] * 3
+    assert of.get_hit_run(state, a) is None  # a pending chunk first: ask again later
+    # an offer sharing a pending chunk skips it; its new key finds no room (3 held, none idle): refused
+    b = keys(1, 5)
+    assert of.plan_store(state, b) is None
+    before = copy.deepcopy(state)
+    with pytest.raises(OutOfPagesError):
+        of.prepare_store(state, b, evicted=(), slots=())
+    assert state == before
+    of.complete_store(state, store)
+    assert of.get_hit_run(state, b) == (a[0],)
+    assert state.written[2] == Written(a[0], 0)
+    load = of.prepare_load(state, a[:2])
+    assert of.get_load_slots(state, load) == (2, 0)
+    # b's new key must evict the one idle chunk outside the offer (a[2]; a[0] is in it, a[1] is read)
+    assert of.plan_store(state, b) == of.StorePlan((b[1],), 1)
+    failed = of.prepare_store(state, b, evicted=(a[2],), slots=(1,))
+    assert failed is not None and a[2] not in state.chunks
+    of.complete_store(state, failed, success=False)
+    assert b[1] not in state.chunks and 1 in state.free and 1 not in state.written
+    of.complete_load(state, load)
+    assert {key: chunk.pins for key, chunk in state.chunks.items()} == {a[0]: 0, a[1]: 0}
+    of.check_offload_invariants(state)
+    # a reset abandons what is in flight: its store's copy lands in the old epoch, serving nothing
+    again = of.prepare_store(state, keys(7), evicted=(), slots=(1,))
+    assert again is not None
+    of.reset(state)
+    assert not state.chunks and not state.stores and sorted(state.free) == [0, 1, 2] and state.epoch == 1
+    assert state.written[1] == Written(keys(7)[0], 0)
+    of.check_offload_invariants(state)
+
+
+def test_an_offer_of_nothing_new_starts_no_job() -> None:
+    state = of.new_state(2)
+    job = of.prepare_store(state, keys(1), evicted=(), slots=(0,))
+    assert job is not None
+    assert of.prepare_store(state, keys(1), evicted=(), slots=()) is None
+    assert state.stores.keys() == {job}
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "words"),
+    [
+        (lambda s: of.prepare_store(s, [*keys(1), *keys(1)], (), ()), InvalidInputError, "repeat"),
+        (lambda s: of.prepare_store(s, keys(4), (), (0,)), IntegrityError, "store_takes_free_slots"),
+        (lambda s: of.prepare_store(s, keys(4), (), (1, 1)), IntegrityError, "store_takes_free_slots"),
+        (lambda s: of.prepare_store(s, keys(4), keys(1), (1,)), IntegrityError, "store_evicts_only_what_it_lacks"),
+        (lambda s: of.prepare_load(s, keys(1, 2)), InvalidInputError, "pending"),
+        (lambda s: of.prepare_load(s, []), InvalidInputError, "no keys"),
+        (lambda s: of.complete_store(s, 7), InvalidInputError, "no store job 7"),
+        (lambda s: of.complete_load(s, 0), InvalidInputError, "no load job 0"),
+        (lambda s: of.complete_store(s, True), InvalidInputError, "no store job True"),
+    ],
+)
+def test_a_refused_call_names_what_was_wrong_and_changes_nothing(call, error, words) -> None:  # type: ignore[no-untyped-def]
+    state = of.new_state(3)
+    of.complete_store(state, of.prepare_store(state, keys(1), (), (0,)))  # type: ignore[arg-type]
+    of.prepare_store(state, [*keys(1, 2)], (), (2,))
+    before = copy.deepcopy(state)
+    with pytest.raises(error, match=words):
+        call(state)
+    assert state == before
+
+
+def test_a_capacity_must_be_a_positive_int() -> None:
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(InvalidSizeError):
+            of.new_state(bad)  # type: ignore[arg-type]
+
+
+def busy() -> of.OffloadState:
+    """Two ready chunks (one read by a load) and one pending."""
+    state = of.new_state(4)
+    of.complete_store(state, of.prepare_store(state, keys(1, 2), (), (0, 1)))  # type: ignore[arg-type]
+    of.prepare_load(state, keys(1))
+    of.prepare_store(state, keys(1, 2, 3), (), (3,))
+    of.check_offload_invariants(state)
+    return state
+
+
+def plant_shared_slot(state: of.OffloadState) -> None:
+    key = keys(1, 2)[1]
+    state.chunks[key] = state.chunks[key]._replace(slot=0)
+
+
+def plant_free_twice(state: of.OffloadState) -> None:
+    state.free.append(state.free[0])
+
+
+def plant_lost_slot(state: of.OffloadState) -> None:
+    state.free.pop()
+
+
+def plant_store_done_silently(state: of.OffloadState) -> None:
+    key = keys(1, 2, 3)[2]
+    state.chunks[key] = state.chunks[key]._replace(pins=0)
+
+
+def plant_pin_left(state: of.OffloadState) -> None:
+    state.loads.clear()
+
+
+def plant_ready_unwritten(state: of.OffloadState) -> None:
+    state.epoch += 1
+
+
+@pytest.mark.parametrize(
+    ("plant", "law"),
+    [
+        (plant_shared_slot, "slots_hold_one_chunk"),
+        (plant_free_twice, "slots_are_conserved"),
+        (plant_lost_slot, "slots_are_conserved"),
+        (plant_store_done_silently, "pending_chunks_have_their_store"),
+        (plant_pin_left, "pins_count_the_loads"),
+        (plant_ready_unwritten, "ready_chunks_hold_their_key"),
+    ],
+)
+def test_each_law_fails_on_its_planted_state(plant, law: str) -> None:  # type: ignore[no-untyped-def]
+    state = busy()
+    plant(state)
+    with pytest.raises(IntegrityError, match=law):
+        of.check_offload_invariants(state)
+
+
+def test_the_published_keys_must_be_the_ready_chunks() -> None:
+    state = busy()
+    ready = keys(1, 2)
+    assert of.published_are_the_ready_chunks(state, ready) is None
+    assert "ready but not published" in str(of.published_are_the_ready_chunks(state, ready[:1]))
+    assert "published but not ready" in str(of.published_are_the_ready_chunks(state, keys(1, 2, 3)))
