@@ -19,6 +19,8 @@ flight, and the configurations drawn (``offload.config[...]``); the reach is the
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -47,8 +49,13 @@ class Run:
     # each job in flight: the request it serves
     owner: dict[int, int] = field(default_factory=dict)
 
-    def fail(self, message: str) -> IntegrityError:
-        return IntegrityError(f"{self.name}: {message}")
+    @contextmanager
+    def named(self) -> Iterator[None]:
+        """A broken law raised within names the target."""
+        try:
+            yield
+        except IntegrityError as error:
+            raise IntegrityError(f"{self.name}: {error}") from error
 
 
 class OffloadMachine(RuleBasedStateMachine):
@@ -85,31 +92,37 @@ class OffloadMachine(RuleBasedStateMachine):
         self.next_request += 1
         keys = [(prompt.namespace, prefix) for prefix in compute_page_prefixes(prompt.tokens, PAGE_SIZE)]
         for run in self.runs:
-            run.target.begin(request, keys)
-            for key in keys:
-                found, expected = run.target.lookup(request, key), of.lookup(run.state, key)
-                if found != expected:
-                    raise run.fail(f"lookups_agree: {key!r} is {expected} in the spec, {found} in the target")
-            hit = of.get_hit_run(run.state, keys)
-            if hit is None:
-                STATS.rules["offload.request[deferred: a pending chunk first]"] += 1
-                continue
-            if hit and load:
-                self.load(run, request, hit)
-            rest = keys[len(hit) :]
-            for part in (rest[:split], rest[split:]) if 0 < split < len(rest) else (rest,):
-                self.store(run, request, part)
+            with run.named():
+                self.serve(run, request, keys, load, split)
         if finish:
             self.finish_request(request)
         else:
             self.open.append(request)
+
+    def serve(self, run: Run, request: int, keys: list[PageKey], load: bool, split: int) -> None:
+        run.target.begin(request, keys)
+        for key in keys:
+            found, expected = run.target.lookup(request, key), of.lookup(run.state, key)
+            if found != expected:
+                raise IntegrityError(f"lookups_agree: {key!r} is {expected} in the spec, {found} in the target")
+        hit = of.get_hit_run(run.state, keys)
+        if hit is None:
+            STATS.rules["offload.request[deferred: a pending chunk first]"] += 1
+            return
+        if hit and load:
+            self.load(run, request, hit)
+        rest = keys[len(hit) :]
+        for part in (rest[:split], rest[split:]) if 0 < split < len(rest) else (rest,):
+            self.store(run, request, part)
 
     def load(self, run: Run, request: int, hit: tuple[PageKey, ...]) -> None:
         job = of.prepare_load(run.state, hit)
         expected = of.get_load_slots(run.state, job)
         found = tuple(run.target.prepare_load(request, hit))
         if found != expected:
-            raise run.fail(f"loads_read_their_chunks: a load of {len(hit)} chunks reads slots {found}, not {expected}")
+            raise IntegrityError(
+                f"loads_read_their_chunks: a load of {len(hit)} chunks reads slots {found}, not {expected}"
+            )
         run.owner[job] = request
         STATS.rules["offload.load"] += 1
 
@@ -117,7 +130,7 @@ class OffloadMachine(RuleBasedStateMachine):
         plan = of.plan_store(run.state, keys)
         output = run.target.prepare_store(request, keys)
         if (plan is None) != (output is None):
-            raise run.fail(
+            raise IntegrityError(
                 f"store_refused_only_when_short: an offer of {len(keys)} keys ({len(run.state.free)} free slots, "
                 f"{len(of.get_idle_keys(run.state, keep=set(keys)))} idle outside it) was "
                 f"{'refused' if output is None else 'served'} by the target, "
@@ -127,11 +140,10 @@ class OffloadMachine(RuleBasedStateMachine):
             STATS.rules["offload.store[refused: no room]"] += 1
             return
         if output.new != plan.new:
-            raise run.fail(f"store_takes_the_new_keys: stores {output.new!r}, the offer's new keys are {plan.new!r}")
-        try:
-            job = of.prepare_store(run.state, keys, output.evicted, output.slots)
-        except IntegrityError as error:
-            raise run.fail(str(error)) from error
+            raise IntegrityError(
+                f"store_takes_the_new_keys: stores {output.new!r}, the offer's new keys are {plan.new!r}"
+            )
+        job = of.prepare_store(run.state, keys, output.evicted, output.slots)
         STATS.rules[f"offload.store[{'stored' if job is not None else 'nothing new'}]"] += 1
         STATS.rules["offload.evicted"] += len(output.evicted)
         if job is not None:
@@ -200,38 +212,38 @@ class OffloadMachine(RuleBasedStateMachine):
     @invariant()
     def targets_keep_the_laws(self) -> None:
         for run in self.runs:
-            of.check_offload_invariants(run.state)
-            STATS.record_reach(
-                largest_host_pages=len(run.state.chunks),
-                most_transfers_in_flight=len(run.state.stores) + len(run.state.loads),
+            with run.named():
+                self.check(run)
+
+    def check(self, run: Run) -> None:
+        of.check_offload_invariants(run.state)
+        STATS.record_reach(
+            largest_host_pages=len(run.state.chunks),
+            most_transfers_in_flight=len(run.state.stores) + len(run.state.loads),
+        )
+        found = run.target.view()
+        of.check_view(found)
+        if found.chunks != run.state.chunks:
+            differ = sorted(
+                (
+                    key
+                    for key in {*found.chunks, *run.state.chunks}
+                    if found.chunks.get(key) != run.state.chunks.get(key)
+                ),
+                key=repr,
             )
-            found = run.target.view()
-            try:
-                of.check_view(found)
-            except IntegrityError as error:
-                raise run.fail(str(error)) from error
-            if found.chunks != run.state.chunks:
-                differ = sorted(
-                    (
-                        key
-                        for key in {*found.chunks, *run.state.chunks}
-                        if found.chunks.get(key) != run.state.chunks.get(key)
-                    ),
-                    key=repr,
+            raise IntegrityError(
+                "states_agree: chunks differ at "
+                + ", ".join(
+                    f"{key!r} (spec {run.state.chunks.get(key)}, target {found.chunks.get(key)})" for key in differ[:3]
                 )
-                raise run.fail(
-                    "states_agree: chunks differ at "
-                    + ", ".join(
-                        f"{key!r} (spec {run.state.chunks.get(key)}, target {found.chunks.get(key)})"
-                        for key in differ[:3]
-                    )
-                )
-            run.target.check_integrity()
-            for key, removed in run.target.take_events():
-                if removed:
-                    run.published.discard(key)
-                else:
-                    run.published.add(key)
-            broken = of.published_are_the_ready_chunks(run.state, run.published)
-            if broken is not None:
-                raise run.fail(broken)
+            )
+        run.target.check_integrity()
+        for key, removed in run.target.take_events():
+            if removed:
+                run.published.discard(key)
+            else:
+                run.published.add(key)
+        broken = of.published_are_the_ready_chunks(run.state, run.published)
+        if broken is not None:
+            raise IntegrityError(broken)

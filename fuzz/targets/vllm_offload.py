@@ -164,7 +164,8 @@ class VllmOffloadStore:
         return [
             (self.page_keys[key], bool(event.removed))
             for event in self.manager.take_events()
-            if not event.metadata_only
+            # a failed store's cleanup (0.33.0; 0.32.0's events have no such flag and queue none)
+            if not getattr(event, "metadata_only", False)
             for key in event.keys
         ]
 

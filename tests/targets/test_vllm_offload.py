@@ -13,17 +13,19 @@ from .campaigns import assert_caught, assert_clean
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
-# replaces ``old`` by ``new`` in the source of a method of vLLM's CPU manager (exactly once), in its module
+# replaces ``old`` by ``new`` (exactly once) in the source of a method of vLLM's CPU offloading code, named as
+# "module:Class.method" under vllm.v1.kv_offload.cpu (the manager's when only the method is named), in its module
 EDIT = """
 import inspect, textwrap
-manager = importlib.import_module("vllm.v1.kv_offload.cpu.manager")
-def edit(name, old, new):
-    source = textwrap.dedent(inspect.getsource(getattr(manager.CPUOffloadingManager, name)))
-    assert source.count(old) == 1, (name, old)
-    found = {{}}
-    exec(compile(source.replace(old, new), manager.__file__, "exec"), manager.__dict__, found)
-    setattr(manager.CPUOffloadingManager, name, found[name])
-edit({name!r}, {old!r}, {new!r})
+where, _, method = {name!r}.rpartition(".")
+module_name, _, class_name = (where or "manager:CPUOffloadingManager").partition(":")
+module = importlib.import_module("vllm.v1.kv_offload.cpu." + module_name)
+owner = getattr(module, class_name)
+source = textwrap.dedent(inspect.getsource(getattr(owner, method)))
+assert source.count({old!r}) == 1, (method, {old!r})
+found = {{}}
+exec(compile(source.replace({old!r}, {new!r}), module.__file__, "exec"), module.__dict__, found)
+setattr(owner, method, found[method])
 """
 
 # bugs of the tiers issue's classes, planted in vLLM's manager: (the law that catches it, method, old, new)
@@ -70,6 +72,42 @@ PLANTS = {
         "complete_store",
         "if stored_keys and self.events is not None:",
         "if False:",
+    ),
+    # ARC's eviction takes a chunk a load is reading: its slot reused under the load (a load completion applied
+    # to a reused page)
+    "arc_evicts_a_read_chunk": (
+        "store_evicts_only_what_it_lacks",
+        "policies.arc:ARCCachePolicy.evict",
+        "if chunk.ref_cnt == 0 and key not in protected:",
+        "if chunk.ref_cnt >= 0 and key not in protected:",
+    ),
+    # a load's slots come in another order than its keys: the worker copies chunks into the wrong pages
+    "load_slots_reordered": (
+        "loads_read_their_chunks",
+        "_prepare_load",
+        "return self._get_load_store_spec(keys, chunks)",
+        "return self._get_load_store_spec(keys, chunks[::-1])",
+    ),
+    # a store names its keys in another order than its slots: each chunk filed under a neighbour's slot
+    "store_keys_reordered": (
+        "store_takes_the_new_keys",
+        "prepare_store",
+        "keys_to_store=keys_to_store,",
+        "keys_to_store=keys_to_store[::-1],",
+    ),
+    # a load forgets to count its chunk out of the evictable ones
+    "load_miscounts": (
+        "manager_counts_its_chunks",
+        "_prepare_load",
+        "self._num_evictable_cache_chunks -= 1  # ref_cnt 0 -> 1",
+        "pass",
+    ),
+    # a load leaves its chunk in LRU's evictable set: the next eviction may take it
+    "load_stays_evictable": (
+        "policy_knows_the_idle_chunks",
+        "_prepare_load",
+        "self._policy.mark_non_evictable(key)",
+        "pass",
     ),
     # a chunk whose store is in flight looks ready to a lookup: a load would read a slot not yet written
     "pending_looks_ready": ("lookups_agree", "lookup", "if not chunk.is_ready:", "if False:"),
