@@ -76,7 +76,7 @@ class OffloadMachine(RuleBasedStateMachine):
             assert info.offload_factory is not None, f"target {info.name} has no offload layer"
             target = info.offload_factory(capacity, draw)
             STATS.rules[f"offload.config[{target.config}, capacity {'1-8' if capacity <= 8 else '9-32'}]"] += 1
-            self.runs.append(Run(info.name, target, of.new_state(capacity)))
+            self.runs.append(Run(info.name, target, of.new_state(capacity, target.threshold, target.tracker_size)))
         self.next_request = 0
         # requests begun and not finished
         self.open: list[int] = []
@@ -127,6 +127,7 @@ class OffloadMachine(RuleBasedStateMachine):
         STATS.rules["offload.load"] += 1
 
     def store(self, run: Run, request: int, keys: list[PageKey]) -> None:
+        of.record_offer(run.state, keys)
         plan = of.plan_store(run.state, keys)
         output = run.target.prepare_store(request, keys)
         if (plan is None) != (output is None):
@@ -145,7 +146,7 @@ class OffloadMachine(RuleBasedStateMachine):
             )
         job = of.prepare_store(run.state, keys, output.evicted, output.slots)
         STATS.rules[f"offload.store[{'stored' if job is not None else 'nothing new'}]"] += 1
-        STATS.rules["offload.evicted"] += len(output.evicted)
+        STATS.evicted_pages += len(output.evicted)
         if job is not None:
             run.owner[job] = request
 
@@ -223,6 +224,11 @@ class OffloadMachine(RuleBasedStateMachine):
         )
         found = run.target.view()
         of.check_view(found)
+        if list(found.offers) != list(of.view(run.state).offers):
+            raise IntegrityError(
+                f"offer_counts_agree: the target counts {list(found.offers)[:4]}..., "
+                f"the spec {list(of.view(run.state).offers)[:4]}..."
+            )
         if found.chunks != run.state.chunks:
             differ = sorted(
                 (
@@ -239,7 +245,9 @@ class OffloadMachine(RuleBasedStateMachine):
                 )
             )
         run.target.check_integrity()
-        for key, removed in run.target.take_events():
+        events = run.target.take_events()
+        STATS.events_replayed += len(events)
+        for key, removed in events:
             if removed:
                 run.published.discard(key)
             else:

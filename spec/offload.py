@@ -14,6 +14,10 @@ all get a slot (evicting as many idle chunks outside the offer as are short) or 
 None). Which idle chunks go, and which free slots the new chunks take, are the manager's policy (LRU, ARC, ...): the
 spec takes the manager's choice and checks that it is one the rules allow.
 
+A manager may admit a key only once it was offered ``threshold`` times (``threshold`` 1: every offer): it counts
+the offers of up to ``tracker_size`` keys, forgetting the one offered longest ago for a new one, never one of the
+offer being counted (``record_offer``, before each offer is planned; the counts survive a reset).
+
 ``reset`` drops every chunk, pinned or pending (an engine's reset abandons its jobs in flight: their completions
 are never delivered, and the executor finishes their copies before any job started later). Each slot's content is
 modelled as what was written into it (``Written``: the key and the reset epoch), so the laws can say that every
@@ -74,21 +78,29 @@ class OffloadState:
     written: dict[int, Written] = field(default_factory=dict)
     epoch: int = 0
     next_job: int = 0
+    # admission: a key is stored once offered this many times (1: at once); the counts of at most tracker_size
+    # keys, the one offered longest ago first
+    threshold: int = 1
+    tracker_size: int = 0
+    offers: dict[PageKey, int] = field(default_factory=dict)
 
 
 class OffloadView(NamedTuple):
-    """What the laws of the slots read: a manager's chunks and its free slots (the spec's, or a target's)."""
+    """What the laws of the slots read: a manager's chunks and its free slots (the spec's, or a target's), and its
+    offer counts (the one offered longest ago first)."""
 
     capacity: int
     chunks: dict[PageKey, Chunk]
     free: Sequence[int]
+    offers: Sequence[tuple[PageKey, int]] = ()
 
 
-def new_state(capacity: int) -> OffloadState:
+def new_state(capacity: int, threshold: int = 1, tracker_size: int = 64_000) -> OffloadState:
     # CHECK
-    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise InvalidSizeError(f"capacity must be an int >= 1, got {capacity!r}")
-    return OffloadState(capacity, free=list(range(capacity)))
+    for name, value in (("capacity", capacity), ("threshold", threshold), ("tracker_size", tracker_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidSizeError(f"{name} must be an int >= 1, got {value!r}")
+    return OffloadState(capacity, free=list(range(capacity)), threshold=threshold, tracker_size=tracker_size)
 
 
 # ------------------------------------------------------------------ queries
@@ -121,9 +133,15 @@ def get_idle_keys(state: OffloadState, keep: Collection[PageKey] = ()) -> list[P
     return [key for key, chunk in state.chunks.items() if chunk.pins == 0 and key not in keep]
 
 
+def is_admitted(state: OffloadState, key: PageKey) -> bool:
+    """Whether ``key`` was offered often enough to be stored."""
+    return state.threshold < 2 or state.offers.get(key, 0) >= state.threshold
+
+
 def plan_store(state: OffloadState, keys: Sequence[PageKey]) -> StorePlan | None:
-    """What offering ``keys`` would store, or None when the new keys cannot all get a slot."""
-    new = tuple(key for key in keys if key not in state.chunks)
+    """What offering ``keys`` (counted by ``record_offer``) would store: the keys not held and admitted; None when
+    they cannot all get a slot."""
+    new = tuple(key for key in keys if key not in state.chunks and is_admitted(state, key))
     short = max(0, len(new) - len(state.free))
     if short > len(get_idle_keys(state, keep=set(keys))):
         return None
@@ -131,6 +149,30 @@ def plan_store(state: OffloadState, keys: Sequence[PageKey]) -> StorePlan | None
 
 
 # ------------------------------------------------------------------ operations
+
+
+def record_offer(state: OffloadState, keys: Sequence[PageKey]) -> None:
+    """Count an offer of ``keys`` (under a threshold of 2 or more): each counted key once more and offered last; a
+    key not counted yet at 1, in room the tracker makes by forgetting the key offered longest ago outside the offer
+    (none left: not counted)."""
+    # CHECK
+    check_distinct("an offer's keys", keys)
+    if state.threshold < 2:
+        return
+    # EFFECT
+    counted = [key for key in keys if key in state.offers]
+    for key in counted:
+        state.offers[key] = state.offers.pop(key) + 1
+    others = len(state.offers) - len(counted)
+    for key in keys:
+        if key in state.offers:
+            continue
+        if len(state.offers) >= state.tracker_size:
+            if others == 0:
+                continue
+            del state.offers[next(iter(state.offers))]
+            others -= 1
+        state.offers[key] = 1
 
 
 def prepare_store(
@@ -261,7 +303,7 @@ def begin_job(state: OffloadState, stores: StoreJob | None = None, loads: tuple[
 
 
 def view(state: OffloadState) -> OffloadView:
-    return OffloadView(state.capacity, state.chunks, state.free)
+    return OffloadView(state.capacity, state.chunks, state.free, list(state.offers.items()))
 
 
 # ------------------------------------------------------------------ invariants (None when it holds)
@@ -334,8 +376,25 @@ def published_are_the_ready_chunks(state: OffloadState, published: Iterable[Page
     return None
 
 
+def offer_counts_fit_the_tracker(state: OffloadState) -> str | None:
+    """At most ``tracker_size`` keys counted, each offered at least once (no counts under a threshold of 1)."""
+    if len(state.offers) > (state.tracker_size if state.threshold >= 2 else 0) or any(
+        count < 1 for count in state.offers.values()
+    ):
+        return (
+            f"offer_counts_fit_the_tracker: {len(state.offers)} keys counted (threshold {state.threshold}, "
+            f"tracker of {state.tracker_size}), lowest count {min(state.offers.values(), default=None)}"
+        )
+    return None
+
+
 VIEW_LAWS = (slots_hold_one_chunk, slots_are_conserved)
-JOB_LAWS = (pending_chunks_have_their_store, pins_count_the_loads, ready_chunks_hold_their_key)
+JOB_LAWS = (
+    pending_chunks_have_their_store,
+    pins_count_the_loads,
+    ready_chunks_hold_their_key,
+    offer_counts_fit_the_tracker,
+)
 
 
 def check_view(found: OffloadView) -> None:

@@ -492,6 +492,10 @@ class OffloadTarget(Protocol):
 
     # the configuration it took of the drawn one (e.g. its eviction policy), for the summary
     config: str
+    # it stores a key once offered this many times, counting the offers of at most tracker_size keys
+    # (spec/offload.py's record_offer)
+    threshold: int
+    tracker_size: int
 
     def begin(self, request: int, keys: Sequence[PageKey]) -> None: ...
     def lookup(self, request: int, key: PageKey) -> Literal["miss", "pending", "hit"]: ...

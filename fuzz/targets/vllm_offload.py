@@ -38,6 +38,9 @@ from .shims import Never, bare, install, package_root, register, stub
 VERSION = "0.33.0"
 # the eviction policies vLLM 0.33.0 registers (CachePolicyFactory)
 POLICIES = ("lru", "arc")
+# store thresholds drawn (half the examples store every offer), and tracker sizes (64,000: the connector's default)
+THRESHOLDS = (1, 1, 2, 3)
+TRACKERS = (4, 16, 64_000)
 
 
 def import_offload() -> types.ModuleType:
@@ -82,9 +85,17 @@ class VllmOffloadStore:
     def __init__(self, capacity: int, draw: int) -> None:
         vllm = import_offload()
         self.base = vllm.base
-        self.config = POLICIES[draw % len(POLICIES)]
+        policy = POLICIES[draw % len(POLICIES)]
+        # store_threshold (1: every offer stored; the connector's default), and a tracker small enough to forget
+        self.threshold = THRESHOLDS[draw // len(POLICIES) % len(THRESHOLDS)]
+        self.tracker_size = TRACKERS[draw // len(POLICIES) // len(THRESHOLDS) % len(TRACKERS)]
+        self.config = policy if self.threshold < 2 else f"{policy}, threshold {self.threshold}"
         self.manager = vllm.manager.CPUOffloadingManager(
-            num_chunks=capacity, cache_policy=self.config, enable_events=True
+            num_chunks=capacity,
+            cache_policy=policy,
+            enable_events=True,
+            store_threshold=self.threshold,
+            max_tracker_size=self.tracker_size,
         )
         self.capacity = capacity
         self.contexts: dict[int, object] = {}
@@ -184,7 +195,9 @@ class VllmOffloadStore:
             for key, chunk in self.chunks().items()
         }
         fresh = range(self.manager._num_allocated_chunks, self.capacity)
-        return of.OffloadView(self.capacity, held, [*self.manager._free_list, *fresh])
+        counts = self.manager.counts or {}
+        offers = [(self.page_keys[key], count) for key, count in counts.items()]
+        return of.OffloadView(self.capacity, held, [*self.manager._free_list, *fresh], offers)
 
     def check_integrity(self) -> None:
         """The manager's counters and its policy's evictable set agree with its chunks."""

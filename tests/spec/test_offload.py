@@ -87,10 +87,12 @@ def test_a_refused_call_names_what_was_wrong_and_changes_nothing(call, error, wo
     assert state == before
 
 
-def test_a_capacity_must_be_a_positive_int() -> None:
+def test_a_capacity_a_threshold_and_a_tracker_must_be_positive_ints() -> None:
     for bad in (0, -1, True, 2.0):
-        with pytest.raises(InvalidSizeError):
-            of.new_state(bad)  # type: ignore[arg-type]
+        for name in ("capacity", "threshold", "tracker_size"):
+            arguments = {"capacity": 2, "threshold": 2, "tracker_size": 2, name: bad}
+            with pytest.raises(InvalidSizeError, match=name):
+                of.new_state(**arguments)  # type: ignore[arg-type]
 
 
 def busy() -> of.OffloadState:
@@ -153,3 +155,35 @@ def test_the_published_keys_must_be_the_ready_chunks() -> None:
     assert of.published_are_the_ready_chunks(state, ready) is None
     assert "ready but not published" in str(of.published_are_the_ready_chunks(state, ready[:1]))
     assert "published but not ready" in str(of.published_are_the_ready_chunks(state, keys(1, 2, 3)))
+
+
+def test_a_key_is_stored_once_offered_threshold_times_and_the_tracker_forgets_the_oldest() -> None:
+    state = of.new_state(4, threshold=2, tracker_size=2)
+    a, b, c = keys(1), keys(2), keys(3)
+    of.record_offer(state, a)
+    assert of.plan_store(state, a) == of.StorePlan((), 0)  # offered once: not admitted
+    of.record_offer(state, a)
+    assert of.plan_store(state, a) == of.StorePlan(tuple(a), 0)
+    of.record_offer(state, b)
+    assert list(state.offers.values()) == [2, 1]
+    # full: c makes room by forgetting the key offered longest ago (a), never one of its own offer
+    of.record_offer(state, c)
+    assert list(state.offers) == [*b, *c]
+    of.record_offer(state, [*b, *c, *a])  # both counted keys protected: a finds no room, is not counted
+    assert dict(state.offers) == {b[0]: 2, c[0]: 2}
+    of.check_offload_invariants(state)
+    # the counts survive a reset
+    of.reset(state)
+    assert dict(state.offers) == {b[0]: 2, c[0]: 2}
+
+
+def test_the_tracker_law_fails_when_it_counts_too_many() -> None:
+    state = of.new_state(4, threshold=2, tracker_size=1)
+    of.record_offer(state, keys(1))
+    state.offers[keys(2)[0]] = 1
+    with pytest.raises(IntegrityError, match="offer_counts_fit_the_tracker"):
+        of.check_offload_invariants(state)
+    state = of.new_state(4)  # threshold 1: nothing counted
+    state.offers[keys(2)[0]] = 1
+    with pytest.raises(IntegrityError, match="offer_counts_fit_the_tracker"):
+        of.check_offload_invariants(state)
