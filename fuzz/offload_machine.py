@@ -83,23 +83,24 @@ class OffloadMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the scheduler
 
-    @rule(prompt=prompts, load=st.booleans(), split=st.integers(0, 3), finish=st.booleans())
-    def request(self, prompt: Prompt, load: bool, split: int, finish: bool) -> None:
-        """A request: its keys looked up, its hit loaded (``load``), the rest offered in one part or two
-        (``split``: where the first part ends), finished now or later."""
+    @rule(prompt=prompts, load=st.booleans(), whole=st.booleans(), split=st.integers(0, 3), finish=st.booleans())
+    def request(self, prompt: Prompt, load: bool, whole: bool, split: int, finish: bool) -> None:
+        """A request: its keys looked up, its hit loaded (``load``), the rest (``whole``: every key, as a
+        request-level offloading policy offers them) offered in one part or two (``split``: where the first part
+        ends), finished now or later."""
         STATS.record_rule("offload.request")
         request = self.next_request
         self.next_request += 1
         keys = [(prompt.namespace, prefix) for prefix in compute_page_prefixes(prompt.tokens, PAGE_SIZE)]
         for run in self.runs:
             with run.named():
-                self.serve(run, request, keys, load, split)
+                self.serve(run, request, keys, load, whole, split)
         if finish:
             self.finish_request(request)
         else:
             self.open.append(request)
 
-    def serve(self, run: Run, request: int, keys: list[PageKey], load: bool, split: int) -> None:
+    def serve(self, run: Run, request: int, keys: list[PageKey], load: bool, whole: bool, split: int) -> None:
         run.target.begin(request, keys)
         for key in keys:
             found, expected = run.target.lookup(request, key), of.lookup(run.state, key)
@@ -111,7 +112,7 @@ class OffloadMachine(RuleBasedStateMachine):
             return
         if hit and load:
             self.load(run, request, hit)
-        rest = keys[len(hit) :]
+        rest = keys if whole else keys[len(hit) :]
         for part in (rest[:split], rest[split:]) if 0 < split < len(rest) else (rest,):
             self.store(run, request, part)
 

@@ -99,7 +99,7 @@ def new_state(capacity: int, threshold: int = 1, tracker_size: int = 64_000) -> 
     # CHECK
     for name, value in (("capacity", capacity), ("threshold", threshold), ("tracker_size", tracker_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidSizeError(f"{name} must be an int >= 1, got {value!r}")
+            raise InvalidSizeError.not_positive(name, value)
     return OffloadState(capacity, free=list(range(capacity)), threshold=threshold, tracker_size=tracker_size)
 
 

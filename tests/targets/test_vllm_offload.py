@@ -52,10 +52,17 @@ PLANTS = {
     ),
     # an offer's eviction takes the offer's own stored chunks: a page reused under the request that needs it
     "evicts_the_offer": (
-        "store_refused_only_when_short",
+        "store_evicts_only_what_it_lacks",
         "prepare_store",
         "protected = set(keys)",
         "protected = set()",
+    ),
+    # an offer that could evict exactly what it lacks is refused (ARC's spurious refusals, PR #55461's class)
+    "refuses_when_just_enough": (
+        "store_refused_only_when_short",
+        "prepare_store",
+        "if num_chunks_to_evict > self._num_evictable_cache_chunks:",
+        "if num_chunks_to_evict >= self._num_evictable_cache_chunks:",
     ),
     # an offer evicts one chunk more than it lacks
     "evicts_one_more": (
