@@ -531,6 +531,86 @@ def test_vllm_eagle_hit_keeps_a_window_proof_made_at_a_longer_length_after_mamba
     assert seen == {"hit": 4, "cached_window_blocks": [0, 2, 3], "window_rule_at_hit": 0}
 
 
+# Finding 18, standalone: vLLM's KV offloading modules only. A promotion the tiering manager completes inside
+# reset_cache publishes a CPU "stored" event after the reset, for a key the CPU tier no longer holds.
+VLLM_TIERING_RESET_STALE_EVENT = """import hashlib, json, os, sys, types
+from radixspec.fuzz.targets.vllm_offload import import_offload
+
+import_offload()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+# two modules the shared region's import chain reaches (psutil, CUDA): a /dev/shm space check, and pinning,
+# which a region that is never pinned never calls
+sys.modules["vllm.distributed.device_communicators.shm_broadcast"] = types.SimpleNamespace(
+    check_shm_free_space=lambda *args, **kwargs: None)
+import vllm.v1.kv_offload.cpu
+sys.modules["vllm.v1.kv_offload.cpu.host_register"] = types.SimpleNamespace(host_register=None, host_unregister=None)
+from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+from vllm.v1.kv_offload.tiering.example.manager import ExampleSecondaryTierManager
+from vllm.v1.kv_offload.tiering.manager import CPUPrimaryTierOffloadingManager, TieringOffloadingManager
+
+K1, K2, K3 = (make_offload_key(hashlib.sha256(name.encode()).digest(), 0) for name in ("k1", "k2", "k3"))
+NAMES = {K1: "K1", K2: "K2", K3: "K3"}
+END = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+size = SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
+region = SharedOffloadRegion(engine_id=f"finding18_{os.getpid()}", num_chunks=2, rank=None,
+                             kv_bytes_per_chunk=size, cpu_page_size=size)
+primary = CPUPrimaryTierOffloadingManager(num_chunks=2, mmap_region=region, enable_events=True)
+tier = ExampleSecondaryTierManager(offloading_spec=None, primary_kv_view=primary.get_kv_memoryview(),
+                                   tier_type="example")
+manager = TieringOffloadingManager(primary, [tier], tier_poll_interval_s=0)
+shown = lambda events: [("removed" if e.removed else "stored", e.medium.value, [NAMES[k] for k in e.keys])
+                        for e in events]
+try:
+    for name, keys in (("A", [K1]), ("B", [K2, K3])):  # K1 stored, cascaded to the tier, then evicted by K2, K3
+        request = ReqContext(req_id=name)
+        manager.on_new_request(request)
+        manager.prepare_store(keys, request)
+        manager.complete_store(keys, request)
+        manager.on_request_finished(request)
+        manager.on_schedule_end(END)
+        list(manager.take_events())
+    c = ReqContext(req_id="C")
+    manager.on_new_request(c)
+    promoting = manager.lookup(K1, c).name  # a tier hit: a promotion into the CPU tier starts
+    manager.on_schedule_end(END)  # the tier finishes its load; the manager has not processed it yet
+    drained = shown(manager.take_events())  # the connector drains every step
+    manager.reset_cache()  # reset_prefix_cache(reset_connector=True)
+    after = shown(manager.take_events())
+    lookup = primary.lookup(K1, c).name
+    manager.on_reset_flushed()
+    manager.on_request_finished(c)
+    manager.on_schedule_end(END)
+    later = shown(manager.take_events())
+finally:
+    manager.shutdown()
+print(json.dumps({"promoting": promoting, "drained_before_reset": drained, "after_reset": after,
+                  "cpu_lookup_after_reset": lookup, "next_step": later}))
+"""
+
+
+@needs_vllm
+def test_vllm_tiering_reset_publishes_a_promotion_the_reset_then_drops() -> None:
+    """Finding 18 (found reading the offloading connector's reset path for the ``vllm-offload`` target, not by a
+    campaign: the offload machine drives ``CPUOffloadingManager``, not the tiering manager): ``reset_cache`` of
+    ``TieringOffloadingManager`` completes a finished promotion (a CPU ``complete_store``, queuing a stored event)
+    and only then resets the CPU tier, whose ``reset_cache`` keeps the queued events. The first events after the
+    reset say the CPU tier holds K1; it does not, and no removal follows."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_TIERING_RESET_STALE_EVENT], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "promoting": "HIT_PENDING",
+        "drained_before_reset": [["removed", "CPU", ["K3"]]],
+        "after_reset": [["stored", "CPU", ["K1"]]],
+        "cpu_lookup_after_reset": "MISS",
+        "next_step": [],
+    }
+
+
 # ------------------------------------------------------------------ NVIDIA Dynamo 1.6.1's router index
 
 needs_dynamo = pytest.mark.skipif(importlib.util.find_spec("dynamo") is None, reason="Dynamo is not installed")
