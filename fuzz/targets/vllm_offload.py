@@ -32,7 +32,7 @@ from radixspec.spec import offload as of
 from radixspec.spec.errors import IntegrityError
 from radixspec.spec.prefix_cache import PageKey
 
-from .api import StoreOutput, TargetInfo
+from .api import Profile, StoreOutput, TargetInfo
 from .shims import Never, bare, install, package_root, register, stub
 
 VERSION = "0.33.0"
@@ -216,6 +216,17 @@ class VllmOffloadStore:
             )
 
 
+PROFILE = Profile(
+    name=f"vllm {VERSION} CPUOffloadingManager (KV offloading, host tier)",
+    default_lru="sync",
+    notes=(
+        "which idle chunks an offer evicts and which free slots it takes are its policy's (lru, arc): the spec takes"
+        " them after checking the rules allow them (sync), no order is predicted",
+        "a reset abandons the jobs in flight (reset_connector=True); the scheduler delivers none of their completions",
+    ),
+)
+
+
 def factory(capacity: int, draw: int) -> VllmOffloadStore:
     return VllmOffloadStore(capacity, draw)
 
@@ -225,6 +236,7 @@ TARGET = TargetInfo(
     description=f"vLLM {VERSION} KV offloading: CPUOffloadingManager (lru, arc) as its connector's scheduler drives it",
     requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
     offload_factory=factory,
+    profile=PROFILE,
     how="the offload machine: the scheduler's calls and the workers' completions, late, out of order, failed",
     probe=import_offload,
 )
