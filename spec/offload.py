@@ -336,19 +336,16 @@ def pending_chunks_have_their_store(state: OffloadState) -> str | None:
     writing = Counter(pair for job in state.stores.values() for pair in zip(job.keys, job.slots, strict=True))
     pending = Counter((key, chunk.slot) for key, chunk in state.chunks.items() if chunk.pins == PENDING)
     if writing != pending:
-        return (
-            f"pending_chunks_have_their_store: pending {sorted(pending, key=repr)}, "
-            f"written by stores {sorted(writing, key=repr)}"
-        )
+        return f"pending_chunks_have_their_store: pending {list(pending)}, written by stores {list(writing)}"
     return None
 
 
 def pins_count_the_loads(state: OffloadState) -> str | None:
     """Each ready chunk is pinned once per load in flight that reads it, and a load reads only ready chunks."""
     reading = Counter(key for keys in state.loads.values() for key in keys)
-    pins = Counter({key: chunk.pins for key, chunk in state.chunks.items() if chunk.pins > 0})
-    unready = sorted((key for key in reading if lookup(state, key) != "hit"), key=repr)
-    if reading != pins or unready:
+    pins = {key: chunk.pins for key, chunk in state.chunks.items() if chunk.pins > 0}
+    unready = [key for key in reading if lookup(state, key) != "hit"]
+    if dict(reading) != pins or unready:
         return f"pins_count_the_loads: pins {dict(pins)}, loads reading {dict(reading)}, not ready {unready}"
     return None
 
@@ -366,13 +363,13 @@ def ready_chunks_hold_their_key(state: OffloadState) -> str | None:
 
 def published_are_the_ready_chunks(state: OffloadState, published: Iterable[PageKey]) -> str | None:
     """The manager's events, replayed (stored: +, removed: -; a reset clears), give exactly the ready chunks."""
-    ready = {key for key, chunk in state.chunks.items() if chunk.pins != PENDING}
-    shown = set(published)
-    if shown != ready:
-        return (
-            f"published_are_the_ready_chunks: published but not ready {sorted(shown - ready, key=repr)!r}, "
-            f"ready but not published {sorted(ready - shown, key=repr)!r}"
-        )
+    shown = list(published)
+    ready = [key for key, chunk in state.chunks.items() if chunk.pins != PENDING]
+    ready_keys, shown_keys = set(ready), set(shown)
+    extra = [key for key in shown if key not in ready_keys]
+    missing = [key for key in ready if key not in shown_keys]
+    if extra or missing:
+        return f"published_are_the_ready_chunks: published but not ready {extra!r}, ready but not published {missing!r}"
     return None
 
 
@@ -383,7 +380,7 @@ def offer_counts_fit_the_tracker(state: OffloadState) -> str | None:
     ):
         return (
             f"offer_counts_fit_the_tracker: {len(state.offers)} keys counted (threshold {state.threshold}, "
-            f"tracker of {state.tracker_size}), lowest count {min(state.offers.values(), default=None)}"
+            f"tracker of {state.tracker_size}), lowest count {min(state.offers.values())}"
         )
     return None
 

@@ -187,3 +187,74 @@ def test_the_tracker_law_fails_when_it_counts_too_many() -> None:
     state.offers[keys(2)[0]] = 1
     with pytest.raises(IntegrityError, match="offer_counts_fit_the_tracker"):
         of.check_offload_invariants(state)
+
+
+# the survivors of the fresh mutation sample of spec/offload.py (seed 15), each seen failing under its mutant
+
+
+def test_a_choice_that_evicts_an_idle_chunk_of_the_offer_itself_is_refused() -> None:
+    state = of.new_state(2)
+    for prompt in (keys(1), keys(2)):
+        of.complete_store(state, of.prepare_store(state, prompt, (), (state.free[0],)))  # type: ignore[arg-type]
+    offer = [*keys(1), *keys(3)]  # one new key, no free slot: one idle chunk outside the offer (keys(2)) must go
+    assert of.plan_store(state, offer) == of.StorePlan(tuple(keys(3)), 1)
+    before = copy.deepcopy(state)
+    with pytest.raises(IntegrityError, match="store_evicts_only_what_it_lacks"):
+        of.prepare_store(state, offer, evicted=keys(1), slots=(state.chunks[keys(1)[0]].slot,))
+    assert state == before
+    assert of.prepare_store(state, offer, evicted=keys(2), slots=(1,)) is not None
+
+
+def test_a_failed_store_into_a_slot_never_written_leaves_it_unwritten() -> None:
+    state = of.new_state(2)
+    job = of.prepare_store(state, keys(1), (), (1,))
+    assert job is not None
+    of.complete_store(state, job, success=False)
+    assert state.written == {} and sorted(state.free) == [0, 1]
+
+
+def test_repeated_keys_are_refused_by_name_in_offers_loads_and_counts() -> None:
+    state = of.new_state(2, threshold=2)
+    twice = [*keys(1), *keys(1)]
+    with pytest.raises(InvalidInputError, match="^an offer's keys repeat"):
+        of.prepare_store(state, twice, (), ())
+    with pytest.raises(InvalidInputError, match="^an offer's keys repeat"):
+        of.record_offer(state, twice)
+    with pytest.raises(InvalidInputError, match="^a load's keys repeat"):
+        of.prepare_load(state, twice)
+    with pytest.raises(InvalidInputError, match="^a load of no keys$"):
+        of.prepare_load(state, [])
+    with pytest.raises(InvalidInputError, match="^no load job 9 in flight"):
+        of.get_load_slots(state, 9)
+    assert state == of.new_state(2, threshold=2)
+
+
+def test_a_full_tracker_forgets_only_keys_counted_before_the_offer() -> None:
+    state = of.new_state(4, threshold=2, tracker_size=2)
+    of.record_offer(state, keys(1))
+    of.record_offer(state, keys(2))
+    # c and d take the places of 1 and 2; e finds only keys of its own offer: not counted
+    c, d, e = keys(3)[0], keys(4)[0], keys(5)[0]
+    of.record_offer(state, [c, d, e])
+    assert state.offers == {c: 1, d: 1}
+    assert of.view(state).offers == [(c, 1), (d, 1)]
+
+
+def test_the_laws_name_what_they_found() -> None:
+    state = busy()
+    state.free.append(0)  # slot 0 held and free: the count over the capacity says it too
+    assert "free and held [0]" in str(of.slots_are_conserved(of.view(state)))
+    state = busy()
+    key = keys(1, 2)[1]
+    state.chunks[key] = state.chunks[key]._replace(slot=7)
+    assert "outside 0..3 [7]" in str(of.slots_hold_one_chunk(of.view(state)))
+    # a pin counted where no load reads (pins 0 are not pins)
+    state = busy()
+    assert of.pins_count_the_loads(state) is None
+    state.chunks[key] = state.chunks[key]._replace(pins=1)
+    assert "pins_count_the_loads" in str(of.pins_count_the_loads(state))
+    # namespaces of both kinds in one message
+    tenant = ((("tenant", 1), keys(9)[0][1]),)
+    state = busy()
+    message = str(of.published_are_the_ready_chunks(state, [*tenant, *keys(1)]))
+    assert "published but not ready [(('tenant', 1)" in message and "ready but not published [(None" in message
