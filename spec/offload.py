@@ -163,16 +163,14 @@ def record_offer(state: OffloadState, keys: Sequence[PageKey]) -> None:
     counted = [key for key in keys if key in state.offers]
     for key in counted:
         state.offers[key] = state.offers.pop(key) + 1
+    # the keys counted before this offer now come first; the offer's new keys take the free room, then the places
+    # of those keys, oldest first, while any is left
     others = len(state.offers) - len(counted)
-    for key in keys:
-        if key in state.offers:
-            continue
-        if len(state.offers) >= state.tracker_size:
-            if others == 0:
-                continue
-            del state.offers[next(iter(state.offers))]
-            others -= 1
-        state.offers[key] = 1
+    room = max(0, state.tracker_size - len(state.offers))
+    taken = [key for key in keys if key not in state.offers][: room + others]
+    for old in list(state.offers)[: max(0, len(taken) - room)]:
+        del state.offers[old]
+    state.offers.update(dict.fromkeys(taken, 1))
 
 
 def prepare_store(

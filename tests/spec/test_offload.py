@@ -258,3 +258,37 @@ def test_the_laws_name_what_they_found() -> None:
     state = busy()
     message = str(of.published_are_the_ready_chunks(state, [*tenant, *keys(1)]))
     assert "published but not ready [(('tenant', 1)" in message and "ready but not published [(None" in message
+
+
+# the survivors of the fresh sample (seed 16), each seen failing under its mutant
+
+
+def test_jobs_in_flight_have_numbers_of_their_own() -> None:
+    state = of.new_state(4)
+    first = of.prepare_store(state, keys(1), (), (0,))
+    second = of.prepare_store(state, keys(2), (), (1,))
+    assert first is not None and second is not None
+    load = of.complete_store(state, first) or of.prepare_load(state, keys(1))
+    assert len({first, second, load}) == 3 and set(state.stores) == {second} and set(state.loads) == {load}
+
+
+def test_a_choice_of_one_slot_twice_is_refused() -> None:
+    state = of.new_state(4)
+    with pytest.raises(IntegrityError, match="store_takes_free_slots"):
+        of.prepare_store(state, keys(1, 2), (), (3, 3))
+    assert state == of.new_state(4)
+
+
+def test_an_offer_counts_its_new_keys_after_a_counted_one() -> None:
+    state = of.new_state(4, threshold=2, tracker_size=4)
+    a, b = keys(1)[0], keys(2)[0]
+    of.record_offer(state, [a])
+    of.record_offer(state, [a, b])
+    assert state.offers == {a: 2, b: 1}
+
+
+def test_a_slot_at_the_capacity_is_outside() -> None:
+    state = busy()
+    key = keys(1, 2)[1]
+    state.chunks[key] = state.chunks[key]._replace(slot=state.capacity)
+    assert "outside 0..3 [4]" in str(of.slots_hold_one_chunk(of.view(state)))
