@@ -24,10 +24,11 @@ from . import TargetError, list_targets, readiness
 from .releases import RELEASES, VARIANTS, distribution, parse_requirement
 
 # what each engine's targets need beside its wheel (installed with their dependencies): the engines' KV event
-# recorders run for real only with msgspec and pyzmq; vLLM's block hashes use cbor2; Dynamo's relay reads msgspec
+# recorders run for real only with msgspec and pyzmq; vLLM's block hashes use cbor2, its KV offloading manager imports
+# its connector's metrics (prometheus_client); Dynamo's relay reads msgspec
 LIGHT: dict[str, list[str]] = {
     "sglang": ["msgspec", "pyzmq"],
-    "vllm": ["cbor2", "msgspec", "pyzmq"],
+    "vllm": ["cbor2", "msgspec", "pyzmq", "prometheus_client"],
     "dynamo": ["pydantic", "uvloop", "msgspec"],
 }
 # pip's warnings that the engine's own dependency tree is missing: that is the point of --no-deps

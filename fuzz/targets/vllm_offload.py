@@ -234,7 +234,10 @@ def factory(capacity: int, draw: int) -> VllmOffloadStore:
 TARGET = TargetInfo(
     name="vllm-offload",
     description=f"vLLM {VERSION} KV offloading: CPUOffloadingManager (lru, arc) as its connector's scheduler drives it",
-    requires=(("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} cbor2)"),),
+    requires=(
+        ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
+        ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
+    ),
     offload_factory=factory,
     profile=PROFILE,
     how="the offload machine: the scheduler's calls and the workers' completions, late, out of order, failed",
