@@ -225,10 +225,10 @@ class OffloadMachine(RuleBasedStateMachine):
         )
         found = run.target.view()
         of.check_view(found)
-        if list(found.offers) != list(of.view(run.state).offers):
+        counted = list(run.state.offers.items())
+        if list(found.offers) != counted:
             raise IntegrityError(
-                f"offer_counts_agree: the target counts {list(found.offers)[:4]}..., "
-                f"the spec {list(of.view(run.state).offers)[:4]}..."
+                f"offer_counts_agree: the target counts {list(found.offers)[:4]}..., the spec {counted[:4]}..."
             )
         if found.chunks != run.state.chunks:
             differ = sorted(

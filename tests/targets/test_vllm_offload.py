@@ -132,3 +132,19 @@ def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
     assert_clean("vllm-offload", tmp_path, examples=600)
+
+
+def test_a_lookup_answer_outside_the_spec_is_named() -> None:
+    """The manager may answer RETRY (its interface allows it; the CPU manager never does): the adapter names it
+    rather than reading it as a miss."""
+    from radixspec.fuzz.targets.vllm_offload import VllmOffloadStore
+    from radixspec.spec.errors import IntegrityError
+    from radixspec.spec.prefix_cache import compute_page_prefixes
+
+    store = VllmOffloadStore(2, 0)
+    key = (None, compute_page_prefixes([1, 2], 2)[0])
+    store.begin(0, [key])
+    assert store.lookup(0, key) == "miss"
+    store.manager.lookup = lambda offload_key, context: store.base.LookupResult.RETRY
+    with pytest.raises(IntegrityError, match="lookup_answers"):
+        store.lookup(0, key)
