@@ -21,7 +21,9 @@ and ``StateShadow`` holds the recurrent-state law (a state slot holds the state 
 
 What a target may show beyond the rows, each optional (:class:`LifecycleView`): per position slots where a page's
 slots are not one run from its first (``kv_slots``), which groups share one pool (``kv_pools``), the copies its
-worker made (``take_kv_copies``), its pools' accounting (``pools``), the pages it caches (``cached_kv``).
+worker made (``take_kv_copies``, a tier's between pools), the slots a copy still in flight will write
+(``incoming_kv``: a request attending one waits for it), its pools' accounting (``pools``), the pages it caches
+(``cached_kv``).
 """
 
 from __future__ import annotations
@@ -60,12 +62,14 @@ class CachedKV(NamedTuple):
 
 
 class KVCopy(NamedTuple):
-    """``size`` slots copied by the worker, from ``source`` on into ``target`` on, in one pool."""
+    """``size`` slots copied by the worker, from ``source`` on into ``target`` on, in pool ``pool`` (from pool
+    ``source_pool`` where it differs: a tier's copy, host to device or back)."""
 
     pool: int
     source: int
     target: int
     size: int
+    source_pool: int | None = None
 
 
 class LifecycleView(Protocol):
@@ -194,10 +198,11 @@ class LifecycleLaws:
         if take is None:
             return
         copies: list[KVCopy] = take()
-        for pool, source, target, size in copies:
+        for pool, source, target, size, source_pool in copies:
             base = pool * SLOTS_PER_POOL
+            source_base = base if source_pool is None else source_pool * SLOTS_PER_POOL
             for offset in range(size):
-                held = self.shadow.get(base + source + offset)
+                held = self.shadow.get(source_base + source + offset)
                 if held is None:
                     self.shadow.pop(base + target + offset, None)
                 else:
@@ -247,11 +252,15 @@ class LifecycleLaws:
     def attended_kv_is_the_requests(self, req: HybridReq) -> None:
         ids = self.prefixes.extend(self.ids.setdefault(req.uid, []), req.namespace, req.input_ids, req.computed)
         slots, p = self.slots(req), self.page_size
+        # slots a copy still in flight will write (a tier's load): the request's forward waits for it
+        incoming: set[int] = getattr(self.view, "incoming_kv", set)()
         for group in self.kv_groups:
             base, row = self.pool_of[group] * SLOTS_PER_POOL, slots[group]
             for page in hy.compute_used_pages(req.computed, self.windows[group], p):
                 for position in range(page * p, min(req.computed, (page + 1) * p)):
                     slot = row[position] if position < len(row) else None
+                    if slot is not None and base + slot in incoming:
+                        continue
                     held = None if slot is None else self.shadow.get(base + slot)
                     if held != (group, ids[position]):
                         raise self.fail(

@@ -11,6 +11,7 @@ from hypothesis import reject
 from hypothesis.stateful import RuleBasedStateMachine
 
 from .registry import IMPLEMENTATIONS, MACHINES
+from .targets import resolve
 from .targets.api import TargetInfo
 
 
@@ -60,6 +61,13 @@ class FailureClock:
                 cls.notify(f"{type(failure).__name__}: {failure}")
 
 
+def executes(target: str | TargetInfo) -> bool:
+    """Whether ``target`` is a tiered lifecycle target the machine runs the transfers of (ours never are)."""
+    if isinstance(target, TargetInfo):
+        return target.executes
+    return target not in IMPLEMENTATIONS and resolve(target, check=False).executes
+
+
 def machine_for(
     name: str,
     targets: tuple[str | TargetInfo, ...] = tuple(IMPLEMENTATIONS),
@@ -73,6 +81,10 @@ def machine_for(
     batch's machine (the cache machine grows no big trees and no long keys). Notes the time of its first
     failure."""
     base = machine_class(name)
+    if name == "hybrid" and any(executes(target) for target in targets):
+        from .hybrid_executor import TieredHybridMachine
+
+        base = TieredHybridMachine
 
     def __init__(self: RuleBasedStateMachine) -> None:
         # before a failure only: once one is found, Hypothesis replays it and shrinks (bounded on its own)

@@ -50,6 +50,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         minisgl,
         ours,
         routers,
+        sglang_hicache,
         sglang_unified,
         sglang_unified_mamba,
         sglang_unified_swa,
@@ -78,6 +79,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "minisgl": minisgl.target,
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,
+        "sglang-hicache": sglang_hicache.target,
         "dynamo": no_argument(dynamo.TARGET),
         "radixspec-router": no_argument(routers.SPEC_ROUTER),
     }

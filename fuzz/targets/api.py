@@ -587,6 +587,9 @@ class TargetInfo:
     # with reference/hybrid_manager.py's methods (match_req, allocate_paged, store, cache_req, check_integrity)
     # and its ``windows`` (those it took of the drawn ones); None when the target has no hybrid layer
     hybrid_factory: Callable[[int, tuple[Window, ...], int], LifecycleTarget] | None = None
+    # its hybrid managers are tiered and the machine runs their transfers (``execute``, ``flush``: HiCache's), so
+    # the hybrid machine with the executor's rules drives it (fuzz/hybrid_executor.py)
+    executes: bool = False
     # ours only: makes the hybrid cache (reference/hybrid_manager.py's HybridCache) that our hybrid manager runs
     # over: factory(page_size, windows); the hybrid machine drives each beside the spec's, caches and managers
     hybrid_cache: Callable[[int, tuple[Window, ...]], HybridCache] | None = None

@@ -46,7 +46,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
-from ..lifecycle import Pool, hit_law
+from ..lifecycle import KVCopy, Pool, hit_law
 from ..stats import STATS
 from .api import LifecycleProfile, Profile, TargetError, TargetInfo
 from .sglang import VERSION
@@ -165,6 +165,9 @@ class Record:
     mamba_branching_seqlen: int | None = None
     # where the last extend ended: the tokens whose KV is computed
     extend_end: int = 0
+    # the match's host hits of the components beside FULL (init_load_back reads them; HiCache: FULL only)
+    swa_host_hit_length: int = 0
+    mamba_host_hit_length: int = 0
 
     def finished(self) -> bool:
         return self.done
@@ -327,10 +330,54 @@ class StateComponent(Protocol):
         """The state slots: free, cached, held by the live requests, size."""
 
 
+class MatchView(Protocol):
+    """What the lifecycle reads of SGLang's ``MatchResult``."""
+
+    device_prefix_len: int
+    host_hit_length: int
+    last_device_node: object
+    best_match_node: object
+
+
+class TierComponent(Protocol):
+    """HiCache's host tier beside the device pool (``sglang_hicache.py``): the device pool it copies from, the
+    cache's ``init_hicache``, the scheduler's per-step poll, the host hit loaded back at a match, the forward's
+    wait for the loads, the host tier's events, checks and pool; the copies it made and has in flight."""
+
+    def device_pool(self, m: SGLangUnifiedManager) -> object: ...
+
+    def attach(self, m: SGLangUnifiedManager, params: object) -> None: ...
+
+    def step(self, m: SGLangUnifiedManager) -> None: ...
+
+    def device_events(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]: ...
+
+    def load_back(
+        self, m: SGLangUnifiedManager, req: HybridReq, record: Record, result: MatchView
+    ) -> tuple[int, object]: ...
+
+    def forward(self, m: SGLangUnifiedManager) -> None: ...
+
+    def check(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> None: ...
+
+    def pool(self, m: SGLangUnifiedManager) -> Pool: ...
+
+    def take_kv_copies(self) -> list[KVCopy]: ...
+
+    def incoming_kv(self) -> set[int]: ...
+
+    def execute(self, lane: int, count: int) -> None: ...
+
+    def before_reset(self, m: SGLangUnifiedManager) -> None: ...
+
+    def checkable(self, m: SGLangUnifiedManager) -> bool: ...
+
+
 class SGLangUnifiedManager:
     """SGLang's unified cache and its allocator behind the hybrid manager's methods, on one tree core: FULL, with
     the components the model has, combined as SGLang combines them: the SWA one (``swa``), the MAMBA one
-    (``mamba``: ``sglang_unified_mamba.py``). ``profile``: the target's."""
+    (``mamba``: ``sglang_unified_mamba.py``); with HiCache's host tier (``tiers``: ``sglang_hicache.py``).
+    ``profile``: the target's."""
 
     # a refusal is an OutOfPagesError of ours (the scheduler's checks); anything else escaping SGLang is a crash
     raises_only_cache_errors = True
@@ -345,12 +392,13 @@ class SGLangUnifiedManager:
         *,
         swa: SlidingWindow | None = None,
         mamba: StateComponent | None = None,
+        tiers: TierComponent | None = None,
         profile: Profile = PROFILE,
     ) -> None:
         import torch
 
         self.torch = torch
-        self.swa, self.mamba, self.profile = swa, mamba, profile
+        self.swa, self.mamba, self.tiers, self.profile = swa, mamba, tiers, profile
         if mamba is not None:
             mamba.configure(core, page_size)
         v = self.v = import_unified_cache()
@@ -363,19 +411,20 @@ class SGLangUnifiedManager:
         self.eagle = eagle and mamba is None
         self.table = self.make_table()
         self.alloc = self.make_allocator()
-        self.cache = v.urc.UnifiedRadixCache(
-            v.params.CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.table,
-                token_to_kv_pool_allocator=self.alloc,
-                page_size=page_size,
-                tree_core_backend=core,
-                eviction_policy=policy,
-                enable_kv_cache_events=True,
-                is_eagle=eagle,
-                **self.components(),
-            )
+        params = v.params.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.table,
+            token_to_kv_pool_allocator=self.alloc,
+            page_size=page_size,
+            tree_core_backend=core,
+            eviction_policy=policy,
+            enable_kv_cache_events=True,
+            is_eagle=eagle,
+            **self.components(),
         )
+        self.cache = v.urc.UnifiedRadixCache(params)
+        if tiers is not None:
+            tiers.attach(self, params)
         self.records: dict[int, Record] = {}
         # cache_salt -> namespace: the events name a namespace by its salt
         self.salts: dict[str, Namespace] = {}
@@ -396,7 +445,7 @@ class SGLangUnifiedManager:
             page_size=self.page_size,
             dtype=self.torch.float16,
             device="cpu",
-            kvcache=mapping_pool(self.v),
+            kvcache=mapping_pool(self.v) if self.tiers is None else self.tiers.device_pool(self),
             need_sort=False,
         )
 
@@ -422,8 +471,12 @@ class SGLangUnifiedManager:
         return text
 
     def cached_pages(self) -> dict[pc.PageKey, int]:
-        """The pages the cache's KV events say it holds, every event so far replayed from empty."""
-        events = ev.from_block_events(self.cache.take_events(), lambda salt: self.salts.get(salt) if salt else None)
+        """The pages the cache's KV events say it holds (with HiCache, on the device), every event so far replayed
+        from empty."""
+        taken = self.cache.take_events()
+        if self.tiers is not None:
+            taken = self.tiers.device_events(self, taken)
+        events = ev.from_block_events(taken, lambda salt: self.salts.get(salt) if salt else None)
         STATS.events_replayed += len(events)
         # pages leave SGLang's tree only when it evicts them
         STATS.evicted_pages += sum(
@@ -456,6 +509,8 @@ class SGLangUnifiedManager:
     def match_req(self, req: HybridReq) -> None:
         """match_prefix_for_req: the prompt less its last token under its cache_salt; checked, then locked (with
         MAMBA, admitted only with the state slots it needs)."""
+        if self.tiers is not None:
+            self.tiers.step(self)
         if self.mamba is not None:
             self.mamba.admit(self, req)
         if not self.table.free_rows:
@@ -479,10 +534,13 @@ class SGLangUnifiedManager:
             STATS.record_rule("sglang.match[hit]")
         record.swa_branching_seqlen = result.swa_branching_seqlen
         record.mamba_branching_seqlen = result.mamba_branching_seqlen
-        record.lock, record.last_node = self.cache.lock(result.last_device_node), result.last_device_node
+        last = record.last_node = result.last_device_node
+        if self.tiers is not None:
+            hit, last = self.tiers.load_back(self, req, record, result)
+        record.lock, record.last_node = self.cache.lock(last), last
         record.kv.cache_protected_len = record.kv.kv_allocated_len = hit
         if hit:
-            matched = self.cache.path_device_indices(result.last_device_node)[:hit]
+            matched = self.cache.path_device_indices(last)[:hit]
             self.table.write((record.kv.req_pool_idx, slice(0, hit)), matched)
         self.records[req.uid] = record
         record.extend_end = hit
@@ -532,6 +590,8 @@ class SGLangUnifiedManager:
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """alloc_paged_token_slots_extend for tokens up to ``length``: evict the shortfall, then alloc_extend."""
+        if self.tiers is not None:
+            self.tiers.step(self)
         record = self.records[req.uid]
         start, length = record.kv.kv_allocated_len, self.chunk_end(req, length)
         if length <= start:
@@ -569,6 +629,8 @@ class SGLangUnifiedManager:
 
     def store(self, req: HybridReq, tokens: int) -> None:
         """KV written for ``tokens`` more tokens (the machine's shadow records where, fuzz/lifecycle.py)."""
+        if self.tiers is not None:
+            self.tiers.forward(self)
         record, begin = self.records[req.uid], req.computed
         end = self.chunk_end(req, req.computed + tokens)
         req.computed = record.extend_end = end
@@ -579,6 +641,8 @@ class SGLangUnifiedManager:
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         """checkpoint_kv_cache after a chunk; release_kv_cache when the request finishes or is aborted (with
         SWA under this manager's out-of-window switch; with MAMBA, a checkpoint only with a state slot free)."""
+        if self.tiers is not None:
+            self.tiers.step(self)
         if not finished and self.mamba is not None and not self.mamba.make_room(self):
             STATS.record_rule("sglang-mamba.checkpoint[no state slot: not called]")
             return
@@ -657,7 +721,10 @@ class SGLangUnifiedManager:
             raise IntegrityError(
                 f"events_replay_to_the_cache: the events hold {announced} pages, the tree {tree} tokens"
             )
-        self.cache.sanity_check()
+        if self.tiers is None or self.tiers.checkable(self):
+            self.cache.sanity_check()
+        if self.tiers is not None:
+            self.tiers.check(self, live_reqs)
         STATS.record_reach(largest_tree_pages=tree // p)
 
     def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:
@@ -674,7 +741,33 @@ class SGLangUnifiedManager:
             found.append(self.swa.pool(self, live_reqs))
         if self.mamba is not None:
             found.append(self.mamba.pool(self, live_reqs))
+        if self.tiers is not None:
+            found.append(self.tiers.pool(self))
         return found
+
+    @property
+    def executes(self) -> bool:
+        """Whether the machine runs this manager's transfers (``execute``): with HiCache's host tier."""
+        return self.tiers is not None
+
+    def execute(self, lane: int, count: int) -> None:
+        """The executor: up to ``count`` more operations of one of the cache's transfer streams."""
+        if self.tiers is not None:
+            self.tiers.execute(lane, count)
+
+    def flush(self) -> None:
+        """The scheduler's ``flush_cache`` once no request runs: the cache reset, the allocator cleared."""
+        assert not self.records, f"flush_cache with {len(self.records)} requests running"
+        if self.tiers is not None:
+            self.tiers.before_reset(self)
+        self.cache.reset()
+        self.alloc.clear()
+
+    def take_kv_copies(self) -> list[KVCopy]:
+        return [] if self.tiers is None else self.tiers.take_kv_copies()
+
+    def incoming_kv(self) -> set[int]:
+        return set() if self.tiers is None else self.tiers.incoming_kv()
 
     def cached_page_count(self) -> int:
         """Pages the tree holds (the reach of a campaign)."""
@@ -727,6 +820,18 @@ class BothCores:
 
     def cache_req(self, req: HybridReq, finished: bool) -> None:
         self.both("cache_req", req, lambda m, r: m.cache_req(r, finished))
+
+    @property
+    def executes(self) -> bool:
+        return self.managers[0].executes
+
+    def execute(self, lane: int, count: int) -> None:
+        for manager in self.managers:
+            manager.execute(lane, count)
+
+    def flush(self) -> None:
+        for manager in self.managers:
+            manager.flush()
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
         """Each core's checks; a broken law names the core it broke on."""

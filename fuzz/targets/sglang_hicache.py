@@ -1,0 +1,651 @@
+"""Target ``sglang-hicache``: SGLang 0.5.23's ``UnifiedRadixCache`` with HiCache on (a host tier behind the device
+pool), driven through the scheduler's request lifecycle with the fuzzer as the executor of its transfers.
+
+The cache is the ``sglang`` target's (``sglang_unified.py``: the FULL component, the paged allocator, the
+scheduler's match, allocate, checkpoint and release), built with ``init_hicache``: SGLang's own
+``HybridCacheController``, ``MHATokenToKVPoolHost``, ``HostPoolGroup`` and ``L2TransferEngine``. What the
+scheduler adds with HiCache is written here from SGLang's code (``managers/schedule_policy.py``,
+``managers/scheduler.py``): ``check_hicache_events`` at every step (write and load acks, pending backups
+flushed); a match's host hit pinned and loaded back (``init_load_back`` under the match's device and host locks,
+all of the hit or none, then ``ready_to_load_host_cache``); the forward waiting for the loads. Drawn per example:
+the write policy (``write_through``, ``write_through_selective``: a backup after two hits, ``write_back``: on
+eviction), the host tier's size (half the device pool to twice it) and the page size.
+
+**The executor.** SGLang submits each transfer on a stream and polls its finish event. Here the streams are
+``streams.Lane``s: a copy runs only when the machine's ``execute`` rule runs its stream (in stream order, the
+two streams in any order), or when SGLang itself blocks on it (a ``synchronize``: write-back's eviction, the
+forward's wait for its loads). So a backup may still be reading a device page, and a load writing one, while the
+scheduler goes on: whatever SGLang frees or reuses before the finish event shows.
+
+**What stands in, and why it cannot hide a bug of the tree or the controller** (docs/targets.md):
+
+* the device module (``get_device_module()``): ``streams.Executor``'s, in place of ``torch.cuda``; the copies
+  are deferred, never reordered within a stream, never dropped;
+* ``sgl_kernel``'s ``transfer_kv_direct`` (the ``direct`` I/O backend, ``layer_first`` host layout): torch index
+  copies of the same indices, per layer, K and V, put on the current stream; each one also reports its copies to
+  the KV shadow (host slots are pool 1 of the shadow);
+* the device KV pool: per layer a K and a V tensor of one int64 per token, with the buffer description the host
+  pool reads (``MHABufferInfo``); the host pool is SGLang's, unpinned (``pin_memory=False``);
+* ``hybrid_pool_assembler``: its strategy for a flat MHA pool (``build_kv_only_stack`` and
+  ``_apply_stack_result``), written again here because the module imports NCCL's allocator: one anchor host
+  pool, the controller, the FULL component's host pool, the layer counter;
+* the runtime context's getters (the HiCache arguments above, one rank, no storage), ``psutil`` (host memory
+  ample), the data-parallel attention flag (off), SGLang's CUDA kernel modules (``never``: no CPU path calls
+  them).
+
+Checks, beside the ``sglang`` target's (the device hit by the spec's hit rule over the device pages the events
+hold, the device events against the tree, SGLang's ``sanity_check``, the lifecycle laws with the KV shadow now
+following every copy between the tiers):
+
+* ``host_events_are_coherent``: the host tier's events store a page only where none is held and remove only
+  pages held, each under a parent some event stored;
+* ``host_hit_is_held``: a match's host hit covers only pages whose host copy the events announce;
+* ``load_back_is_all_or_nothing``: a load back commits the whole host hit or none of it (the scheduler's own check);
+* ``host_events_replay_to_the_pool``: the host pages the events hold (announced at a backup's ack), the host
+  pool's free slots and the slots of backups not yet acknowledged make its size;
+* ``free_lists_hold_no_page_twice``: neither the allocator's free pages nor the host pool's free slots repeat;
+* ``transfers_hold_both_ends``: no page a copy in flight reads or writes is free (on either tier) or a live
+  request's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec import events as ev
+from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
+from radixspec.spec.errors import IntegrityError
+
+from ..lifecycle import SLOTS_PER_POOL, KVCopy, Pool
+from ..stats import STATS
+from .api import TargetError, TargetInfo
+from .releases import installed_release
+from .sglang import VERSION
+from .sglang_modules import import_unified_cache
+from .sglang_unified import CORES, BothCores, MatchView, Record, SGLangUnifiedManager, unified_profile
+from .shims import install, never, register, stub, stub_any
+from .streams import Executor, Lane
+
+if TYPE_CHECKING:
+    import torch
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+# the host tier's size, in device pools (SGLang's --hicache-ratio)
+HOST_RATIOS = (0.5, 1.0, 2.0, 4.0)
+# pages of 2 to 16 tokens: a host hit is loaded back from 10 tokens on (SGLang's load_back_threshold)
+PAGE_SIZES = (2, 4, 8, 16)
+LAYERS = 2
+# the host tier's slots in the KV shadow (fuzz/lifecycle.py): pool 1
+HOST_POOL = 1
+# the process's streams: SGLang's controller binds its device module once, when it is imported
+EXECUTOR = Executor()
+# SGLang's --hicache-* arguments as its runtime context gives them (set before each cache is built)
+MEMORY = types.SimpleNamespace(
+    hicache_host_memory_mode="cache",
+    hicache_storage_backend=None,
+    hicache_storage_backend_extra_config=None,
+    hicache_storage_prefetch_policy="best_effort",
+    hicache_write_policy="write_through",
+    hicache_io_backend="direct",
+    hicache_mem_layout="layer_first",
+    hicache_ratio=2.0,
+    hicache_size=0,
+)
+
+PROFILE = unified_profile(
+    "FULL",
+    hit=(
+        "the device hit, then the host hit loaded back whole (init_load_back) when the pages fit; the hit"
+        " reported is the device hit plus what was loaded"
+    ),
+)
+
+
+class CacheParams(Protocol):
+    """What ``attach`` reads of SGLang's ``CacheInitParams``."""
+
+    token_to_kv_pool_allocator: Allocator
+    page_size: int
+
+
+class FullComponent(Protocol):
+    _full_kv_pool_host: object
+
+
+class UnifiedCache(Protocol):
+    """What ``attach`` sets on SGLang's ``UnifiedRadixCache``."""
+
+    host_pool_group: object
+    cache_controller: object
+    full_kv_pool_host: object
+    components: Mapping[object, FullComponent]
+
+
+class Allocator(Protocol):
+    def get_kvcache(self) -> DevicePool: ...
+
+
+class KernelModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Every ``sglang.kernels.*`` module: a package whose names are ``never`` (no CPU path calls a kernel)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if name.startswith("sglang.kernels.") and name not in sys.modules:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = stub_any(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+def transfer_kv_direct(
+    src_layers: Sequence[torch.Tensor],
+    dst_layers: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """``sgl_kernel.kvcacheio.transfer_kv_direct`` as torch copies, put on the current stream: they run when the
+    stream runs them. The tier that owns the destination hears of each copy (``HostTier.copied``)."""
+    tier = HostTier.owner(dst_layers[0]) or HostTier.owner(src_layers[0])
+    lane = EXECUTOR.current
+    epoch = -1 if tier is None else tier.submitted(dst_layers[0], src_indices, dst_indices)
+
+    def run() -> None:
+        for source, target in zip(src_layers, dst_layers, strict=True):
+            target[dst_indices] = source[src_indices]
+        if tier is not None:
+            tier.copied(dst_layers[0], src_indices, dst_indices, epoch)
+
+    lane.enqueue(run)
+
+
+def import_hicache() -> types.ModuleType:
+    """The unified cache's modules (``import_unified_cache``) and HiCache's, with the stand-ins above (once a
+    process: the module registered under ``sglang.__radixspec_hicache__``)."""
+    loaded = sys.modules.get("sglang.__radixspec_hicache__")
+    if loaded is not None:
+        return loaded
+    release = installed_release("sglang")
+    if release is not None and release != VERSION:
+        raise ImportError(
+            f"sglang-hicache drives SGLang {VERSION}'s HiCache only (its controller and host pools differ in other"
+            f" releases): {release} is installed; radixspec targets install sglang"
+        )
+    v = import_unified_cache()
+    device = EXECUTOR.module()
+    stub("psutil", virtual_memory=lambda: types.SimpleNamespace(available=1 << 50, total=1 << 50))
+    stub("sglang.srt.layers.dp_attention", is_dp_attention_enabled=lambda: False)
+    # the unified targets stub HiCache's modules: the real ones now
+    for name in ("sglang.srt.managers.cache_controller", "sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller"):
+        sys.modules.pop(name, None)
+    for name in ("sglang.srt.utils", "sglang.srt.utils.common"):
+        install(
+            sys.modules[name],
+            get_device_module=lambda: device,
+            is_xpu=lambda: False,
+            is_mps=lambda: False,
+            is_musa=lambda: False,
+            broadcast_pyobj=never,
+        )
+    pools = sys.modules["sglang.srt.mem_cache.memory_pool"]
+    for name in ("MLATokenToKVPool", "HybridLinearKVPool", "MHATokenToKOnlyPool", "MLATokenToKVPoolFP4"):
+        install(pools, **{name: type(name, (), {})})
+    if not any(isinstance(finder, KernelModules) for finder in sys.meta_path):
+        sys.meta_path.insert(0, KernelModules())
+    for name in ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.kvcache", "sglang.kernels.ops.memory"):
+        sys.modules[name].__path__ = []
+    for name in ("sglang.kernels.ops.kvcache.hicache", "sglang.kernels.ops.kvcache.hisparse"):
+        stub_any(
+            name, can_use_hicache_jit_kernel=lambda *a, **k: False, can_use_write_back_jit_kernel=lambda *a, **k: False
+        )
+    stub_any("sglang.srt.distributed.parallel_state")
+    if "sglang.srt.mem_cache.page_interleave_pool" not in sys.modules:
+        interleave = stub_any(
+            "sglang.srt.mem_cache.page_interleave_pool",
+            PageInterleaveKVPoolMixin=type("PageInterleaveKVPoolMixin", (), {}),
+        )
+        install(sys.modules["sglang.srt.mem_cache"], page_interleave_pool=interleave)
+    stub_any(
+        "sglang.srt.mem_cache.pool_host.page_interleave", PageInterleaveHostPool=type("PageInterleaveHostPool", (), {})
+    )
+    context = importlib.import_module("sglang.srt.runtime_context")
+    getters = {
+        "get_memory": lambda: MEMORY,
+        "get_parallel": lambda: types.SimpleNamespace(
+            attn_dcp_rank=0, attn_dcp_size=1, launch_world_size=1, nnodes=1, pp_group=None, dcp_enabled=False
+        ),
+        "get_model": lambda: types.SimpleNamespace(context_length=1 << 16),
+        "get_observability": lambda: types.SimpleNamespace(extra_metric_labels=None),
+        "get_serving": lambda: types.SimpleNamespace(served_model_name="radixspec"),
+    }
+    install(context, **getters)
+    stub_any("sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler", attach_hybrid_pool_to_unified_cache=attach)
+    mha = importlib.import_module("sglang.srt.mem_cache.pool_host.mha")
+    install(mha, transfer_kv_direct=transfer_kv_direct)
+    controller = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
+    for name in ("sglang.srt.mem_cache.pool_host.common", "sglang.srt.mem_cache.pool_host.base", v.urc.__name__):
+        module = importlib.import_module(name)
+        install(module, **{getter: value for getter, value in getters.items() if hasattr(module, getter)})
+    install(v.urc, HybridCacheController=controller.HybridCacheController)
+    return register(
+        "sglang.__radixspec_hicache__",
+        v=v,
+        mha=mha,
+        controller=controller,
+        group=importlib.import_module("sglang.srt.mem_cache.pool_host.group"),
+        info=importlib.import_module("sglang.srt.mem_cache.device_pool_info"),
+        storage=importlib.import_module("sglang.srt.mem_cache.hicache_storage"),
+    )
+
+
+class DevicePool:
+    """The device KV pool as the host pool reads it: per layer a K and a V tensor, one int64 per token (the
+    allocator's page 0 and a padding page included), and the mapping hooks the allocator calls."""
+
+    full_kv_pool = None
+    swa_kv_pool = None
+    swa_req_ring_size = None
+    host_capacity_tokens = None
+    hicache_write_back_staging = None
+    # the tier that built it (attach reads it)
+    tier: HostTier | None = None
+
+    def __init__(self, size: int, page_size: int) -> None:
+        import torch
+
+        self.torch, self.size, self.page_size, self.device = torch, size, page_size, "cpu"
+        self.layer_num, self.start_layer, self.end_layer = LAYERS, 0, LAYERS
+        shape = (size + page_size, 1, 1)
+        self.k = tuple(torch.full(shape, -1, dtype=torch.int64) for _ in range(LAYERS))
+        self.v = tuple(torch.full(shape, -1, dtype=torch.int64) for _ in range(LAYERS))
+        self.counter: object = None
+
+    def get_device_pool_infos(self) -> list[types.SimpleNamespace]:
+        m, t = import_hicache(), self.torch
+
+        def pointers(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+            table: torch.Tensor = t.tensor([tensor.data_ptr() for tensor in tensors], dtype=t.uint64)
+            return table
+
+        buffers = m.info.KVBuffers(
+            k=self.k,
+            v=self.v,
+            k_data_ptrs=pointers(self.k),
+            v_data_ptrs=pointers(self.v),
+            layout=m.info.KVBufferLayout.NHD,
+        )
+        info = m.info.MHABufferInfo(
+            buffers=buffers,
+            page_size=self.page_size,
+            head_num=1,
+            head_dim=1,
+            v_head_dim=1,
+            dtype=t.int64,
+            device=t.device("cpu"),
+        )
+        return [types.SimpleNamespace(buffer_info=info)]
+
+    def register_layer_transfer_counter(self, counter: object) -> None:
+        self.counter = counter
+
+    def get_kv_size_bytes(self) -> int:
+        return 2 * LAYERS * (self.size + self.page_size) * 8
+
+    def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        return [], [], []
+
+
+def attach(
+    cache: UnifiedCache,
+    params: CacheParams,
+    server_args: object,
+    *,
+    load_cache_event: object,
+    storage_backend: str | None = None,
+    storage_extra_config: dict[str, object] | None = None,
+    storage_prefetch_threshold: int = 256,
+) -> None:
+    """``attach_hybrid_pool_to_unified_cache`` for a flat MHA pool and the FULL component: SGLang's kv-only
+    strategy (one anchor host pool, the controller) and ``_apply_stack_result`` (the FULL component's host
+    pool, the device pool's layer counter)."""
+    m = import_hicache()
+    kvcache = params.token_to_kv_pool_allocator.get_kvcache()
+    tier = kvcache.tier
+    assert tier is not None, "the device pool of a HiCache target names its tier"
+    host = m.mha.MHATokenToKVPoolHost(
+        kvcache.get_device_pool_infos()[0].buffer_info,
+        MEMORY.hicache_ratio,
+        0,
+        params.page_size,
+        MEMORY.hicache_mem_layout,
+        pin_memory=False,
+        device_capacity_tokens=kvcache.size,
+        start_layer=kvcache.start_layer,
+        end_layer=kvcache.end_layer,
+        host_token_capacity=tier.host_pages * params.page_size,
+    )
+    layers = {layer: layer for layer in range(kvcache.layer_num)}
+    group = m.group.HostPoolGroup(
+        [
+            m.group.PoolEntry(
+                name=m.storage.PoolName.KV,
+                host_pool=host,
+                device_pool=kvcache,
+                layer_mapper=lambda layer: layers.get(layer),
+                is_primary_index_anchor=True,
+            )
+        ]
+    )
+    controller = m.controller.HybridCacheController(
+        params.token_to_kv_pool_allocator,
+        group,
+        params.page_size,
+        None,
+        load_cache_event=load_cache_event,
+        write_policy=MEMORY.hicache_write_policy,
+        io_backend=MEMORY.hicache_io_backend,
+        storage_backend=storage_backend,
+        prefetch_threshold=storage_prefetch_threshold,
+        transfer_layer_id_max=len(layers),
+        host_memory_mode=MEMORY.hicache_host_memory_mode,
+    )
+    host_pool = group.get_pool(m.storage.PoolName.KV)
+    cache.host_pool_group, cache.cache_controller, cache.full_kv_pool_host = group, controller, host_pool
+    cache.components[m.v.components.FULL]._full_kv_pool_host = host_pool
+    kvcache.register_layer_transfer_counter(controller.layer_done_counter)
+
+
+class HostTier:
+    """HiCache's host tier for one manager (``sglang_unified.TierComponent``): builds it, runs the scheduler's
+    part of it, follows its copies and checks its laws."""
+
+    # the tiers by the storage of their tensors: a copy names the tier it reads or writes
+    by_storage: ClassVar[dict[int, tuple[HostTier, int]]] = {}
+
+    def __init__(self, policy: str, ratio: float) -> None:
+        self.policy, self.ratio = policy, ratio
+        self.host_pages = 0
+        self.lanes: list[Lane] = []
+        self.copies: list[KVCopy] = []
+        # slots (pool * SLOTS_PER_POOL + slot) that copies in flight read or write, with how many copies
+        self.reading: Counter[int] = Counter()
+        self.writing: Counter[int] = Counter()
+        # flushes so far: a copy in flight at a flush is orphaned (its slots no longer the cache's)
+        self.epoch = 0
+        # every page hash the events stored (either tier), its key: a host page's parent may be on the device only
+        self.keys: dict[object, pc.PageKey] = {}
+        # the host pages the events hold, by hash (the host tier need not be prefix-closed: write-back backs up
+        # the leaf it evicts, not its parent)
+        self.host_held: dict[object, pc.PageKey] = {}
+        self.loads = 0
+
+    @classmethod
+    def owner(cls, tensor: torch.Tensor) -> HostTier | None:
+        found = cls.by_storage.get(tensor.untyped_storage().data_ptr())
+        return None if found is None else found[0]
+
+    def pool_of(self, tensor: torch.Tensor) -> int:
+        return self.by_storage[tensor.untyped_storage().data_ptr()][1]
+
+    # ------------------------------------------------------------ building
+
+    def device_pool(self, m: SGLangUnifiedManager) -> DevicePool:
+        self.host_pages = max(1, int(m.num_pages * self.ratio))
+        self.device = DevicePool(m.num_pages * m.page_size, m.page_size)
+        for tensor in (*self.device.k, *self.device.v):
+            HostTier.by_storage[tensor.untyped_storage().data_ptr()] = (self, 0)
+        self.device.tier = self
+        return self.device
+
+    def attach(self, m: SGLangUnifiedManager, params: object) -> None:
+        import_hicache()
+        MEMORY.hicache_write_policy = self.policy
+        first = len(EXECUTOR.lanes)
+        m.cache.init_hicache(types.SimpleNamespace(file_storage_path=None), params)
+        # the controller's two streams: device to host, host to device
+        self.lanes = EXECUTOR.lanes[first:]
+        host = m.cache.cache_controller.mem_pool_host.get_pool(import_hicache().storage.PoolName.KV)
+        for tensor in (*host.k_data_refs, *host.v_data_refs):
+            HostTier.by_storage[tensor.untyped_storage().data_ptr()] = (self, HOST_POOL)
+        self.host = host
+
+    # ------------------------------------------------------------ the copies
+
+    def submitted(self, target: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> int:
+        """A copy put on a stream: its slots are in flight until it runs. Returns the reset epoch it belongs to."""
+        into = self.pool_of(target)
+        source_pool = HOST_POOL - into
+        for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
+            self.reading[source_pool * SLOTS_PER_POOL + source] += 1
+            self.writing[into * SLOTS_PER_POOL + slot] += 1
+        return self.epoch
+
+    def copied(self, target: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, epoch: int) -> None:
+        """A copy ran: the shadow follows it; its slots leave the flight (unless a reset orphaned it)."""
+        into = self.pool_of(target)
+        source_pool = HOST_POOL - into
+        for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
+            self.copies.append(KVCopy(into, source, slot, 1, source_pool))
+            if epoch == self.epoch:
+                self.reading[source_pool * SLOTS_PER_POOL + source] -= 1
+                self.writing[into * SLOTS_PER_POOL + slot] -= 1
+        self.reading, self.writing = +self.reading, +self.writing
+
+    def take_kv_copies(self) -> list[KVCopy]:
+        taken, self.copies = self.copies, []
+        return taken
+
+    def incoming_kv(self) -> set[int]:
+        return set(self.writing)
+
+    def execute(self, lane: int, count: int) -> None:
+        ran = self.lanes[lane % len(self.lanes)].step(count)
+        if ran:
+            STATS.record_rule(f"sglang-hicache.execute[{'to host' if lane % 2 == 0 else 'to device'}]")
+
+    # ------------------------------------------------------------ the scheduler's part
+
+    def step(self, m: SGLangUnifiedManager) -> None:
+        """The scheduler's per-step poll: acks of finished writes and loads, backups still queued submitted."""
+        m.cache.check_hicache_events()
+        STATS.record_reach(most_transfers_in_flight=sum(lane.pending for lane in self.lanes))
+
+    def device_events(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]:
+        """The device tier's events, for the manager's replay; the host tier's (``medium`` CPU) kept here, as a set
+        of pages (``host_events_are_coherent``: a host page stored while held, or removed while not, breaks it)."""
+        device = []
+        for raw in events:
+            host = "CPU" in str(getattr(raw, "medium", ""))
+            if not host:
+                device.append(raw)
+            for event in ev.from_block_events([raw], lambda salt: m.salts.get(salt) if salt else None):
+                if isinstance(event, ev.PageStored):
+                    parent = self.keys.get(event.parent_hash)
+                    if event.parent_hash is not None and parent is None:
+                        raise IntegrityError(
+                            f"host_events_are_coherent: a page is stored under {ev.describe_hash(event.parent_hash)},"
+                            " which no event stored"
+                        )
+                    key = (event.namespace, pc.Prefix.extend(None if parent is None else parent[1], event.tokens))
+                    self.keys[event.page_hash] = key
+                    if host:
+                        if event.page_hash in self.host_held:
+                            raise IntegrityError(f"host_events_are_coherent: host page {key} stored twice")
+                        self.host_held[event.page_hash] = key
+                elif isinstance(event, ev.PagesRemoved) and host:
+                    for page_hash in event.page_hashes:
+                        if self.host_held.pop(page_hash, None) is None:
+                            raise IntegrityError(
+                                f"host_events_are_coherent: host page {ev.describe_hash(page_hash)} removed, not held"
+                            )
+                elif isinstance(event, ev.AllCleared):
+                    self.host_held.clear()
+            STATS.events_replayed += host
+        return device
+
+    def host_pages_held(self, m: SGLangUnifiedManager) -> set[pc.PageKey]:
+        m.cached_pages()
+        return set(self.host_held.values())
+
+    def load_back(
+        self, m: SGLangUnifiedManager, req: HybridReq, record: Record, result: MatchView
+    ) -> tuple[int, object]:
+        """The match's host hit: pinned (the match's node and the host node locked, as the prefill adder does),
+        loaded back whole or not at all, and the load started (``ready_to_load_host_cache``)."""
+        v, hit, host_hit = m.v, int(result.device_prefix_len), int(result.host_hit_length)
+        last = result.last_device_node
+        if not host_hit:
+            return hit, last
+        held = self.host_pages_held(m)
+        tokens = req.input_ids[:-1]
+        missing = [
+            end
+            for end in range(hit + m.page_size, hit + host_hit + 1, m.page_size)
+            if end > len(tokens) or pc.page_key(req.namespace, tokens[:end], m.page_size) not in held
+        ]
+        if missing:
+            raise IntegrityError(
+                f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the host,"
+                f" but the events hold no host copy of the page ending at {missing[0]}"
+            )
+        STATS.record_rule("sglang-hicache.match[host hit]")
+        best = result.best_match_node
+        host_lock = m.cache.inc_host_lock_ref(best).to_dec_params()
+        lock = m.cache.lock(last)
+        try:
+            loaded = m.cache.init_load_back(
+                v.base.InitLoadBackParams(best_match_node=best, host_hit_length=host_hit, req=record)
+            )
+        finally:
+            m.cache.unlock(lock)
+            m.cache.dec_host_lock_ref(best, host_lock)
+        if loaded is None:
+            return hit, last
+        length, node = int(loaded[0]), loaded[1]
+        if 0 < length < host_hit:
+            raise IntegrityError(
+                f"load_back_is_all_or_nothing: request {req.uid}'s host hit of {host_hit} tokens loaded {length}"
+            )
+        if not length:
+            short = host_hit < m.cache.load_back_threshold
+            STATS.record_rule(f"sglang-hicache.load_back[declined: {'too short' if short else 'no room'}]")
+            return hit, last
+        STATS.record_rule("sglang-hicache.load_back")
+        self.loads += 1
+        m.cache.ready_to_load_host_cache()
+        return hit + length, node
+
+    def before_reset(self, m: SGLangUnifiedManager) -> None:
+        """Before ``flush_cache``: the last forward waited for its loads; backups may still be in flight. Their
+        copies still run (and move the shadow), but what they read and write is no longer the cache's: a later
+        backup to the same host slot runs after them on the same stream."""
+        self.forward(m)
+        self.reading.clear()
+        self.writing.clear()
+        self.epoch += 1
+        STATS.record_rule(f"sglang-hicache.flush[{'with' if self.lanes[0].pending else 'no'} backups in flight]")
+
+    def forward(self, m: SGLangUnifiedManager) -> None:
+        """A forward: it waits for the loads it reads (SGLang's layer counter), which finishes them."""
+        if self.lanes:
+            self.lanes[-1].synchronize()
+
+    # ------------------------------------------------------------ checks
+
+    def checkable(self, m: SGLangUnifiedManager) -> bool:
+        """Whether SGLang's ``sanity_check`` holds now: not while a write-through load back is in flight (a node
+        split off a host-only one and loaded is on both tiers but joins the duplicate tracking only at the ack; the
+        check, on either core, calls it missing: a false alarm of SGLang's check,
+        ``test_sanity_check_misreads_a_split_node_loaded_back``)."""
+        if self.policy == "write_back" or not m.cache.ongoing_load_back:
+            return True
+        STATS.record_rule("sglang-hicache.sanity_check[not run: a load back in flight]")
+        return False
+
+    def writing_tokens(self, m: SGLangUnifiedManager) -> int:
+        """Host slots of backups not yet acknowledged (queued, or submitted and unacked): their pages enter the
+        events at the ack (``finish_write_through``)."""
+        controller = m.cache.cache_controller
+        queued = sum(len(op.host_indices) for op in controller.write_queue)
+        return queued + sum(int(ack.num_tokens) for ack in controller.ack_write_queue)
+
+    def pool(self, m: SGLangUnifiedManager) -> Pool:
+        p = m.page_size
+        held = self.host_pages_held(m)
+        free, writing = int(self.host.available_size()) // p, self.writing_tokens(m) // p
+        return Pool("host", free, len(held), writing, self.host_pages)
+
+    def check(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> None:
+        p = m.page_size
+        held = self.host_pages_held(m)
+        free_host = self.host.free_slots.tolist() + [s for part in self.host.release_slots for s in part.tolist()]
+        free_device = m.alloc.get_all_free_pages().tolist()
+        for name, slots in (("the allocator's free pages", free_device), ("the host pool's free slots", free_host)):
+            twice = [slot for slot, count in Counter(slots).items() if count > 1]
+            if twice:
+                raise IntegrityError(f"free_lists_hold_no_page_twice: {name} hold {twice[0]} twice")
+        # a copy in flight reads or writes the tree's pages: none of them free, none a request's own
+        free = {slot: "free" for page in free_device for slot in range(page * p, page * p + p)}
+        free |= {HOST_POOL * SLOTS_PER_POOL + slot: "free" for slot in free_host}
+        for req in live_reqs:
+            kv = m.records[req.uid].kv
+            for slot in m.row(m.records[req.uid], kv.kv_allocated_len)[kv.cache_protected_len :]:
+                free[slot] = f"request {req.uid}'s own"
+        for what, slots in (("reads", self.reading), ("writes", self.writing)):
+            busy = sorted(set(slots) & free.keys())
+            if busy:
+                pool, slot = divmod(busy[0], SLOTS_PER_POOL)
+                raise IntegrityError(
+                    f"transfers_hold_both_ends: a copy in flight {what} {'host' if pool else 'device'} slot {slot},"
+                    f" which is {free[busy[0]]}"
+                )
+        writing = self.writing_tokens(m)
+        if len(held) * p + len(free_host) + writing != self.host_pages * p:
+            raise IntegrityError(
+                f"host_events_replay_to_the_pool: the events hold {len(held)} host pages, the host pool has"
+                f" {len(free_host)} free slots and backups in flight hold {writing}, of {self.host_pages * p}"
+            )
+        STATS.record_reach(largest_host_pages=len(held))
+
+
+def target(argument: str | None) -> TargetInfo:
+    """``sglang-hicache`` (the Python tree core), ``sglang-hicache:rust``, ``sglang-hicache:both``."""
+    if argument not in CORES:
+        raise TargetError(f"sglang-hicache takes rust, python or both, got {argument!r}")
+    cores = ("python",) if argument is None else CORES[argument]
+
+    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
+        policy = WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
+        ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
+        STATS.record_rule(f"sglang-hicache.config[P={page_size},{policy},host x{ratio}]")
+        managers = [
+            SGLangUnifiedManager(page_size, 2 * num_pages, core, "lru", tiers=HostTier(policy, ratio), profile=PROFILE)
+            for core in cores
+        ]
+        return managers[0] if len(managers) == 1 else BothCores(managers)
+
+    return TargetInfo(
+        name="sglang-hicache" if argument is None else f"sglang-hicache:{argument}",
+        description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core",
+        requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
+        hybrid_factory=factory,
+        executes=True,
+        profile=PROFILE,
+        page_sizes=PAGE_SIZES,
+        how="the hybrid machine with the executor: requests as SGLang's scheduler drives HiCache; the tiers' laws",
+        probe=import_hicache,
+    )

@@ -1,0 +1,271 @@
+"""The ``sglang-hicache`` target: SGLang 0.5.23's UnifiedRadixCache with HiCache's host tier, its transfers run
+by the machine. A load back carries the KV shadow from the host; each check is seen catching a bug planted by
+monkeypatch in the path it guards; clean campaigns run on both tree cores. SGLang's stubs differ from the legacy
+target's, so each case runs in a process of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+
+# three requests of 13 tokens (12 reused: a host hit loads back from 10 tokens on) through a device pool of 12
+# pages of 2: the third evicts the first from the device, whose host copy (written through) then serves it
+SETUP = """
+from radixspec.fuzz.lifecycle import laws_for
+from radixspec.fuzz.targets.sglang_hicache import HostTier
+from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
+from radixspec.reference.hybrid_manager import HybridReq
+m = SGLangUnifiedManager(2, 12, {core!r}, "lru", tiers=HostTier({policy!r}, 2.0))
+laws = laws_for(m)[0]
+def run(uid, prompt):
+    req = HybridReq(uid, list(prompt), None)
+    m.match_req(req)
+    laws.copied()
+    hit = req.computed
+    m.allocate_paged(req, len(prompt))
+    begin, slots = req.computed, laws.slots(req)
+    m.store(req, len(prompt) - req.computed)
+    laws.copied()
+    laws.stored(req, begin, slots)
+    m.check_integrity([req])
+    laws.check([req])
+    m.cache_req(req, True)
+    laws.copied()
+    laws.finished(uid, True)
+    m.check_integrity([])
+    laws.check([])
+    m.tiers.step(m)          # the next step submits the backups it queued; the executor runs them
+    m.execute(0, 10)
+    laws.copied()
+    return hit
+a = list(range(100, 113))
+"""
+LOAD_BACK = SETUP + "print(run(0, a), run(1, range(200, 213)), run(2, range(300, 313)), run(3, a), m.tiers.loads)"
+
+
+# the fourth request's load left in flight; then the bug: its device pages freed before the copy ran
+IN_FLIGHT = (
+    SETUP
+    + """
+print(run(0, a), end=" ")
+run(1, range(200, 213))
+run(2, range(300, 313))
+req = HybridReq(3, list(a), None)
+m.match_req(req)
+laws.copied()
+print(sorted(laws.view.incoming_kv())[:1] != [], end=' ')
+m.check_integrity([req])
+laws.check([req])
+{bug}
+try:
+    m.check_integrity([req])
+except Exception as error:
+    print(str(error).split(':')[0])
+"""
+)
+
+
+def run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_a_prefix_evicted_from_the_device_is_loaded_back_from_the_host(core: str, policy: str) -> None:
+    out = run(LOAD_BACK.format(core=core, policy=policy))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # the fourth request hits all 12 tokens, loaded back (its KV checked against the shadow of the host copy)
+    assert out.stdout.split() == ["0", "0", "0", "12", "1"]
+
+
+@pytest.mark.parametrize(
+    ("bug", "law"),
+    [
+        ("m.alloc.free(m.cache.path_device_indices(m.records[3].last_node)[-2:])", "transfers_hold_both_ends"),
+        ("m.tiers.host.free(m.tiers.host.free_slots[:0])", "clean"),
+    ],
+)
+def test_a_load_in_flight_holds_its_pages(bug: str, law: str) -> None:
+    """While the H2D copy of a load back is in flight its device pages are the tree's: given back to the
+    allocator (a bug), the check names the copy; with nothing planted it passes."""
+    out = run(IN_FLIGHT.format(core="python", policy="write_through", bug=bug))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["0", "True"] + ([] if law == "clean" else [law]), out.stdout
+
+
+# a prefix of a host-only node asked for: the match splits the node and loads the first half back
+SPLIT_LOAD = (
+    SETUP.replace("(2, 12,", "(2, 14,").replace(", 2.0))", ", 4.0))")
+    + """
+a = list(range(100, 125))
+print(run(0, a), run(1, range(200, 225)), run(2, range(300, 325)), end=" ")
+req = HybridReq(3, a[:12] + [7, 7, 7], None)
+m.match_req(req)
+print(req.computed, m.tiers.loads, end=" ")
+try:
+    m.cache.sanity_check()
+    print("passes", end=" ")
+except AssertionError as error:
+    print()
+    print(str(error).splitlines()[1].split(":")[0].strip(), end=" ")
+m.execute(1, 10)
+m.tiers.step(m)
+m.cache.sanity_check()
+print("acked")
+"""
+)
+
+
+@pytest.mark.parametrize(("core", "says"), [("python", "Duplicate missing"), ("rust", "Full host coexistence missing")])
+def test_sanity_check_misreads_a_split_node_loaded_back(core: str, says: str) -> None:
+    """SGLang's own sanity_check, while a write-through load back of a node split off a host-only one is in flight,
+    calls the node a duplicate missing from its tracking (it joins at the ack): a false alarm of SGLang's check, on
+    both cores. The target runs the check only with no write-through load back in flight; after the ack it passes."""
+    out = run(SPLIT_LOAD.format(core=core, policy="write_through"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # (the Python core prints its tree before it raises)
+    assert out.stdout.startswith("0 0 0 12 1 ") and out.stdout.split()[-1] == "acked", out.stdout
+    assert f"{says}:" not in out.stdout and says in out.stdout.splitlines()[-1], out.stdout
+
+
+INCOHERENT = (
+    SETUP
+    + """
+from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored, StorageMedium
+run(0, a)
+for event in {events}:
+    try:
+        m.tiers.device_events(m, [event])
+        print("kept", end=" ")
+    except Exception as error:
+        print(str(error).split(":")[0], end=" ")
+"""
+)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # a host page removed that no event stored; a page stored under a parent no event stored
+        "[BlockRemoved(block_hashes=[12345], medium=StorageMedium.CPU)]",
+        "[BlockStored(block_hashes=[7], parent_block_hash=99, token_ids=[1, 2], block_size=2, lora_id=None,"
+        " medium=StorageMedium.CPU)]",
+    ],
+)
+def test_host_events_that_do_not_cohere_are_named(events: str) -> None:
+    out = run(INCOHERENT.format(core="python", policy="write_through", events=events))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["host_events_are_coherent"], out.stdout
+
+
+# bugs planted in SGLang's code, each in the path one check guards
+PLANTS = {
+    # a load's device pages given back to the allocator as it starts: its completion lands on reused pages
+    "transfers_hold_both_ends": """
+ctl = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
+load = ctl.HybridCacheController.load
+def early_free(self, *args, **kwargs):
+    device_indices = load(self, *args, **kwargs)
+    if device_indices is not None and len(device_indices):
+        self.mem_pool_device_allocator.free(device_indices)
+    return device_indices
+ctl.HybridCacheController.load = early_free
+""",
+    # the host pool loses every third set of slots it is given back
+    "host_events_replay_to_the_pool": """
+base = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
+calls, free = [0], base.HostKVCache.free
+def leaky(self, indices):
+    calls[0] += 1
+    return free(self, indices) if calls[0] % 3 else len(indices)
+base.HostKVCache.free = leaky
+""",
+    # a flush leaves a host slot on the free list twice
+    "free_lists_hold_no_page_twice": """
+base = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
+clear = base.HostKVCache.clear
+def twice(self):
+    clear(self)
+    self.free_slots = torch.cat([self.free_slots, self.free_slots[-1:]])
+base.HostKVCache.clear = twice
+""",
+    # a flush leaves the host tier's pages held (its pool is not cleared): the events say nothing is cached
+    "host_events_replay_to_the_pool flush": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+reset = urc.UnifiedRadixCache._reset_full
+def keep_host(self):
+    controller, self.cache_controller = self.cache_controller, None
+    try:
+        reset(self)
+    finally:
+        self.cache_controller = controller
+    if controller is not None:
+        controller.reset()
+urc.UnifiedRadixCache._reset_full = keep_host
+""",
+    # the match reports a host hit one page longer than the host holds
+    "host_hit_is_held": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+match = urc.UnifiedRadixCache.match_prefix
+def longer(self, params):
+    result = match(self, params)
+    if result.host_hit_length:
+        return result._replace(host_hit_length=result.host_hit_length + self.page_size)
+    return result
+urc.UnifiedRadixCache.match_prefix = longer
+""",
+    # a load back reports one page less than it committed
+    "load_back_is_all_or_nothing": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+init = urc.UnifiedRadixCache.init_load_back
+def partial(self, params):
+    loaded = init(self, params)
+    if loaded is not None and loaded[0] > self.page_size:
+        return loaded[0] - self.page_size, loaded[1]
+    return loaded
+urc.UnifiedRadixCache.init_load_back = partial
+""",
+    # a load back reads its host pages in reverse order
+    "attended_kv_is_the_requests": """
+ctl = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
+load = ctl.HybridCacheController.load
+def reversed_pages(self, host_indices, *args, **kwargs):
+    return load(self, host_indices.flip(0), *args, **kwargs)
+ctl.HybridCacheController.load = reversed_pages
+""",
+}
+
+CAMPAIGN = """
+import importlib, sys, time
+import torch
+from radixspec.fuzz.targets.sglang_hicache import import_hicache
+import_hicache()
+{plant}
+from radixspec.fuzz.campaign import main
+began = time.monotonic()
+code = main(["--target", {target!r}, "--seed", "0", "--examples", "{examples}", "--workers", "0", "--quiet",
+             "--no-shrink", "--out", {out!r}])
+print("exit", code, "after", round(time.monotonic() - began, 1))
+"""
+
+
+@pytest.mark.parametrize("law", sorted(PLANTS))
+def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    done = run(CAMPAIGN.format(plant=PLANTS[law], target="sglang-hicache", out=str(tmp_path), examples=400))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law.split()[0] + ":" in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 120
+
+
+@pytest.mark.parametrize("target", ["sglang-hicache", "sglang-hicache:rust"])
+def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
+    done = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path), examples=150))
+    assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
