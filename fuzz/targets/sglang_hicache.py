@@ -44,8 +44,8 @@ following every copy between the tiers):
 * ``host_events_replay_to_the_pool``: the host pages the events hold (announced at a backup's ack), the host
   pool's free slots and the slots of backups not yet acknowledged make its size;
 * ``free_lists_hold_no_page_twice``: neither the allocator's free pages nor the host pool's free slots repeat;
-* ``transfers_hold_both_ends``: no page a copy in flight reads or writes is free (on either tier) or a live
-  request's own.
+* ``transfers_hold_both_ends``: no page a copy in flight (or queued) reads or writes is free (on either tier) or
+  a live request's own.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -373,8 +374,9 @@ class HostTier:
     """HiCache's host tier for one manager (``sglang_unified.TierComponent``): builds it, runs the scheduler's
     part of it, follows its copies and checks its laws."""
 
-    # the tiers by the storage of their tensors: a copy names the tier it reads or writes
-    by_storage: ClassVar[dict[int, tuple[HostTier, int]]] = {}
+    # the live tiers by the storage of their tensors, with the pool each is: a copy names the tier it reads or
+    # writes (weakly held: a campaign builds a tier per example)
+    by_storage: ClassVar[dict[int, tuple[weakref.ref[HostTier], int]]] = {}
 
     def __init__(self, policy: str, ratio: float) -> None:
         self.policy, self.ratio = policy, ratio
@@ -396,31 +398,36 @@ class HostTier:
     @classmethod
     def owner(cls, tensor: torch.Tensor) -> HostTier | None:
         found = cls.by_storage.get(tensor.untyped_storage().data_ptr())
-        return None if found is None else found[0]
+        return None if found is None else found[0]()
 
     def pool_of(self, tensor: torch.Tensor) -> int:
         return self.by_storage[tensor.untyped_storage().data_ptr()][1]
+
+    def register(self, tensors: Sequence[torch.Tensor], pool: int) -> None:
+        """The tensors of this tier's pool ``pool`` (0 the device's, 1 the host's); entries of dead tiers go."""
+        for key in [key for key, (tier, _) in HostTier.by_storage.items() if tier() is None]:
+            del HostTier.by_storage[key]
+        for tensor in tensors:
+            HostTier.by_storage[tensor.untyped_storage().data_ptr()] = (weakref.ref(self), pool)
 
     # ------------------------------------------------------------ building
 
     def device_pool(self, m: SGLangUnifiedManager) -> DevicePool:
         self.host_pages = max(1, int(m.num_pages * self.ratio))
         self.device = DevicePool(m.num_pages * m.page_size, m.page_size)
-        for tensor in (*self.device.k, *self.device.v):
-            HostTier.by_storage[tensor.untyped_storage().data_ptr()] = (self, 0)
+        self.register((*self.device.k, *self.device.v), 0)
         self.device.tier = self
         return self.device
 
     def attach(self, m: SGLangUnifiedManager, params: object) -> None:
         import_hicache()
         MEMORY.hicache_write_policy = self.policy
-        first = len(EXECUTOR.lanes)
         m.cache.init_hicache(types.SimpleNamespace(file_storage_path=None), params)
         # the controller's two streams: device to host, host to device
-        self.lanes = EXECUTOR.lanes[first:]
+        engine = m.cache.cache_controller.l2_transfer_engine
+        self.lanes = [engine.device_to_host_stream, engine.host_to_device_stream]
         host = m.cache.cache_controller.mem_pool_host.get_pool(import_hicache().storage.PoolName.KV)
-        for tensor in (*host.k_data_refs, *host.v_data_refs):
-            HostTier.by_storage[tensor.untyped_storage().data_ptr()] = (self, HOST_POOL)
+        self.register((*host.k_data_refs, *host.v_data_refs), HOST_POOL)
         self.host = host
 
     # ------------------------------------------------------------ the copies
@@ -605,19 +612,31 @@ class HostTier:
             kv = m.records[req.uid].kv
             for slot in m.row(m.records[req.uid], kv.kv_allocated_len)[kv.cache_protected_len :]:
                 free[slot] = f"request {req.uid}'s own"
-        for what, slots in (("reads", self.reading), ("writes", self.writing)):
-            busy = sorted(set(slots) & free.keys())
+        reading, writing = set(self.reading), set(self.writing)
+        # and the copies SGLang queued but has not put on a stream yet (``write_queue``, ``load_queue``)
+        controller = m.cache.cache_controller
+        for queue, (source, target) in (
+            (controller.write_queue, (0, HOST_POOL)),
+            (controller.load_queue, (HOST_POOL, 0)),
+        ):
+            for op in queue:
+                device, host = op.device_indices.tolist(), op.host_indices.tolist()
+                sources, targets = (device, host) if source == 0 else (host, device)
+                reading |= {source * SLOTS_PER_POOL + slot for slot in sources}
+                writing |= {target * SLOTS_PER_POOL + slot for slot in targets}
+        for what, slots in (("reads", reading), ("writes", writing)):
+            busy = sorted(slots & free.keys())
             if busy:
                 pool, slot = divmod(busy[0], SLOTS_PER_POOL)
                 raise IntegrityError(
-                    f"transfers_hold_both_ends: a copy in flight {what} {'host' if pool else 'device'} slot {slot},"
-                    f" which is {free[busy[0]]}"
+                    f"transfers_hold_both_ends: a copy in flight or queued {what} {'host' if pool else 'device'}"
+                    f" slot {slot}, which is {free[busy[0]]}"
                 )
-        writing = self.writing_tokens(m)
-        if len(held) * p + len(free_host) + writing != self.host_pages * p:
+        unacked = self.writing_tokens(m)
+        if len(held) * p + len(free_host) + unacked != self.host_pages * p:
             raise IntegrityError(
                 f"host_events_replay_to_the_pool: the events hold {len(held)} host pages, the host pool has"
-                f" {len(free_host)} free slots and backups in flight hold {writing}, of {self.host_pages * p}"
+                f" {len(free_host)} free slots and backups in flight hold {unacked}, of {self.host_pages * p}"
             )
         STATS.record_reach(largest_host_pages=len(held))
 

@@ -721,10 +721,10 @@ class SGLangUnifiedManager:
             raise IntegrityError(
                 f"events_replay_to_the_cache: the events hold {announced} pages, the tree {tree} tokens"
             )
-        if self.tiers is None or self.tiers.checkable(self):
-            self.cache.sanity_check()
         if self.tiers is not None:
             self.tiers.check(self, live_reqs)
+        if self.tiers is None or self.tiers.checkable(self):
+            self.cache.sanity_check()
         STATS.record_reach(largest_tree_pages=tree // p)
 
     def pools(self, live_reqs: list[HybridReq]) -> list[Pool]:

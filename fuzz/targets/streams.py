@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import weakref
 from collections.abc import Callable, Iterator
 
 
@@ -98,16 +99,19 @@ class Event:
 
 
 class Executor:
-    """The lanes of one process: the default one, and every stream the engine made."""
+    """The lanes of one process: the default one, and every stream the engine made that is still alive (a
+    campaign builds an engine per example: their streams go with them)."""
 
     def __init__(self) -> None:
         self.default = Lane(self, "default", immediate=True)
         self.current = self.default
-        self.lanes: list[Lane] = []
+        self.lanes: weakref.WeakSet[Lane] = weakref.WeakSet()
+        self.made = 0
 
     def make_lane(self, *args: object, **kwargs: object) -> Lane:
-        lane = Lane(self, f"stream {len(self.lanes)}")
-        self.lanes.append(lane)
+        lane = Lane(self, f"stream {self.made}")
+        self.made += 1
+        self.lanes.add(lane)
         return lane
 
     @contextlib.contextmanager
