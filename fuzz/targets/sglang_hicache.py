@@ -50,6 +50,7 @@ following every copy between the tiers):
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -423,6 +424,9 @@ class HostTier:
         import_hicache()
         MEMORY.hicache_write_policy = self.policy
         m.cache.init_hicache(types.SimpleNamespace(file_storage_path=None), params)
+        # init_hicache registers the cache's shutdown to run at exit (one cache a process in SGLang; a campaign
+        # builds one per example, which that reference would keep alive to the end)
+        atexit.unregister(m.cache.shutdown)
         # the controller's two streams: device to host, host to device
         engine = m.cache.cache_controller.l2_transfer_engine
         self.lanes = [engine.device_to_host_stream, engine.host_to_device_stream]
