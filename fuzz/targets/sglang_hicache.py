@@ -557,6 +557,10 @@ class HostTier:
             return hit, last
         STATS.record_rule("sglang-hicache.load_back")
         self.loads += 1
+        # a new prefill batch: the batch before the previous one ran its forward, which waited for its loads
+        # (overlap scheduling keeps one batch ahead; SGLang's layer counter has a slot for each)
+        for ack in m.cache.cache_controller.ack_load_queue[:-1]:
+            ack.finish_event.synchronize()
         m.cache.ready_to_load_host_cache()
         return hit + length, node
 

@@ -165,6 +165,33 @@ def test_host_events_that_do_not_cohere_are_named(events: str) -> None:
     assert out.stdout.split() == ["host_events_are_coherent"], out.stdout
 
 
+# four host hits admitted one after another, none of their forwards run yet
+LOADS_IN_A_ROW = (
+    SETUP.replace("(2, 12,", "(2, 40,").replace(", 2.0))", ", 4.0))")
+    + """
+for uid in range(8):
+    run(uid, range(100 * uid, 100 * uid + 13))
+reqs = [HybridReq(10 + uid, list(range(100 * uid, 100 * uid + 13)), None) for uid in range(4)]
+for req in reqs:
+    m.match_req(req)
+    laws.copied()
+m.check_integrity(reqs)
+laws.check(reqs)
+print([req.computed for req in reqs], m.tiers.loads)
+"""
+)
+
+
+def test_loads_in_a_row_keep_sglangs_layer_counter_in_bounds() -> None:
+    """A regression of the harness, found by a campaign: each admission with a host hit is a new prefill batch,
+    and a new batch is formed only after the batch before the previous one ran its forward (which waited for its
+    loads). Admitting a fourth load with three in flight tripped SGLang's own assertion that a reused layer
+    counter's event is done."""
+    out = run(LOADS_IN_A_ROW.format(core="python", policy="write_through"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["[12,", "12,", "12,", "12]", "4"], out.stdout
+
+
 # bugs planted in SGLang's code, each in the path one check guards
 PLANTS = {
     # a load's device pages given back to the allocator as it starts: its completion lands on reused pages
