@@ -259,7 +259,7 @@ class LifecycleLaws:
             for page in hy.compute_used_pages(req.computed, self.windows[group], p):
                 for position in range(page * p, min(req.computed, (page + 1) * p)):
                     slot = row[position] if position < len(row) else None
-                    if slot is not None and base + slot in incoming:
+                    if incoming and slot is not None and base + slot in incoming:
                         continue
                     held = None if slot is None else self.shadow.get(base + slot)
                     if held != (group, ids[position]):
