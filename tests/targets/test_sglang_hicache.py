@@ -192,6 +192,26 @@ def test_loads_in_a_row_keep_sglangs_layer_counter_in_bounds() -> None:
     assert out.stdout.split() == ["[12,", "12,", "12,", "12]", "4"], out.stdout
 
 
+GONE = """
+import gc, weakref
+from radixspec.fuzz.targets.sglang_hicache import HostTier
+from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
+m = SGLangUnifiedManager(2, 12, "python", "lru", tiers=HostTier("write_through", 2.0))
+cache = weakref.ref(m.cache)
+del m
+gc.collect()
+print("gone" if cache() is None else "kept")
+"""
+
+
+def test_an_examples_cache_is_not_kept_alive() -> None:
+    """A regression of the harness, found by a campaign (its workers grew past 11 GiB): ``init_hicache`` registers
+    the cache's shutdown with ``atexit``, which kept every example's cache; the target unregisters it."""
+    out = run(GONE)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["gone"], out.stdout
+
+
 # bugs planted in SGLang's code, each in the path one check guards
 PLANTS = {
     # a load's device pages given back to the allocator as it starts: its completion lands on reused pages
