@@ -62,6 +62,9 @@ MACHINES: dict[str, MachineEntry] = {
         _entry("router", "RouterMachine", "router", "a router's index of many workers against their caches"),
         _entry("tiered", "TieredMachine", "tiered", "tiered caches (device, host, storage) against the spec"),
         _entry("offload", "OffloadMachine", "offload", "KV-offloading managers' host tiers against the spec"),
+        _entry(
+            "planner", "PlannerMachine", "planner", "schedulers that plan their own transfers, executed and checked"
+        ),
     )
 }
 # every layer's machine is in the registry, driving that layer

@@ -54,6 +54,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         sglang_unified,
         sglang_unified_mamba,
         sglang_unified_swa,
+        tokenspeed,
         vllm,
         vllm_hybrid,
         vllm_mamba,
@@ -80,6 +81,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,
         "sglang-hicache": sglang_hicache.target,
+        "tokenspeed": no_argument(tokenspeed.TARGET),
         "dynamo": no_argument(dynamo.TARGET),
         "radixspec-router": no_argument(routers.SPEC_ROUTER),
     }

@@ -3,6 +3,7 @@
     radixspec targets install sglang vllm    # released wheels, without their dependency trees
     radixspec targets install sglang==0.5.22 # another supported release (fuzz/targets/releases.py)
     radixspec targets install dynamo         # NVIDIA Dynamo's router index (ai-dynamo-runtime)
+    radixspec targets install tokenspeed     # TokenSpeed's scheduler (tokenspeed-scheduler)
     radixspec targets list                   # what radixspec fuzz --list-targets prints
 
 ``install`` runs pip in the current environment: ``pip install --no-deps`` of
@@ -30,6 +31,7 @@ LIGHT: dict[str, list[str]] = {
     "sglang": ["msgspec", "pyzmq"],
     "vllm": ["cbor2", "msgspec", "pyzmq", "prometheus_client"],
     "dynamo": ["pydantic", "uvloop", "msgspec"],
+    "tokenspeed": [],
 }
 # pip's warnings that the engine's own dependency tree is missing: that is the point of --no-deps
 QUIET_PIP = ["--quiet", "--no-warn-conflicts"]

@@ -515,6 +515,108 @@ class OffloadTarget(Protocol):
         """The manager's own accounting (IntegrityError naming what broke)."""
 
 
+# where a page of KV lives, in the planner layer's transfers: a device page, a host block, a storage object's key
+Tier = Literal["device", "host", "storage"]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One transfer a planner asks its executor for: copy each (source, destination) pair, then report ``op``
+    done. ``kind``: "backup" (device -> host), "load" (host -> device: its data must land before the forward of
+    the plan that asked for it), "put" (host -> storage), "get" (storage -> host), "query" (which storage keys
+    exist; ``pairs`` holds (key, key)). ``pinned``: the planner keeps the sources from being reused until the
+    report, so the copy may run at any moment before it."""
+
+    op: Hashable
+    kind: Literal["backup", "load", "put", "get", "query"]
+    pairs: tuple[tuple[Hashable, Hashable], ...]
+    pinned: bool = True
+
+    @property
+    def tiers(self) -> tuple[Tier, Tier]:
+        """The tier its sources lie in and the tier its destinations lie in."""
+        return TRANSFER_TIERS[self.kind]
+
+
+TRANSFER_TIERS: dict[str, tuple[Tier, Tier]] = {
+    "backup": ("device", "host"),
+    "load": ("host", "device"),
+    "put": ("host", "storage"),
+    "get": ("storage", "host"),
+    "query": ("storage", "storage"),
+}
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One request's part of a forward: it computes positions ``[start, start + count)`` of its tokens (``inputs``,
+    as the planner sent them) and attends every position before; ``pages`` is its page table row (position j lies
+    in ``pages[j // page_size]``). ``extend``: a prefill chunk (else a decode step)."""
+
+    request: str
+    start: int
+    count: int
+    inputs: tuple[int, ...] | None
+    pages: tuple[int, ...]
+    extend: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a planner asks for in one step: transfers; device page copies (source, destination) and pages to zero,
+    both before the forward; the forward's passes; the requests it aborted."""
+
+    transfers: tuple[Transfer, ...] = ()
+    copies: tuple[tuple[int, int], ...] = ()
+    zeros: tuple[int, ...] = ()
+    passes: tuple[Pass, ...] = ()
+    aborted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BlockEvent:
+    """A KV event a planner published: a block stored on the device (its hash, its parent's, its tokens) or
+    removed (its hash), or every block cleared (``hash`` None)."""
+
+    kind: Literal["stored", "removed", "cleared"]
+    hash: Hashable | None = None
+    parent: Hashable | None = None
+    tokens: tuple[int, ...] = ()
+
+
+class PlannerTarget(Protocol):
+    """An engine's scheduler that plans its own batches and transfers (TokenSpeed's), the planner layer's target:
+    the machine submits requests, asks for plans and plays the executor and the model (it runs the transfers and
+    the forward, reports each transfer done or failed, and each pass's sampled tokens)."""
+
+    # the configuration it took of the drawn one, for the summary
+    config: str
+    page_size: int
+    # the most tokens (prompt and sampled) one request may reach: longer ones are refused at submission
+    max_request_tokens: int
+
+    def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None: ...
+    def plan(self) -> Plan: ...
+    def done(self, transfer: Transfer, ok: Sequence[bool]) -> None:
+        """``transfer`` ended: per pair, whether it was copied (a query: whether the key exists)."""
+
+    def result(self, request: str, tokens: Sequence[int]) -> None:
+        """The tokens a request's pass sampled ([] for a prefill chunk that is not its last)."""
+
+    def finish(self, request: str) -> None: ...
+    def abort(self, request: str) -> None: ...
+    def reset(self) -> bool:
+        """Drop the device and host tiers when nothing is in use; whether it did."""
+
+    def take_events(self) -> list[BlockEvent]: ...
+    def check_integrity(self, quiescent: bool) -> None:
+        """The planner's own accounting (IntegrityError naming what broke); ``quiescent``: no request is live and
+        no transfer in flight, so nothing may be pinned or in use."""
+
+    def reach(self) -> Mapping[str, int]:
+        """Sizes for the summary's reach (pages cached per tier, ...)."""
+
+
 class TieredCacheTarget(Protocol):
     """A tiered cache, the tiered layer's target: spec/tiers.py's operations by their names (the transfers it
     starts are ended by the caller: complete_transfer, fail_transfer) and its abstract state."""
@@ -601,6 +703,9 @@ class TargetInfo:
     # makes a KV-offloading manager's host tier: factory(capacity, draw) -> OffloadTarget, ``draw`` a number the
     # target maps to one of its configurations (its eviction policies); None when the target has none
     offload_factory: Callable[[int, int], OffloadTarget] | None = None
+    # makes a planner (a scheduler that plans its own batches and transfers): factory(draw) -> PlannerTarget,
+    # ``draw`` a number the target maps to one of its configurations; None when the target has none
+    planner_factory: Callable[[int], PlannerTarget] | None = None
     # the profile both factories' targets declare (for the listing before anything is built)
     profile: Profile = EXACT
     # extra words for the listing (e.g. how to install it)

@@ -199,6 +199,17 @@ LAYERS: dict[str, Layer] = {
             dict,
             lambda targets, lru: {"IMPLS": targets},
         ),
+        Layer(
+            "planner",
+            "planner_factory",
+            "factory(draw)",
+            None,
+            None,
+            "planner",
+            False,
+            dict,
+            lambda targets, lru: {"IMPLS": targets},
+        ),
     )
 }
 

@@ -17,9 +17,12 @@ RELEASES: dict[str, tuple[str, ...]] = {
     "sglang": ("0.5.22", "0.5.23"),
     "vllm": ("0.32.0", "0.33.0"),
     "dynamo": ("1.6.1",),
+    "tokenspeed": ("0.1.42",),
 }
 # the distribution pip installs for an engine whose import name differs
-DISTRIBUTIONS: dict[str, str] = {"dynamo": "ai-dynamo-runtime"}
+DISTRIBUTIONS: dict[str, str] = {"dynamo": "ai-dynamo-runtime", "tokenspeed": "tokenspeed-scheduler"}
+# the engine whose targets import a package of another name (a target's ``requires`` names what it imports)
+ENGINE_OF_IMPORT: dict[str, str] = {"tokenspeed_scheduler": "tokenspeed"}
 # per engine package, every target that drives it (``radixspec targets install`` readies and probes each; the
 # listing shows each with its readiness). A new target or core of an engine is added here
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -40,6 +43,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     ),
     "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload"),
     "dynamo": ("dynamo",),
+    "tokenspeed": ("tokenspeed",),
 }
 
 
@@ -63,6 +67,7 @@ def installed_release(package: str) -> str | None:
 
 def check_release(package: str) -> None:
     """Raise TargetError when an engine ``package`` is installed at a release its targets do not support."""
+    package = ENGINE_OF_IMPORT.get(package, package)
     if package not in RELEASES:
         return
     release = installed_release(package)

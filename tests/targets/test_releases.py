@@ -16,15 +16,34 @@ pytestmark = pytest.mark.installed
 
 
 def test_each_engine_supports_its_two_newest_releases_by_name() -> None:
-    # Dynamo's router index: the one release its relay was written from
-    assert releases.RELEASES == {"sglang": ("0.5.22", "0.5.23"), "vllm": ("0.32.0", "0.33.0"), "dynamo": ("1.6.1",)}
+    # Dynamo's router index: the one release its relay was written from; TokenSpeed's scheduler: its one release on
+    # PyPI (2026-12-05)
+    assert releases.RELEASES == {
+        "sglang": ("0.5.22", "0.5.23"),
+        "vllm": ("0.32.0", "0.33.0"),
+        "dynamo": ("1.6.1",),
+        "tokenspeed": ("0.1.42",),
+    }
     assert releases.distribution("dynamo") == "ai-dynamo-runtime"
+    assert releases.distribution("tokenspeed") == "tokenspeed-scheduler"
     assert releases.parse_requirement("sglang==0.5.22") == ("sglang", "0.5.22")
     assert releases.parse_requirement("vllm") == ("vllm", "0.33.0")
     with pytest.raises(TargetError, match="radixspec drives 0.5.22 and 0.5.23"):
         releases.parse_requirement("sglang==0.5.21")
     with pytest.raises(TargetError, match="no engine 'lmdeploy'"):
         releases.parse_requirement("lmdeploy")
+
+
+def test_an_engine_imported_under_another_name_has_its_release_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tokenspeed target requires the import name tokenspeed_scheduler; its release is the engine's
+    real = importlib.metadata.version
+    monkeypatch.setattr(
+        releases.importlib.metadata,
+        "version",
+        lambda name: "0.1.40" if name == "tokenspeed-scheduler" else real(name),
+    )
+    with pytest.raises(TargetError, match="tokenspeed 0.1.40 is installed; radixspec's tokenspeed targets support"):
+        releases.check_release("tokenspeed_scheduler")
 
 
 def test_an_unsupported_installed_release_is_refused_naming_the_supported_ones(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,7 +121,8 @@ def test_every_target_of_an_engine_resolves_by_its_listed_name() -> None:
     for engine, variants in releases.VARIANTS.items():
         for variant in variants:
             info = resolve(variant, check=False)
-            assert info.name == variant and engine in {package for package, _ in info.requires}, (variant, info)
+            engines = {releases.ENGINE_OF_IMPORT.get(package, package) for package, _ in info.requires}
+            assert info.name == variant and engine in engines, (variant, info)
 
 
 def test_installing_an_unsupported_release_is_refused_before_pip_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,412 @@
+"""The planner machine: an engine's scheduler that plans its own batches and transfers (``PlannerTarget``:
+TokenSpeed's), the machine playing its executor and its model.
+
+The machine submits requests (new prompts, prompts sharing a past request's prefix, follow-ups extending a past
+request's whole sequence, as a conversation's next turn does), asks for plans, and runs each: its transfers (a
+backup's copy at once, or, when the planner pins its sources, as late as its report; a load's before the forward
+that asked for it; storage operations when reported, some failed), its page copies and zeroing, then the forward.
+Reports of transfers come late and out of order (``report``); requests finish after a drawn number of tokens, or
+are aborted at any point; ``reset`` clears the cache when the planner allows.
+
+The machine keeps the KV of every page of every tier: per slot, the identity of the prefix whose last token's KV
+it holds (a chained hash of the request's tokens up to that position). Laws, each named in its error:
+
+* ``attended_kv_is_the_requests``: every position a pass attends holds that request's KV, whichever tiers it came
+  through (so a load of a reused block, a backup read after its source was reused, a storage object fetched under
+  another key, a copy-on-write missed, all fail here);
+* ``pass_inputs_are_the_requests``: a prefill chunk's inputs are the request's tokens at its positions, and it
+  starts where the request's KV ends or at a hit;
+* ``passes_write_distinct_slots``: no two passes of one forward write one slot; no pass writes the null page;
+* ``device_hits_are_published``: every full page of a hit is a block the planner's KV events published;
+* ``events_replay_to_the_cache``: no block stored twice or removed unstored, every stored block's parent
+  published, and after a reset nothing published;
+* ``reset_leaves_no_tier_serving``: after a reset, no device or host copy made before it is served;
+* the planner's own accounting (``check_integrity``), with nothing held once every request ended and every
+  transfer was reported (teardown drains the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from radixspec.spec.errors import IntegrityError
+
+from .stats import STATS
+from .targets import resolve
+from .targets.api import Pass, Plan, PlannerTarget, TargetInfo, Transfer
+
+# what a slot holds: the identity of the prefix whose last token's KV it is; None: never written; CLEARED: dropped
+# by a reset
+Slot = int | str | None
+CLEARED = "cleared by a reset"
+NEVER = None
+# live requests at most, and past sequences kept for prompts that share them
+MAX_LIVE = 12
+MAX_PAST = 16
+# plans run to drain a run at teardown before it must be quiet
+DRAIN_PLANS = 64
+
+
+def identity(previous: int, token: int) -> int:
+    """The KV identity of a position: a chained hash of the tokens up to it (ints and tuples hash the same in every
+    process)."""
+    return hash((previous, token))
+
+
+@dataclass
+class Request:
+    """A request the machine submitted: its tokens (prompt, then what it sampled) and their KV identities."""
+
+    name: str
+    tokens: list[int]
+    prompt: int
+    # tokens to sample before it finishes
+    wanted: int
+    ids: list[int] = field(default_factory=list)
+    # positions whose KV its passes computed or were served
+    computed: int = 0
+    sampled: int = 0
+    started: bool = False
+
+    def __post_init__(self) -> None:
+        previous = 0
+        for token in self.tokens:
+            previous = identity(previous, token)
+            self.ids.append(previous)
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+        self.ids.append(identity(self.ids[-1], token))
+
+
+prompts = st.tuples(
+    st.integers(0, MAX_PAST),  # a past sequence to share (MAX_PAST: none)
+    st.sampled_from([0.25, 0.5, 1.0, 1.0]),  # how much of it
+    st.lists(st.integers(1, 6), min_size=0, max_size=24),  # new tokens after it
+    st.integers(1, 4),  # tokens to sample
+)
+
+
+class PlannerMachine(RuleBasedStateMachine):
+    """Each of ``IMPLS`` (targets with a planner layer) in one drawn configuration, executed and checked."""
+
+    IMPLS: ClassVar[tuple[str | TargetInfo, ...]] = ()
+
+    @initialize(draw=st.integers(0, 2**16 - 1))
+    def configure(self, draw: int) -> None:
+        STATS.examples += 1
+        (chosen,) = self.IMPLS
+        info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen)
+        assert info.planner_factory is not None, f"target {info.name} has no planner layer"
+        self.target: PlannerTarget = info.planner_factory(draw)
+        self.name = info.name
+        STATS.rules[f"planner.config[{self.target.config}]"] += 1
+        self.page_size = self.target.page_size
+        # every tier's slots: a device page or host block -> its slots; a storage key -> the slots it was put with
+        self.tiers: dict[str, dict[Hashable, list[Slot]]] = {"device": {}, "host": {}, "storage": {}}
+        self.requests: dict[str, Request] = {}
+        self.past: list[list[int]] = []
+        self.serial = 0
+        # transfers asked for and not yet reported, in the order asked; those whose data already moved
+        self.in_flight: list[Transfer] = []
+        self.moved: set[Hashable] = set()
+        # the blocks the KV events published: hash -> the tokens of the prefix it ends
+        self.published: dict[Hashable, tuple[int, ...]] = {}
+        self.hits_to_publish: list[tuple[str, tuple[int, ...]]] = []
+
+    # ------------------------------------------------------------ requests
+
+    @precondition(lambda self: len(self.requests) < MAX_LIVE)
+    @rule(prompt=prompts)
+    def submit(self, prompt: tuple[int, float, list[int], int]) -> None:
+        """A request: new tokens after a share of a past sequence (all of it: the next turn of a conversation)."""
+        STATS.record_rule("planner.submit")
+        which, share, new, wanted = prompt
+        base = self.past[which][: int(len(self.past[which]) * share)] if which < len(self.past) else []
+        tokens = base + new
+        if len(tokens) < 2:
+            tokens += [7, 7][len(tokens) :]
+        if len(tokens) + wanted > self.target.max_request_tokens:
+            STATS.skipped["planner.submit: longer than one request may be"] += 1
+            return
+        self.serial += 1
+        request = Request(f"r{self.serial}", list(tokens), len(tokens), wanted)
+        self.requests[request.name] = request
+        STATS.rules[f"planner.submit[{'shares a past prefix' if base else 'new'}]"] += 1
+        self.target.submit(request.name, tokens, wanted)
+
+    @precondition(lambda self: self.requests)
+    @rule(index=st.integers(0, MAX_LIVE), now=st.integers(0, 3))
+    def abort(self, index: int, now: int) -> None:
+        """Abort a live request, whatever it is doing (one draw in four: aborts are rarer than requests)."""
+        if now:
+            return
+        STATS.record_rule("planner.abort")
+        name = sorted(self.requests, key=lambda n: int(n[1:]))[index % len(self.requests)]
+        STATS.rules[f"planner.abort[{'started' if self.requests[name].started else 'waiting'}]"] += 1
+        del self.requests[name]
+        self.target.abort(name)
+
+    # ------------------------------------------------------------ plans, executed
+
+    @rule(
+        plans=st.integers(1, 4),
+        late=st.booleans(),
+        report=st.sampled_from(["all", "all, reversed", "none", "none"]),
+    )
+    def step(self, plans: int, late: bool, report: str) -> None:
+        """``plans`` plans run, each: its transfers started (``late``: a pinned backup's copy waits for its report),
+        the forward, the sampled tokens reported; then the transfers in flight reported (``report``)."""
+        for _ in range(plans):
+            STATS.record_rule("planner.step")
+            self.run(self.target.plan(), late)
+            if report != "none":
+                for transfer in list(reversed(self.in_flight) if report == "all, reversed" else self.in_flight):
+                    self.report_transfer(transfer, fail=False)
+            self.after_step()
+
+    @precondition(lambda self: self.in_flight)
+    @rule(index=st.integers(0, 63), fail=st.booleans())
+    def report(self, index: int, fail: bool) -> None:
+        """One transfer in flight reported done, in any order (``fail``: a storage operation fails a key)."""
+        STATS.record_rule("planner.report")
+        self.report_transfer(self.in_flight[index % len(self.in_flight)], fail)
+        self.after_step()
+
+    @precondition(lambda self: not self.requests and not self.in_flight)
+    @rule(now=st.integers(0, 3))
+    def reset(self, now: int) -> None:
+        """Clear the cache when idle (one draw in four); the planner may refuse while anything is in use."""
+        if now:
+            return
+        STATS.record_rule("planner.reset")
+        if self.target.reset():
+            STATS.rules["planner.reset[cleared]"] += 1
+            self.cleared()
+        self.after_step()
+
+    def cleared(self) -> None:
+        """The planner cleared its cache: no device or host copy made before may be served, and its events must
+        have removed every block."""
+        for tier in ("device", "host"):
+            for slots in self.tiers[tier].values():
+                slots[:] = [CLEARED] * len(slots)
+        self.take_events()
+        if self.published:
+            raise IntegrityError(
+                f"events_replay_to_the_cache: after a reset {len(self.published)} blocks are still published"
+            )
+
+    def run(self, plan: Plan, late: bool) -> None:
+        for name in plan.aborted:
+            STATS.rules["planner.aborted by the planner"] += 1
+            self.requests.pop(name, None)
+        for transfer in plan.transfers:
+            STATS.rules[f"planner.transfer[{transfer.kind}]"] += 1
+            self.in_flight.append(transfer)
+            if transfer.kind == "load" or (transfer.kind == "backup" and not (late and transfer.pinned)):
+                self.move(transfer, None)
+        device = self.tiers["device"]
+        for source, destination in plan.copies:
+            device[destination] = list(self.page(device, source))
+        for page in plan.zeros:
+            device[page] = [NEVER] * self.page_size
+        if plan.passes:
+            self.forward(plan.passes)
+        STATS.record_reach(most_transfers_in_flight=len(self.in_flight))
+
+    def page(self, tier: dict[Hashable, list[Slot]], key: Hashable) -> list[Slot]:
+        return tier.setdefault(key, [NEVER] * self.page_size)
+
+    def move(self, transfer: Transfer, ok: list[bool] | None) -> None:
+        """Copy a transfer's data (``ok``: the pairs copied; None: all)."""
+        source_tier, destination_tier = (self.tiers[tier] for tier in transfer.tiers)
+        for i, (source, destination) in enumerate(transfer.pairs):
+            if ok is None or ok[i]:
+                destination_tier[destination] = list(self.page(source_tier, source))
+        self.moved.add(transfer.op)
+
+    def report_transfer(self, transfer: Transfer, fail: bool) -> None:
+        self.in_flight.remove(transfer)
+        storage = self.tiers["storage"]
+        if transfer.kind == "query":
+            ok = [key in storage for key, _ in transfer.pairs]
+        elif transfer.kind in ("put", "get"):
+            # a failed operation fails its last key; a get of a key storage does not hold fails
+            ok = [not (fail and i == len(transfer.pairs) - 1) for i in range(len(transfer.pairs))]
+            if transfer.kind == "get":
+                ok = [flag and key in storage for flag, (key, _) in zip(ok, transfer.pairs, strict=True)]
+            if not all(ok):
+                STATS.rules[f"planner.transfer[{transfer.kind} failed]"] += 1
+            self.move(transfer, ok)
+        else:
+            ok = [True] * len(transfer.pairs)
+            if transfer.op not in self.moved:
+                STATS.rules["planner.transfer[backup copied at its report]"] += 1
+                self.move(transfer, None)
+        self.moved.discard(transfer.op)
+        self.target.done(transfer, ok)
+
+    # ------------------------------------------------------------ the forward
+
+    def forward(self, passes: tuple[Pass, ...]) -> None:
+        device, p = self.tiers["device"], self.page_size
+        writes: dict[tuple[int, int], tuple[str, int]] = {}
+        spans = []
+        for one in passes:
+            request = self.requests.get(one.request)
+            if request is None:
+                raise IntegrityError(f"pass_inputs_are_the_requests: a pass of {one.request}, which is not live")
+            start = one.start if one.extend else len(request.tokens) - 1
+            self.check_pass(request, one, start)
+            for j in range(start):
+                held = self.page(device, one.pages[j // p])[j % p]
+                if held != request.ids[j]:
+                    raise IntegrityError(self.misread(request, one, j, held))
+            for j in range(start, start + one.count):
+                slot = (one.pages[j // p], j % p)
+                if slot in writes or slot[0] == 0:
+                    other = writes.get(slot, ("the null page", 0))[0]
+                    raise IntegrityError(
+                        f"passes_write_distinct_slots: {one.request} writes position {j} to page {slot[0]} slot"
+                        f" {slot[1]}, which {other} writes in the same forward"
+                    )
+                writes[slot] = (one.request, j)
+            spans.append((one, request, start))
+        for (page, offset), (name, j) in writes.items():
+            self.page(device, page)[offset] = self.requests[name].ids[j]
+        for one, request, start in spans:
+            self.after_pass(one, request, start)
+
+    def check_pass(self, request: Request, one: Pass, start: int) -> None:
+        pages_needed = -(-(start + one.count) // self.page_size)
+        if len(one.pages) < pages_needed:
+            raise IntegrityError(
+                f"pass_inputs_are_the_requests: {one.request} computes up to position {start + one.count - 1} with"
+                f" a row of {len(one.pages)} pages"
+            )
+        if not one.extend:
+            if request.computed != start or start + 1 != len(request.tokens):
+                raise IntegrityError(
+                    f"pass_inputs_are_the_requests: {one.request} decodes position {start} with {request.computed}"
+                    " positions computed"
+                )
+            return
+        expected = tuple(request.tokens[one.start : one.start + one.count])
+        if one.inputs != expected or one.start + one.count > request.prompt:
+            raise IntegrityError(
+                f"pass_inputs_are_the_requests: {one.request}'s chunk at {one.start} sends {one.inputs}, its tokens"
+                f" there are {expected} (prompt of {request.prompt})"
+            )
+        if request.started and one.start != request.computed:
+            raise IntegrityError(
+                f"pass_inputs_are_the_requests: {one.request}'s chunk starts at {one.start}, its KV ends at"
+                f" {request.computed}"
+            )
+
+    def misread(self, request: Request, one: Pass, j: int, held: Slot) -> str:
+        page, law = one.pages[j // self.page_size], "attended_kv_is_the_requests"
+        if held is NEVER:
+            what = "KV never written there"
+        elif held == CLEARED:
+            what, law = "KV from before a reset", "reset_leaves_no_tier_serving"
+        else:
+            owners = [r.name for r in self.requests.values() if held in r.ids]
+            what = f"another prefix's KV{f' (of {owners[0]})' if owners else ''}"
+        return (
+            f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at"
+            f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page},"
+            f" which holds {what}"
+        )
+
+    def after_pass(self, one: Pass, request: Request, start: int) -> None:
+        if one.extend and not request.started:
+            request.started = True
+            STATS.rules["planner.prefill"] += 1
+            if start:
+                STATS.rules["planner.prefill[hit]"] += 1
+                STATS.rules["planner.hit tokens"] += start
+                full = start // self.page_size * self.page_size
+                self.hits_to_publish.append((request.name, tuple(request.tokens[:full])))
+            STATS.rules["planner.prompt tokens"] += request.prompt
+        request.computed = start + one.count
+        if request.computed < request.prompt:
+            self.target.result(request.name, [])
+            return
+        token = 100 + request.ids[-1] % 7
+        request.append(token)
+        request.sampled += 1
+        self.target.result(request.name, [token])
+        if request.sampled >= request.wanted:
+            del self.requests[request.name]
+            self.past = ([*self.past, list(request.tokens)])[-MAX_PAST:]
+            STATS.rules["planner.finished"] += 1
+            self.target.finish(request.name)
+
+    # ------------------------------------------------------------ events and checks
+
+    def take_events(self) -> None:
+        for event in self.target.take_events():
+            STATS.events_replayed += 1
+            if event.kind == "cleared":
+                self.published.clear()
+            elif event.kind == "removed":
+                if self.published.pop(event.hash, None) is None:
+                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} removed, never published")
+            else:
+                if event.hash in self.published:
+                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} stored twice")
+                if event.parent is not None and event.parent not in self.published:
+                    raise IntegrityError(
+                        f"events_replay_to_the_cache: block {event.hash} stored under {event.parent}, not published"
+                    )
+                parent = self.published[event.parent] if event.parent is not None else ()
+                self.published[event.hash] = parent + event.tokens
+
+    def after_step(self) -> None:
+        self.take_events()
+        if self.hits_to_publish:
+            prefixes = set(self.published.values())
+            for name, tokens in self.hits_to_publish:
+                for end in range(self.page_size, len(tokens) + 1, self.page_size):
+                    if tokens[:end] not in prefixes:
+                        raise IntegrityError(
+                            f"device_hits_are_published: {name} hit {len(tokens)} tokens; its page ending at {end}"
+                            " is not a published block"
+                        )
+            self.hits_to_publish.clear()
+        self.target.check_integrity(quiescent=False)
+        reach = self.target.reach()
+        STATS.record_reach(
+            largest_tree_pages=reach.get("device pages in use", 0),
+            largest_host_pages=reach.get("host blocks cached", 0),
+            largest_storage_pages=reach.get("storage blocks held", 0),
+        )
+
+    def teardown(self) -> None:
+        """Drain the run: every live request ended, every transfer reported; then nothing may be held, and a reset
+        must leave nothing published."""
+        if not hasattr(self, "target"):
+            return
+        for name in list(self.requests):
+            del self.requests[name]
+            self.target.abort(name)
+        for _ in range(DRAIN_PLANS):
+            plan = self.target.plan()
+            self.run(plan, late=False)
+            for transfer in list(self.in_flight):
+                self.report_transfer(transfer, fail=False)
+            self.after_step()
+            if not plan.transfers and not plan.passes:
+                break
+        else:
+            raise IntegrityError(f"{self.name} still plans work {DRAIN_PLANS} plans after every request ended")
+        self.target.check_integrity(quiescent=True)
+        if not self.target.reset():
+            raise IntegrityError(f"{self.name} refused a reset with no request live and no transfer in flight")
+        self.cleared()

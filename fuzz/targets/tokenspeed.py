@@ -1,0 +1,303 @@
+"""Target ``tokenspeed``: TokenSpeed's scheduler (the ``tokenspeed-scheduler`` 0.1.42 wheel, C++ behind nanobind),
+which plans its own batches over a three-tier KV cache: the device block pool, the host pool (``WriteBackOp``,
+``LoadBackOp``) and, when drawn, storage (``StorageQueryOp`` / ``StoragePutOp`` / ``StorageGetOp``).
+
+The planner machine (``fuzz/planner_machine.py``) submits requests, asks for each ``next_execution_plan`` and
+plays the executor and the model: it runs the transfers (late, out of order, storage ones failed), the page copies
+and zeroing the plan asks for, and the forward, reporting ``ExtendResult`` per request, ``Finish``, ``Abort``,
+``clear_cache``. Nothing of the wheel is shimmed: it needs no GPU, no torch, only numpy. This adapter translates
+its plan into the planner layer's ``Plan`` and the machine's reports into its events, and nothing else.
+
+Configurations drawn: page size 1 to 16 (the prefix granularity), device pool 8 to 48 pages, host pool 0.5x to 4x
+the device's, storage on or off, a token budget per step of 8 to 128 (chunked prefill) and 1 to 8 requests a
+batch. One full-attention cache group; no retraction (one snapshot page), no overlap scheduling.
+
+The wheel's ``FatalCheck`` calls ``abort()``: a broken internal assertion ends the process. The campaign then
+reports a dead worker (exit 3), with Python's fault handler's stack on stderr.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal, NamedTuple, Protocol, cast
+
+from radixspec.spec.errors import IntegrityError
+
+from .api import BlockEvent, Pass, Plan, Profile, TargetInfo, Transfer
+
+VERSION = "0.1.42"
+PAGE_SIZES = (1, 2, 4, 8, 16)
+DEVICE_PAGES = (8, 12, 16, 24, 48)
+HOST_RATIOS = (0.5, 1, 2, 4)
+BUDGETS = (8, 16, 32, 128)
+BATCHES = (1, 2, 4, 8)
+GROUP = "full"
+
+
+def import_tokenspeed() -> types.ModuleType:
+    """The wheel's module (an ImportError when it is not installed). Its log (spdlog) says warnings only, unless the
+    user set ``SPDLOG_LEVEL``: at its default level it prints a line on every cache flush, thousands a minute."""
+    import importlib
+    import os
+
+    os.environ.setdefault("SPDLOG_LEVEL", "warn")
+    return importlib.import_module("tokenspeed_scheduler")
+
+
+class Config(NamedTuple):
+    """One configuration of the scheduler: a draw picks one value of each field from CHOICES."""
+
+    page_size: int
+    device_pages: int
+    host_ratio: float
+    storage: bool
+    budget: int
+    batch: int
+
+
+# the values each field of Config is drawn from, in its order
+CHOICES: tuple[tuple[object, ...], ...] = (PAGE_SIZES, DEVICE_PAGES, HOST_RATIOS, (False, True), BUDGETS, BATCHES)
+
+
+def choose(draw: int) -> Config:
+    """The configuration a draw picks: its digits in the mixed radix of CHOICES."""
+    picked = []
+    for options in CHOICES:
+        draw, digit = divmod(draw, len(options))
+        picked.append(options[digit])
+    return Config._make(picked)
+
+
+def draw_for(config: Config) -> int:
+    """The smallest draw that picks ``config``: tests name a configuration so."""
+    draw = 0
+    for options, value in reversed(list(zip(CHOICES, config, strict=True))):
+        draw = draw * len(options) + options.index(value)
+    return draw
+
+
+class CopyOp(Protocol):
+    """What the adapter reads of a ``WriteBackOp`` or ``LoadBackOp``: per operation, its pages."""
+
+    op_ids: Sequence[int]
+    src_pages: Sequence[Sequence[int]]
+    dst_pages: Sequence[Sequence[int]]
+
+
+class StorageOp(Protocol):
+    """What the adapter reads of a storage operation: its keys (group, content hash, page offset)."""
+
+    op_id: int
+    keys: Sequence[Sequence[Hashable]]
+
+
+class TokenSpeedPlanner:
+    """One TokenSpeed ``Scheduler`` in the configuration ``draw`` selects, behind the planner layer's protocol."""
+
+    def __init__(self, draw: int) -> None:
+        ts = self.ts = import_tokenspeed()
+        self.page_size, device, ratio, self.storage, budget, batch = choose(draw)
+        device += 1  # page 0 is the null page
+        host = max(2, int(device * ratio))
+        config = ts.SchedulerConfig()
+        config.prefix_granularity = self.page_size
+        config.max_scheduled_tokens = budget
+        config.max_batch_size = batch
+        config.num_device_pages = device
+        config.num_host_pages = host
+        config.num_snapshot_pages = 1
+        config.enable_kv_cache_events = True
+        config.cache_groups = [ts.CacheGroupConfig(GROUP, self.page_size, device, ts.AttnKind.Full)]
+        if self.storage:
+            config.enable_l3_storage = True
+            high, low = ts.StoragePressure(8, 1 << 30, 10**7), ts.StoragePressure(2, 1 << 20, 10**6)
+            # operations, keys per operation, host blocks on loan, metadata entries, prefetch tokens max / min,
+            # wait and ready timeouts (us), pressure marks
+            config.storage_config = ts.StorageConfig(4, 16, max(1, host // 2), 64, 64, 1, 10**6, 10**6, high, low)
+        self.scheduler = ts.Scheduler(config)
+        self.device_pages, self.host_pages = device, host
+        self.max_request_tokens: int = self.scheduler.max_single_request_tokens()
+        self.config = (
+            f"P={self.page_size}, device {device - 1}, host {host - 1}, storage {'on' if self.storage else 'off'},"
+            f" budget {budget}, batch {batch}"
+        )
+        self.now_us = 0
+        # the plan's ops by our transfer, to report each done
+        self.ops: dict[Hashable, object] = {}
+        self.next_storage_op = 0
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None:
+        spec = self.ts.RequestSpec()
+        spec.request_id, spec.tokens, spec.max_new_tokens = request, list(tokens), max_new
+        self.scheduler.submit_requests([spec])
+
+    def _advance(self, event: object) -> None:
+        self.scheduler.advance(self.ts.ExecutionEvent().add_event(event))
+
+    def result(self, request: str, tokens: Sequence[int]) -> None:
+        event = self.ts.ForwardEvent.ExtendResult()
+        event.request_id, event.tokens = request, list(tokens)
+        self._advance(event)
+
+    def finish(self, request: str) -> None:
+        event = self.ts.ForwardEvent.Finish()
+        event.request_id = request
+        self._advance(event)
+
+    def abort(self, request: str) -> None:
+        event = self.ts.ForwardEvent.Abort()
+        event.request_id = request
+        self._advance(event)
+
+    def reset(self) -> bool:
+        if not self.scheduler.can_clear_cache():
+            return False
+        cleared: bool = self.scheduler.clear_cache()
+        return cleared
+
+    # ------------------------------------------------------------ plans
+
+    def plan(self) -> Plan:
+        ts, scheduler = self.ts, self.scheduler
+        if self.storage:
+            self.now_us += 1000
+            self._advance(ts.Cache.StorageTick(self.now_us, True, True, ts.StoragePressure(0, 0, 0)))
+        plan = scheduler.next_execution_plan()
+        transfers = tuple(transfer for op in plan.cache for transfer in self._transfers(op))
+        passes: list[Pass] = []
+        for batch in plan.forward:
+            ids = list(batch.request_ids)
+            if not ids:
+                continue
+            extends, rows = batch.num_extends(), batch.block_tables[GROUP]
+            inputs, at = list(batch.input_ids), 0
+            for i, request in enumerate(ids):
+                count = batch.input_lengths[i]
+                if i < extends:
+                    start = batch.extend_prefix_lens[i]
+                    passes.append(Pass(request, start, count, tuple(inputs[at : at + count]), tuple(rows[i]), True))
+                    at += count
+                else:  # a decode step: its position is the request's last token's, which the machine knows
+                    passes.append(Pass(request, -1, count, None, tuple(rows[i]), False))
+        copies = tuple((int(src), int(dst)) for src, dst in plan.pages_to_copy.get(GROUP, ()))
+        zeros = tuple(int(page) for page in plan.pages_to_zero.get(GROUP, ()))
+        aborted = tuple(str(abort.request_id) for abort in plan.aborts)
+        return Plan(transfers, copies, zeros, tuple(passes), aborted)
+
+    def _transfers(self, planned: object) -> list[Transfer]:
+        name = type(planned).__name__
+        if name in ("WriteBackOp", "LoadBackOp"):
+            copy = cast(CopyOp, planned)
+            kind: Literal["backup", "load"] = "backup" if name == "WriteBackOp" else "load"
+            # a backup's sources stay pinned until its report (the wheel says so per operation)
+            pins: Sequence[bool] = getattr(planned, "source_pinned", [True] * len(copy.op_ids))
+            found = []
+            for i, op_id in enumerate(copy.op_ids):
+                pinned = bool(pins[i])
+                pages = tuple(zip(map(int, copy.src_pages[i]), map(int, copy.dst_pages[i]), strict=True))
+                transfer = Transfer(("copy", int(op_id)), kind, pages, pinned)
+                self.ops[transfer.op] = op_id
+                found.append(transfer)
+            return found
+        if name == "StorageCancelOp":  # best effort: the operation still owes its StorageDone
+            return []
+        kinds: dict[str, Literal["query", "put", "get"]] = {
+            "StorageQueryOp": "query",
+            "StoragePutOp": "put",
+            "StorageGetOp": "get",
+        }
+        if name not in kinds:
+            raise IntegrityError(f"tokenspeed planned a {name}, which this adapter does not execute")
+        op = cast(StorageOp, planned)
+        keys: list[Hashable] = [tuple(key) for key in op.keys]
+        blocks: list[Hashable] = [int(block) for block in getattr(op, "host_blocks", ())]
+        pairs: tuple[tuple[Hashable, Hashable], ...]
+        if name == "StorageQueryOp":
+            pairs = tuple((key, key) for key in keys)
+        elif name == "StoragePutOp":
+            pairs = tuple(zip(blocks, keys, strict=True))
+        else:
+            pairs = tuple(zip(keys, blocks, strict=True))
+        transfer = Transfer(("storage", int(op.op_id)), kinds[name], pairs)
+        self.ops[transfer.op] = op.op_id
+        return [transfer]
+
+    def done(self, transfer: Transfer, ok: Sequence[bool]) -> None:
+        ts, op_id = self.ts, self.ops.pop(transfer.op)
+        if transfer.kind == "backup":
+            event = ts.Cache.WriteBackDoneEvent()
+            event.op_id = op_id
+        elif transfer.kind == "load":
+            event = ts.Cache.LoadBackDoneEvent(op_id)
+        else:  # a storage operation: per key, whether it succeeded; retired (the executor is done with it)
+            flags = [int(flag) for flag in ok]
+            event = ts.Cache.StorageDone(op_id, flags, True, [0] * len(flags))
+        self._advance(event)
+
+    # ------------------------------------------------------------ what it shows
+
+    def take_events(self) -> list[BlockEvent]:
+        events = []
+        for event in self.scheduler.drain_kv_events():
+            if event.kind == "BlockStored":
+                parent, tokens = event.parent_block_hash, tuple(event.token_ids)
+                events += [BlockEvent("stored", h, parent, tokens) for h in event.block_hashes]
+            elif event.kind == "BlockRemoved":
+                events += [BlockEvent("removed", h) for h in event.block_hashes]
+            else:
+                events.append(BlockEvent("cleared"))
+        return events
+
+    def check_integrity(self, quiescent: bool) -> None:
+        scheduler = self.scheduler
+        usable = self.device_pages - 1
+        held = scheduler.available_lcm_blocks() + scheduler.active_lcm_blocks()
+        if held > usable:
+            raise IntegrityError(
+                f"tokenspeed_pool_conserved: {scheduler.available_lcm_blocks()} available + "
+                f"{scheduler.active_lcm_blocks()} active device pages exceed the pool's {usable}"
+            )
+        if not quiescent:
+            return
+        busy = {
+            "active device pages": scheduler.active_lcm_blocks(),
+            "pinned host blocks": scheduler.host_pool_pinned_blocks(),
+            "storage operations pending": int(scheduler.storage_pending()),
+            "requests live": scheduler.waiting_size() + scheduler.prefilling_size() + scheduler.decoding_size(),
+        }
+        left = {what: n for what, n in busy.items() if n}
+        if left or not scheduler.can_clear_cache():
+            raise IntegrityError(
+                f"tokenspeed_quiescent_holds_nothing: with no request live and no transfer in flight it holds {left}"
+                f" (can_clear_cache {scheduler.can_clear_cache()})"
+            )
+
+    def reach(self) -> Mapping[str, int]:
+        scheduler = self.scheduler
+        return {
+            "device pages in use": self.device_pages - 1 - scheduler.empty_lcm_blocks(),
+            "host blocks cached": scheduler.host_pool_cached_blocks(),
+            "storage blocks held": scheduler.storage_held_blocks(),
+        }
+
+
+PROFILE = Profile(
+    name="tokenspeed (a scheduler that plans its own batches and transfers)",
+    notes=(
+        "it chooses its hits, evictions, backups and batches itself: the machine checks what it serves (every"
+        " attended position holds the request's KV, across tiers), not which choice it made",
+    ),
+)
+
+TARGET = TargetInfo(
+    name="tokenspeed",
+    description=f"TokenSpeed's scheduler {VERSION}: device, host and storage tiers, its own plans",
+    requires=(("tokenspeed_scheduler", "radixspec targets install tokenspeed  (pip install tokenspeed-scheduler)"),),
+    planner_factory=TokenSpeedPlanner,
+    profile=PROFILE,
+    how="the planner machine: its plans executed (transfers late, reordered, storage failed), the forward checked",
+    probe=import_tokenspeed,
+)

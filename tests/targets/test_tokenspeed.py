@@ -1,0 +1,215 @@
+"""The ``tokenspeed`` target: TokenSpeed's scheduler wheel under the planner machine (fuzz/planner_machine.py).
+
+Its code is compiled, so its bugs cannot be planted in it: each plant below is a bug of the scheduler's output
+(the plan, the KV events, the completions it waits for) planted in the adapter that hands them to the machine, one
+per law, and each must fail a campaign naming that law within two minutes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("tokenspeed_scheduler") is None, reason="tokenspeed-scheduler is not installed"
+)
+
+from radixspec.fuzz.planner_machine import PlannerMachine  # noqa: E402
+from radixspec.fuzz.stats import STATS  # noqa: E402
+from radixspec.fuzz.targets.api import Pass, Plan  # noqa: E402
+from radixspec.fuzz.targets.tokenspeed import TARGET, Config, TokenSpeedPlanner, draw_for  # noqa: E402
+from radixspec.spec.errors import IntegrityError  # noqa: E402
+
+
+def planner(page_size: int = 4, device: int = 8, host: float = 2, storage: bool = False) -> TokenSpeedPlanner:
+    """A planner in the configuration named (a budget of 128 tokens a step, 4 requests a batch)."""
+    made = TokenSpeedPlanner(draw_for(Config(page_size, device, host, storage, 128, 4)))
+    assert made.page_size == page_size and made.storage == storage
+    return made
+
+
+class Driven(PlannerMachine):
+    """The machine over one planner built here, its rules called by hand."""
+
+    def __init__(self, target: TokenSpeedPlanner) -> None:
+        super().__init__()
+        self.IMPLS = (TARGET,)
+        self.configure(draw=0)
+        self.target, self.page_size = target, target.page_size
+
+    def serve(self, tokens: list[int], wanted: int = 1) -> int:
+        """Submit one request and run plans until it finished; its hit (the first chunk's start)."""
+        self.submit(prompt=(16, 1.0, tokens, wanted))
+        name = f"r{self.serial}"
+        hit = None
+        for _ in range(32):
+            plan = self.target.plan()
+            for one in plan.passes:
+                if one.request == name and one.extend and hit is None:
+                    hit = one.start
+            self.run(plan, late=False)
+            for transfer in list(self.in_flight):
+                self.report_transfer(transfer, fail=False)
+            self.after_step()
+            if name not in self.requests:
+                assert hit is not None
+                return hit
+        raise AssertionError(f"{name} did not finish")
+
+
+def test_a_prefix_evicted_from_the_device_is_served_from_the_host() -> None:
+    machine = Driven(planner(page_size=4, device=8, host=4))
+    shared = list(range(1, 13))
+    assert machine.serve([*shared, 50]) == 0
+    assert machine.serve([*shared, 60]) == 12  # a device hit
+    machine.serve(list(range(200, 226)))  # evicts the shared prefix from the device
+    loads = STATS.rules["planner.transfer[load]"]
+    assert machine.serve([*shared, 70]) == 12  # loaded back from the host, its KV checked at the forward
+    assert STATS.rules["planner.transfer[load]"] > loads
+    machine.teardown()
+
+
+def test_a_load_into_another_page_than_the_row_reads_is_named() -> None:
+    machine = Driven(planner(page_size=4, device=8, host=4))
+    shared = list(range(1, 13))
+    machine.serve([*shared, 50])
+    machine.serve(list(range(200, 226)))
+    real = machine.target._transfers
+
+    def shifted(op: object) -> list:
+        found = real(op)
+        return [
+            type(t)(t.op, t.kind, tuple((s, d % 8 + 1) for s, d in t.pairs), t.pinned) if t.kind == "load" else t
+            for t in found
+        ]
+
+    machine.target._transfers = shifted  # type: ignore[method-assign]
+    with pytest.raises(IntegrityError, match="attended_kv_is_the_requests"):
+        machine.serve([*shared, 70])
+
+
+def test_a_chunk_whose_inputs_are_not_the_requests_is_named() -> None:
+    machine = Driven(planner())
+    machine.submit(prompt=(16, 1.0, [1, 2, 3, 4, 5], 1))
+    plan = machine.target.plan()
+    (one,) = plan.passes
+    bad = Pass(one.request, one.start, one.count, tuple(t + 1 for t in one.inputs or ()), one.pages, True)
+    with pytest.raises(IntegrityError, match="pass_inputs_are_the_requests"):
+        machine.run(Plan(passes=(bad,)), late=False)
+
+
+def test_two_passes_writing_one_slot_are_named() -> None:
+    machine = Driven(planner())
+    machine.submit(prompt=(16, 1.0, [1, 2, 3], 1))
+    machine.submit(prompt=(16, 1.0, [4, 5, 6], 1))
+    plan = machine.target.plan()
+    first, second = plan.passes
+    clash = Pass(second.request, second.start, second.count, second.inputs, first.pages, True)
+    with pytest.raises(IntegrityError, match="passes_write_distinct_slots"):
+        machine.run(Plan(passes=(first, clash)), late=False)
+
+
+PLANTS = {
+    # a hit served from a page of another prefix: the row of a request with a hit has its first two pages swapped
+    "attended_kv_is_the_requests (a hit's pages out of order)": """
+real = T.plan
+def plan(self):
+    p = real(self)
+    swap = lambda o: (o.pages[1], o.pages[0], *o.pages[2:]) if o.extend and o.start >= 2 * self.page_size else o.pages
+    return replace(p, passes=tuple(replace(o, pages=swap(o)) for o in p.passes))
+T.plan = plan
+""",
+    # a load back lands on the device page after the one it named
+    "attended_kv_is_the_requests (a load onto another page)": """
+real = T._transfers
+def transfers(self, op):
+    shift = lambda t: replace(t, pairs=tuple((s, d % (self.device_pages - 1) + 1) for s, d in t.pairs))
+    return [shift(t) if t.kind == "load" else t for t in real(self, op)]
+T._transfers = transfers
+""",
+    # a storage get fills the host blocks in reverse order of its keys
+    "attended_kv_is_the_requests (a storage get under the wrong keys)": """
+real = T._transfers
+def transfers(self, op):
+    flip = lambda t: replace(t, pairs=tuple(zip([s for s, _ in t.pairs], [d for _, d in t.pairs][::-1])))
+    return [flip(t) if t.kind == "get" and len(t.pairs) > 1 else t for t in real(self, op)]
+T._transfers = transfers
+""",
+    # a reset that reports the cache cleared, publishes it so, and keeps serving it
+    "reset_leaves_no_tier_serving (a reset that clears nothing)": """
+from radixspec.fuzz.targets.api import BlockEvent
+real_events = T.take_events
+def reset(self):
+    self.fake_clear = True
+    return True
+def take_events(self):
+    events = real_events(self)
+    if getattr(self, "fake_clear", False):
+        self.fake_clear = False
+        events.append(BlockEvent("cleared"))
+    return events
+T.reset, T.take_events = reset, take_events
+""",
+    # every fifth removal not published
+    "events_replay_to_the_cache (removals lost)": """
+real = T.take_events
+def take_events(self):
+    self.n = getattr(self, "n", 0)
+    kept = []
+    for e in real(self):
+        self.n += e.kind == "removed"
+        if not (e.kind == "removed" and self.n % 5 == 0):
+            kept.append(e)
+    return kept
+T.take_events = take_events
+""",
+    # no KV event published at all
+    "device_hits_are_published (events never published)": """
+T.take_events = lambda self: (self.scheduler.drain_kv_events(), [])[1]
+""",
+    # the completion of a load never reaches the scheduler, which keeps its host blocks pinned
+    "tokenspeed_quiescent_holds_nothing (a load's completion lost)": """
+real = T.done
+def done(self, transfer, ok):
+    if transfer.kind == "load":
+        self.ops.pop(transfer.op)
+        return
+    real(self, transfer, ok)
+T.done = done
+""",
+}
+
+CAMPAIGN = """
+import time
+from dataclasses import replace
+from radixspec.fuzz.targets.tokenspeed import TokenSpeedPlanner as T
+{plant}
+from radixspec.fuzz.campaign import main
+began = time.monotonic()
+code = main(["--target", "tokenspeed", "--seed", "0", "--examples", "{examples}", "--workers", "0", "--quiet",
+             "--no-shrink", "--out", {out!r}])
+print("exit", code, "after", round(time.monotonic() - began, 1))
+"""
+
+
+def run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("law", sorted(PLANTS))
+def test_each_law_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    done = run(CAMPAIGN.format(plant=PLANTS[law], out=str(tmp_path), examples=1500))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law.split()[0] + ":" in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 120
+
+
+def test_a_clean_campaign(tmp_path: Path) -> None:
+    done = run(CAMPAIGN.format(plant="", out=str(tmp_path), examples=400))
+    assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
