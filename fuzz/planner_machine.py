@@ -27,6 +27,7 @@ it holds (a chained hash of the request's tokens up to that position). Laws, eac
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -38,13 +39,13 @@ from radixspec.spec.errors import IntegrityError
 
 from .stats import STATS
 from .targets import resolve
-from .targets.api import Pass, Plan, PlannerTarget, TargetInfo, Transfer
+from .targets.api import LANDS_BEFORE_FORWARD, STORAGE_KINDS, Pass, Plan, PlannerTarget, TargetInfo, Transfer
 
-# what a slot holds: the identity of the prefix whose last token's KV it is; None: never written; CLEARED: dropped
-# by a reset
-Slot = int | str | None
+# what a slot holds: the identity of the prefix whose last token's KV it is; None: never written; (CLEARED, what it
+# held): dropped by a reset
 CLEARED = "cleared by a reset"
 NEVER = None
+Slot = int | tuple[str, object] | None
 # live requests at most, and past sequences kept for prompts that share them
 MAX_LIVE = 12
 MAX_PAST = 16
@@ -108,7 +109,7 @@ class PlannerMachine(RuleBasedStateMachine):
         STATS.rules[f"planner.config[{self.target.config}]"] += 1
         self.page_size = self.target.page_size
         # every tier's slots: a device page or host block -> its slots; a storage key -> the slots it was put with
-        self.tiers: dict[str, dict[Hashable, list[Slot]]] = {"device": {}, "host": {}, "storage": {}}
+        self.tiers: dict[str, dict[Hashable, list[Slot]]] = {"device": {}, "host": {}, "storage": {}, "snapshot": {}}
         self.requests: dict[str, Request] = {}
         self.past: list[list[int]] = []
         self.serial = 0
@@ -116,7 +117,7 @@ class PlannerMachine(RuleBasedStateMachine):
         self.in_flight: list[Transfer] = []
         self.moved: set[Hashable] = set()
         # the blocks the KV events published: hash -> the tokens of the prefix it ends
-        self.published: dict[Hashable, tuple[int, ...]] = {}
+        self.published: dict[Hashable, tuple[int, ...] | None] = {}
         self.hits_to_publish: list[tuple[str, tuple[int, ...]]] = []
 
     # ------------------------------------------------------------ requests
@@ -193,9 +194,9 @@ class PlannerMachine(RuleBasedStateMachine):
     def cleared(self) -> None:
         """The planner cleared its cache: no device or host copy made before may be served, and its events must
         have removed every block."""
-        for tier in ("device", "host"):
+        for tier in ("device", "host", "snapshot"):
             for slots in self.tiers[tier].values():
-                slots[:] = [CLEARED] * len(slots)
+                slots[:] = [held if isinstance(held, tuple) else (CLEARED, held) for held in slots]
         self.take_events()
         if self.published:
             raise IntegrityError(
@@ -209,8 +210,13 @@ class PlannerMachine(RuleBasedStateMachine):
         for transfer in plan.transfers:
             STATS.rules[f"planner.transfer[{transfer.kind}]"] += 1
             self.in_flight.append(transfer)
-            if transfer.kind == "load" or (transfer.kind == "backup" and not (late and transfer.pinned)):
-                self.move(transfer, None)
+            # storage runs its operations when they are reported; a copy whose sources stay pinned may wait for its
+            # report (``late``), unless the forward reads what it writes
+            if transfer.kind in STORAGE_KINDS or (
+                late and transfer.pinned and transfer.kind not in LANDS_BEFORE_FORWARD
+            ):
+                continue
+            self.move(transfer, None)
         device = self.tiers["device"]
         for source, destination in plan.copies:
             device[destination] = list(self.page(device, source))
@@ -247,7 +253,7 @@ class PlannerMachine(RuleBasedStateMachine):
         else:
             ok = [True] * len(transfer.pairs)
             if transfer.op not in self.moved:
-                STATS.rules["planner.transfer[backup copied at its report]"] += 1
+                STATS.rules[f"planner.transfer[{transfer.kind} copied at its report]"] += 1
                 self.move(transfer, None)
         self.moved.discard(transfer.op)
         self.target.done(transfer, ok)
@@ -298,10 +304,10 @@ class PlannerMachine(RuleBasedStateMachine):
                 )
             return
         expected = tuple(request.tokens[one.start : one.start + one.count])
-        if one.inputs != expected or one.start + one.count > request.prompt:
+        if one.inputs != expected or one.start + one.count > len(request.tokens):
             raise IntegrityError(
                 f"pass_inputs_are_the_requests: {one.request}'s chunk at {one.start} sends {one.inputs}, its tokens"
-                f" there are {expected} (prompt of {request.prompt})"
+                f" there are {expected} (of {len(request.tokens)})"
             )
         if request.started and one.start != request.computed:
             raise IntegrityError(
@@ -313,8 +319,11 @@ class PlannerMachine(RuleBasedStateMachine):
         page, law = one.pages[j // self.page_size], "attended_kv_is_the_requests"
         if held is NEVER:
             what = "KV never written there"
-        elif held == CLEARED:
-            what, law = "KV from before a reset", "reset_leaves_no_tier_serving"
+        elif isinstance(held, tuple):
+            # the request's own KV, but copied before a reset: the tier it came through was not cleared
+            kept = held[1] == request.ids[j]
+            what = "its KV from before a reset" if kept else "another prefix's KV from before a reset"
+            law = "reset_leaves_no_tier_serving" if kept else law
         else:
             owners = [r.name for r in self.requests.values() if held in r.ids]
             what = f"another prefix's KV{f' (of {owners[0]})' if owners else ''}"
@@ -335,7 +344,7 @@ class PlannerMachine(RuleBasedStateMachine):
                 self.hits_to_publish.append((request.name, tuple(request.tokens[:full])))
             STATS.rules["planner.prompt tokens"] += request.prompt
         request.computed = start + one.count
-        if request.computed < request.prompt:
+        if request.computed < len(request.tokens):
             self.target.result(request.name, [])
             return
         token = 100 + request.ids[-1] % 7
@@ -356,22 +365,32 @@ class PlannerMachine(RuleBasedStateMachine):
             if event.kind == "cleared":
                 self.published.clear()
             elif event.kind == "removed":
-                if self.published.pop(event.hash, None) is None:
+                if event.hash not in self.published:
                     raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} removed, never published")
+                del self.published[event.hash]
             else:
                 if event.hash in self.published:
                     raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} stored twice")
-                if event.parent is not None and event.parent not in self.published:
-                    raise IntegrityError(
-                        f"events_replay_to_the_cache: block {event.hash} stored under {event.parent}, not published"
-                    )
-                parent = self.published[event.parent] if event.parent is not None else ()
-                self.published[event.hash] = parent + event.tokens
+                parent = self.parent_of(event.hash, event.parent)
+                self.published[event.hash] = None if parent is None else parent + event.tokens
+
+    def parent_of(self, block: Hashable, parent: Hashable | None) -> tuple[int, ...] | None:
+        """The tokens of a stored block's parent (None: unknown). Its parent must be published, unless the
+        planner's profile says its events may store a block under a parent they never stored or removed (finding
+        19): such a block, and every block below it, stands for tokens the events do not say."""
+        if parent is None:
+            return ()
+        if parent in self.published:
+            return self.published[parent]
+        if self.target.orphans:
+            STATS.rules["planner.known: a block stored under a parent not published (finding 19)"] += 1
+            return None
+        raise IntegrityError(f"events_replay_to_the_cache: block {block} stored under {parent}, not published")
 
     def after_step(self) -> None:
         self.take_events()
         if self.hits_to_publish:
-            prefixes = set(self.published.values())
+            prefixes = {tokens for tokens in self.published.values() if tokens is not None}
             for name, tokens in self.hits_to_publish:
                 for end in range(self.page_size, len(tokens) + 1, self.page_size):
                     if tokens[:end] not in prefixes:
@@ -390,8 +409,9 @@ class PlannerMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """Drain the run: every live request ended, every transfer reported; then nothing may be held, and a reset
-        must leave nothing published."""
-        if not hasattr(self, "target"):
+        must leave nothing published. Not after a failure: the example failed already, and the drain of a broken run
+        would only report something else in its place."""
+        if not hasattr(self, "target") or sys.exc_info()[1] is not None:
             return
         for name in list(self.requests):
             del self.requests[name]

@@ -515,8 +515,9 @@ class OffloadTarget(Protocol):
         """The manager's own accounting (IntegrityError naming what broke)."""
 
 
-# where a page of KV lives, in the planner layer's transfers: a device page, a host block, a storage object's key
-Tier = Literal["device", "host", "storage"]
+# where a page of KV lives, in the planner layer's transfers: a device page, a host block, a storage object's key, a
+# page of the pool that keeps a preempted request's pages (its snapshot)
+Tier = Literal["device", "host", "storage", "snapshot"]
 
 
 @dataclass(frozen=True)
@@ -524,18 +525,22 @@ class Transfer:
     """One transfer a planner asks its executor for: copy each (source, destination) pair, then report ``op``
     done. ``kind``: "backup" (device -> host), "load" (host -> device: its data must land before the forward of
     the plan that asked for it), "put" (host -> storage), "get" (storage -> host), "query" (which storage keys
-    exist; ``pairs`` holds (key, key)). ``pinned``: the planner keeps the sources from being reused until the
-    report, so the copy may run at any moment before it."""
+    exist; ``pairs`` holds (key, key)), "snapshot" (device -> snapshot: a preempted request's pages), "restore"
+    (snapshot or host -> device, ``source``; lands before the forward as a load does). ``pinned``: the planner keeps
+    the sources from being reused until the report, so the copy may run at any moment before it."""
 
     op: Hashable
-    kind: Literal["backup", "load", "put", "get", "query"]
+    kind: Literal["backup", "load", "put", "get", "query", "snapshot", "restore"]
     pairs: tuple[tuple[Hashable, Hashable], ...]
     pinned: bool = True
+    # the tier its sources lie in, where the kind does not say (a restore's)
+    source: Tier | None = None
 
     @property
     def tiers(self) -> tuple[Tier, Tier]:
         """The tier its sources lie in and the tier its destinations lie in."""
-        return TRANSFER_TIERS[self.kind]
+        source, destination = TRANSFER_TIERS[self.kind]
+        return self.source or source, destination
 
 
 TRANSFER_TIERS: dict[str, tuple[Tier, Tier]] = {
@@ -544,7 +549,13 @@ TRANSFER_TIERS: dict[str, tuple[Tier, Tier]] = {
     "put": ("host", "storage"),
     "get": ("storage", "host"),
     "query": ("storage", "storage"),
+    "snapshot": ("device", "snapshot"),
+    "restore": ("snapshot", "device"),
 }
+# the kinds whose data must land before the forward of the plan that asks for them, and those storage runs (copied
+# when reported)
+LANDS_BEFORE_FORWARD = ("load", "restore")
+STORAGE_KINDS = ("put", "get", "query")
 
 
 @dataclass(frozen=True)
@@ -594,6 +605,9 @@ class PlannerTarget(Protocol):
     page_size: int
     # the most tokens (prompt and sampled) one request may reach: longer ones are refused at submission
     max_request_tokens: int
+    # its KV events may store a block under a parent they never stored or removed before (a known finding, counted
+    # in the summary); False: such a block fails events_replay_to_the_cache
+    orphans: bool
 
     def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None: ...
     def plan(self) -> Plan: ...

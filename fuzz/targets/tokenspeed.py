@@ -24,7 +24,7 @@ from typing import Literal, NamedTuple, Protocol, cast
 
 from radixspec.spec.errors import IntegrityError
 
-from .api import BlockEvent, Pass, Plan, Profile, TargetInfo, Transfer
+from .api import BlockEvent, Pass, Plan, Profile, TargetInfo, Tier, Transfer
 
 VERSION = "0.1.42"
 PAGE_SIZES = (1, 2, 4, 8, 16)
@@ -32,6 +32,7 @@ DEVICE_PAGES = (8, 12, 16, 24, 48)
 HOST_RATIOS = (0.5, 1, 2, 4)
 BUDGETS = (8, 16, 32, 128)
 BATCHES = (1, 2, 4, 8)
+RETRACTIONS = ("off", "on", "forced")
 GROUP = "full"
 
 
@@ -54,10 +55,24 @@ class Config(NamedTuple):
     storage: bool
     budget: int
     batch: int
+    # preemption: "off"; "on" (a decoding request retracted when the pool runs short: its pages to the host and the
+    # snapshot pool, restored later); "forced" (also every third plan, the scheduler's debug knob)
+    retraction: str = "off"
+    # prefill chunks and decode steps in one batch
+    mixed: bool = False
 
 
 # the values each field of Config is drawn from, in its order
-CHOICES: tuple[tuple[object, ...], ...] = (PAGE_SIZES, DEVICE_PAGES, HOST_RATIOS, (False, True), BUDGETS, BATCHES)
+CHOICES: tuple[tuple[object, ...], ...] = (
+    PAGE_SIZES,
+    DEVICE_PAGES,
+    HOST_RATIOS,
+    (False, True),
+    BUDGETS,
+    BATCHES,
+    RETRACTIONS,
+    (False, True),
+)
 
 
 def choose(draw: int) -> Config:
@@ -85,6 +100,12 @@ class CopyOp(Protocol):
     dst_pages: Sequence[Sequence[int]]
 
 
+class RestoreOp(CopyOp, Protocol):
+    """A ``RestoreOp`` also says, per page, the pool it restores from."""
+
+    source_tiers: Sequence[Sequence[int]]
+
+
 class StorageOp(Protocol):
     """What the adapter reads of a storage operation: its keys (group, content hash, page offset)."""
 
@@ -97,7 +118,7 @@ class TokenSpeedPlanner:
 
     def __init__(self, draw: int) -> None:
         ts = self.ts = import_tokenspeed()
-        self.page_size, device, ratio, self.storage, budget, batch = choose(draw)
+        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed = choose(draw)
         device += 1  # page 0 is the null page
         host = max(2, int(device * ratio))
         config = ts.SchedulerConfig()
@@ -106,7 +127,11 @@ class TokenSpeedPlanner:
         config.max_batch_size = batch
         config.num_device_pages = device
         config.num_host_pages = host
-        config.num_snapshot_pages = 1
+        config.enable_mixed_prefill_decode = mixed
+        # one snapshot page: only the null one, no retraction
+        config.num_snapshot_pages = device if retraction != "off" else 1
+        config.max_retracted_requests = 2 if retraction != "off" else 0
+        config.debug_force_retraction_interval = 3 if retraction == "forced" else 0
         config.enable_kv_cache_events = True
         config.cache_groups = [ts.CacheGroupConfig(GROUP, self.page_size, device, ts.AttnKind.Full)]
         if self.storage:
@@ -118,9 +143,12 @@ class TokenSpeedPlanner:
         self.scheduler = ts.Scheduler(config)
         self.device_pages, self.host_pages = device, host
         self.max_request_tokens: int = self.scheduler.max_single_request_tokens()
+        # finding 19 (docs/findings.md): a retracted and restored request goes on storing blocks under a parent its
+        # events removed at the restore, or never stored; only retraction reaches it
+        self.orphans = retraction != "off"
         self.config = (
             f"P={self.page_size}, device {device - 1}, host {host - 1}, storage {'on' if self.storage else 'off'},"
-            f" budget {budget}, batch {batch}"
+            f" budget {budget}, batch {batch}, retraction {retraction}{', mixed' if mixed else ''}"
         )
         self.now_us = 0
         # the plan's ops by our transfer, to report each done
@@ -202,6 +230,8 @@ class TokenSpeedPlanner:
                 self.ops[transfer.op] = op_id
                 found.append(transfer)
             return found
+        if name in ("SnapshotOp", "RestoreOp"):
+            return self._preemption(name, planned)
         if name == "StorageCancelOp":  # best effort: the operation still owes its StorageDone
             return []
         kinds: dict[str, Literal["query", "put", "get"]] = {
@@ -225,6 +255,28 @@ class TokenSpeedPlanner:
         self.ops[transfer.op] = op.op_id
         return [transfer]
 
+    def _preemption(self, name: str, planned: object) -> list[Transfer]:
+        """A retraction's snapshot (device pages to the snapshot pool) or a restore (from the host pool or the
+        snapshot pool back to the device), one transfer per operation."""
+        copy = cast(CopyOp, planned)
+        found = []
+        for i, op_id in enumerate(copy.op_ids):
+            pages = tuple(zip(map(int, copy.src_pages[i]), map(int, copy.dst_pages[i]), strict=True))
+            if name == "SnapshotOp":
+                transfer = Transfer(("snapshot", int(op_id)), "snapshot", pages, pinned=False)
+            else:
+                # per page, the pool it comes from: the host pool (L2) or the snapshot pool
+                host_tiers = self.ts.Cache.HostTier
+                named = {host_tiers.L2.value: "host", host_tiers.SnapshotPool.value: "snapshot"}
+                tiers = {named.get(int(tier), str(tier)) for tier in cast(RestoreOp, planned).source_tiers[i]}
+                if len(tiers) > 1 or not tiers <= {"host", "snapshot"}:
+                    raise NotImplementedError(f"a RestoreOp from the tiers {sorted(tiers)} (the adapter restores one)")
+                source: Tier = "snapshot" if tiers == {"snapshot"} else "host"
+                transfer = Transfer(("restore", int(op_id)), "restore", pages, source=source)
+            self.ops[transfer.op] = op_id
+            found.append(transfer)
+        return found
+
     def done(self, transfer: Transfer, ok: Sequence[bool]) -> None:
         ts, op_id = self.ts, self.ops.pop(transfer.op)
         if transfer.kind == "backup":
@@ -232,6 +284,9 @@ class TokenSpeedPlanner:
             event.op_id = op_id
         elif transfer.kind == "load":
             event = ts.Cache.LoadBackDoneEvent(op_id)
+        elif transfer.kind in ("snapshot", "restore"):
+            event = ts.Cache.SnapshotDoneEvent() if transfer.kind == "snapshot" else ts.Cache.RestoreDoneEvent()
+            event.op_id = op_id
         else:  # a storage operation: per key, whether it succeeded; retired (the executor is done with it)
             flags = [int(flag) for flag in ok]
             event = ts.Cache.StorageDone(op_id, flags, True, [0] * len(flags))
@@ -289,6 +344,8 @@ PROFILE = Profile(
     notes=(
         "it chooses its hits, evictions, backups and batches itself: the machine checks what it serves (every"
         " attended position holds the request's KV, across tiers), not which choice it made",
+        "with retraction on, its KV events may store a block under a parent they removed at a restore or never"
+        " stored (finding 19, a bug): the machine counts those and checks every other event",
     ),
 )
 

@@ -672,3 +672,82 @@ def test_dynamo_a_block_stored_twice_by_one_worker_is_one_block_a_removal_drops_
     namespaces' equal pages are one block to Dynamo, and evicting either drops it for both."""
     seen = run_script(DYNAMO_STORE_TWICE_REMOVE_ONCE)
     assert seen == {"before": [1], "after": []}
+
+
+# ------------------------------------------------------------------ TokenSpeed's scheduler 0.1.42
+
+needs_tokenspeed = pytest.mark.skipif(
+    importlib.util.find_spec("tokenspeed_scheduler") is None, reason="tokenspeed-scheduler is not installed"
+)
+
+TOKENSPEED_ORPHAN_AFTER_RESTORE = """import json
+import tokenspeed_scheduler as ts
+
+config = ts.SchedulerConfig()
+config.prefix_granularity = 1
+config.max_scheduled_tokens = 8
+config.max_batch_size = 1
+config.num_device_pages = 9  # 8 pages and the null page
+config.num_host_pages = 4
+config.num_snapshot_pages = 9  # retraction on, forced every third plan (a pool under pressure retracts the same way)
+config.max_retracted_requests = 2
+config.debug_force_retraction_interval = 3
+config.enable_kv_cache_events = True
+config.cache_groups = [ts.CacheGroupConfig("full", 1, 9, ts.AttnKind.Full)]
+scheduler = ts.Scheduler(config)
+request = ts.RequestSpec()
+request.request_id, request.tokens, request.max_new_tokens = "r1", [4, 6, 4, 4, 3], 3
+scheduler.submit_requests([request])
+DONE = {"WriteBackOp": ts.Cache.WriteBackDoneEvent, "LoadBackOp": ts.Cache.LoadBackDoneEvent,
+        "SnapshotOp": ts.Cache.SnapshotDoneEvent, "RestoreOp": ts.Cache.RestoreDoneEvent}
+published, seen, sampled = {}, [], iter([104, 106, 108])
+for step in range(6):
+    plan = scheduler.next_execution_plan()
+    done = ts.ExecutionEvent()
+    for op in plan.cache:  # the executor: every copy done at once
+        seen.append(type(op).__name__)
+        for op_id in op.op_ids:
+            event = DONE[type(op).__name__]()
+            event.op_id = op_id
+            done.add_event(event)
+    scheduler.advance(done)
+    for batch in plan.forward:
+        for rid in batch.request_ids:
+            result = ts.ForwardEvent.ExtendResult()
+            result.request_id, result.tokens = rid, [next(sampled)]
+            scheduler.advance(ts.ExecutionEvent().add_event(result))
+    for event in scheduler.drain_kv_events():
+        for block in event.block_hashes:
+            if event.kind == "BlockRemoved":
+                seen.append(("removed", published.pop(block)))
+            elif event.parent_block_hash is None or event.parent_block_hash in published:
+                published[block] = published.get(event.parent_block_hash, []) + list(event.token_ids)
+            else:  # a router's index drops a block whose parent it does not hold
+                seen.append(("orphan", list(event.token_ids)))
+print(json.dumps(seen))
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_a_restored_request_stores_its_next_block_under_a_parent_the_events_removed() -> None:
+    """Finding 19 (the ``tokenspeed`` target's planner machine, ``events_replay_to_the_cache``, within seconds of a
+    campaign with retraction on): a decoding request is retracted (its pages to the snapshot pool) and restored
+    into other pages; at the restore the KV events remove its last two blocks (their pages were evicted to make
+    room), and never store the restored copies again. At the next retraction the events store its next block,
+    whose parent is one of the removed ones: a consumer of the events (a router's index) holds no such parent."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", TOKENSPEED_ORPHAN_AFTER_RESTORE], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == [
+        "WriteBackOp",
+        "SnapshotOp",
+        "RestoreOp",
+        ["removed", [4, 6, 4, 4, 3, 104]],
+        ["removed", [4, 6, 4, 4, 3]],
+        "SnapshotOp",
+        ["orphan", [106]],
+    ]
