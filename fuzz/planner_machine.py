@@ -39,7 +39,17 @@ from radixspec.spec.errors import IntegrityError
 
 from .stats import STATS
 from .targets import resolve
-from .targets.api import LANDS_BEFORE_FORWARD, STORAGE_KINDS, Pass, Plan, PlannerTarget, TargetInfo, Transfer
+from .targets.api import (
+    LANDS_BEFORE_FORWARD,
+    STORAGE_KINDS,
+    BlockEvent,
+    KnownFinding,
+    Pass,
+    Plan,
+    PlannerTarget,
+    TargetInfo,
+    Transfer,
+)
 
 # what a slot holds: the identity of the prefix whose last token's KV it is; None: never written; (CLEARED, what it
 # held): dropped by a reset
@@ -72,6 +82,8 @@ class Request:
     # positions whose KV its passes computed or were served
     computed: int = 0
     sampled: int = 0
+    # sampled tokens reported to the planner
+    reported: int = 0
     started: bool = False
 
     def __post_init__(self) -> None:
@@ -83,6 +95,41 @@ class Request:
     def append(self, token: int) -> None:
         self.tokens.append(token)
         self.ids.append(identity(self.ids[-1], token))
+
+
+class Published(dict[Hashable, "tuple[int, ...] | None"]):
+    """The blocks a planner's KV events published, replayed: hash -> the tokens of the prefix the block ends (None:
+    tokens the events do not say, below an orphan the profile names)."""
+
+    def replay(self, events: list[BlockEvent], orphans: bool) -> None:
+        """Apply ``events``; ``events_replay_to_the_cache`` fails on a block stored twice, removed unpublished, or
+        stored under a parent not published (unless ``orphans``: finding 19, counted)."""
+        for event in events:
+            STATS.events_replayed += 1
+            if event.kind == "cleared":
+                self.clear()
+            elif event.kind == "removed":
+                if event.hash not in self:
+                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} removed, never published")
+                del self[event.hash]
+            else:
+                if event.hash in self:
+                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} stored twice")
+                parent = self.parent_of(event.hash, event.parent, orphans)
+                self[event.hash] = None if parent is None else parent + event.tokens
+
+    def parent_of(self, block: Hashable, parent: Hashable | None, orphans: bool) -> tuple[int, ...] | None:
+        """The tokens of a stored block's parent (None: unknown). Its parent must be published, unless the
+        planner's profile says its events may store a block under a parent they never stored or removed (finding
+        19): such a block, and every block below it, stands for tokens the events do not say."""
+        if parent is None:
+            return ()
+        if parent in self:
+            return self[parent]
+        if orphans:
+            STATS.rules["planner.known: a block stored under a parent not published (finding 19)"] += 1
+            return None
+        raise IntegrityError(f"events_replay_to_the_cache: block {block} stored under {parent}, not published")
 
 
 prompts = st.tuples(
@@ -104,9 +151,14 @@ class PlannerMachine(RuleBasedStateMachine):
         (chosen,) = self.IMPLS
         info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen)
         assert info.planner_factory is not None, f"target {info.name} has no planner layer"
-        self.target: PlannerTarget = info.planner_factory(draw)
+        self.factory, self.draw = info.planner_factory, draw
+        self.target: PlannerTarget = self.factory(draw)
         self.name = info.name
         STATS.rules[f"planner.config[{self.target.config}]"] += 1
+        self.start()
+
+    def start(self) -> None:
+        """The machine's model of a fresh planner: every tier empty, no request, nothing in flight."""
         self.page_size = self.target.page_size
         # every tier's slots: a device page or host block -> its slots; a storage key -> the slots it was put with
         self.tiers: dict[str, dict[Hashable, list[Slot]]] = {"device": {}, "host": {}, "storage": {}, "snapshot": {}}
@@ -117,8 +169,25 @@ class PlannerMachine(RuleBasedStateMachine):
         self.in_flight: list[Transfer] = []
         self.moved: set[Hashable] = set()
         # the blocks the KV events published: hash -> the tokens of the prefix it ends
-        self.published: dict[Hashable, tuple[int, ...] | None] = {}
+        self.published = Published()
         self.hits_to_publish: list[tuple[str, tuple[int, ...]]] = []
+        # the last forward's sampled tokens, not yet reported (overlap scheduling reports them a forward late)
+        self.results: list[tuple[str, list[int]]] = []
+        # finished requests with a row still in flight (overlap)
+        self.finishing: set[str] = set()
+        STATS.rules[f"planner.results[{'a forward late' if self.target.overlap else 'at once'}]"] += 1
+
+    def plan(self) -> Plan | None:
+        """The planner's next plan; None when it crashed in a way its profile names (a known finding): the
+        crash is counted, and the example goes on with a new planner of the same configuration, as an engine
+        restarts."""
+        try:
+            return self.target.plan()
+        except KnownFinding as known:
+            STATS.rules[f"planner.known: {known}"] += 1
+            self.target = self.factory(self.draw)
+            self.start()
+            return None
 
     # ------------------------------------------------------------ requests
 
@@ -165,7 +234,10 @@ class PlannerMachine(RuleBasedStateMachine):
         the forward, the sampled tokens reported; then the transfers in flight reported (``report``)."""
         for _ in range(plans):
             STATS.record_rule("planner.step")
-            self.run(self.target.plan(), late)
+            plan = self.plan()
+            if plan is None:
+                return
+            self.run(plan, late)
             if report != "none":
                 for transfer in list(reversed(self.in_flight) if report == "all, reversed" else self.in_flight):
                     self.report_transfer(transfer, fail=False)
@@ -179,10 +251,11 @@ class PlannerMachine(RuleBasedStateMachine):
         self.report_transfer(self.in_flight[index % len(self.in_flight)], fail)
         self.after_step()
 
-    @precondition(lambda self: not self.requests and not self.in_flight)
+    @precondition(lambda self: not self.requests and not self.in_flight and not self.results)
     @rule(now=st.integers(0, 3))
     def reset(self, now: int) -> None:
-        """Clear the cache when idle (one draw in four); the planner may refuse while anything is in use."""
+        """Clear the cache when idle (one draw in four): no request, no transfer and no forward in flight (under
+        overlap a finished request's last row may still be: finding 21); the planner may refuse."""
         if now:
             return
         STATS.record_rule("planner.reset")
@@ -207,23 +280,35 @@ class PlannerMachine(RuleBasedStateMachine):
         for name in plan.aborted:
             STATS.rules["planner.aborted by the planner"] += 1
             self.requests.pop(name, None)
+        landing = []
         for transfer in plan.transfers:
             STATS.rules[f"planner.transfer[{transfer.kind}]"] += 1
             self.in_flight.append(transfer)
             # storage runs its operations when they are reported; a copy whose sources stay pinned may wait for its
-            # report (``late``), unless the forward reads what it writes
-            if transfer.kind in STORAGE_KINDS or (
-                late and transfer.pinned and transfer.kind not in LANDS_BEFORE_FORWARD
-            ):
-                continue
-            self.move(transfer, None)
+            # report (``late``); a load or restore lands after the device copies and zeroing, before the forward
+            if transfer.kind in LANDS_BEFORE_FORWARD:
+                landing.append(transfer)
+            elif not (transfer.kind in STORAGE_KINDS or (late and transfer.pinned)):
+                self.move(transfer, None)
+        # the device copies read their sources before anything of this plan writes them: TokenSpeed's plan says its
+        # copies run before its zeroing ("a source re-granted in the same round is read before it is zeroed"), and
+        # a page it re-grants to a load in the same round is read first likewise (a harness choice, docs/targets.md)
         device = self.tiers["device"]
-        for source, destination in plan.copies:
-            device[destination] = list(self.page(device, source))
+        copied = [(destination, list(self.page(device, source))) for source, destination in plan.copies]
+        for destination, slots in copied:
+            device[destination] = slots
         for page in plan.zeros:
             device[page] = [NEVER] * self.page_size
+        for transfer in landing:
+            self.move(transfer, None)
+        earlier, self.results = self.results, []
         if plan.passes:
             self.forward(plan.passes)
+        if self.target.overlap:  # the previous forward's results, reported once this one is launched
+            self.deliver(earlier)
+        else:
+            self.deliver(earlier + self.results)
+            self.results = []
         STATS.record_reach(most_transfers_in_flight=len(self.in_flight))
 
     def page(self, tier: dict[Hashable, list[Slot]], key: Hashable) -> list[Slot]:
@@ -231,10 +316,10 @@ class PlannerMachine(RuleBasedStateMachine):
 
     def move(self, transfer: Transfer, ok: list[bool] | None) -> None:
         """Copy a transfer's data (``ok``: the pairs copied; None: all)."""
-        source_tier, destination_tier = (self.tiers[tier] for tier in transfer.tiers)
         for i, (source, destination) in enumerate(transfer.pairs):
             if ok is None or ok[i]:
-                destination_tier[destination] = list(self.page(source_tier, source))
+                source_tier, destination_tier = transfer.tiers(i)
+                self.tiers[destination_tier][destination] = list(self.page(self.tiers[source_tier], source))
         self.moved.add(transfer.op)
 
     def report_transfer(self, transfer: Transfer, fail: bool) -> None:
@@ -344,48 +429,46 @@ class PlannerMachine(RuleBasedStateMachine):
                 self.hits_to_publish.append((request.name, tuple(request.tokens[:full])))
             STATS.rules["planner.prompt tokens"] += request.prompt
         request.computed = start + one.count
+        if request.sampled >= request.wanted:
+            # a pass planned before its finish reached the planner (overlap): every planned row's result lands, as
+            # in TokenSpeed's event loop (it holds a finishing request's pages until they do); the device stopped
+            # the request, so it reports no token
+            self.results.append((request.name, []))
+            return
         if request.computed < len(request.tokens):
-            self.target.result(request.name, [])
+            self.results.append((request.name, []))
             return
         token = 100 + request.ids[-1] % 7
         request.append(token)
         request.sampled += 1
-        self.target.result(request.name, [token])
-        if request.sampled >= request.wanted:
-            del self.requests[request.name]
-            self.past = ([*self.past, list(request.tokens)])[-MAX_PAST:]
-            STATS.rules["planner.finished"] += 1
-            self.target.finish(request.name)
+        self.results.append((request.name, [token]))
+
+    def deliver(self, results: list[tuple[str, list[int]]]) -> None:
+        """Report sampled tokens (none for a prefill chunk that is not the last), each request's own in order; a
+        request that sampled all it wanted finishes after its last is reported; an aborted one's are dropped."""
+        for name, tokens in results:
+            if name in self.finishing:  # a row planned before its finish: its result still lands
+                STATS.rules["planner.results[a row after its finish]"] += 1
+                self.target.result(name, tokens)
+                self.finishing.discard(name)
+                continue
+            request = self.requests.get(name)
+            if request is None:  # aborted: the planner dropped it, and takes no result
+                continue
+            self.target.result(name, tokens)
+            request.reported += len(tokens)
+            if request.reported >= request.wanted:
+                del self.requests[name]
+                self.past = ([*self.past, list(request.tokens)])[-MAX_PAST:]
+                STATS.rules["planner.finished"] += 1
+                self.target.finish(name)
+                if any(late == name for late, _ in self.results):
+                    self.finishing.add(name)
 
     # ------------------------------------------------------------ events and checks
 
     def take_events(self) -> None:
-        for event in self.target.take_events():
-            STATS.events_replayed += 1
-            if event.kind == "cleared":
-                self.published.clear()
-            elif event.kind == "removed":
-                if event.hash not in self.published:
-                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} removed, never published")
-                del self.published[event.hash]
-            else:
-                if event.hash in self.published:
-                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} stored twice")
-                parent = self.parent_of(event.hash, event.parent)
-                self.published[event.hash] = None if parent is None else parent + event.tokens
-
-    def parent_of(self, block: Hashable, parent: Hashable | None) -> tuple[int, ...] | None:
-        """The tokens of a stored block's parent (None: unknown). Its parent must be published, unless the
-        planner's profile says its events may store a block under a parent they never stored or removed (finding
-        19): such a block, and every block below it, stands for tokens the events do not say."""
-        if parent is None:
-            return ()
-        if parent in self.published:
-            return self.published[parent]
-        if self.target.orphans:
-            STATS.rules["planner.known: a block stored under a parent not published (finding 19)"] += 1
-            return None
-        raise IntegrityError(f"events_replay_to_the_cache: block {block} stored under {parent}, not published")
+        self.published.replay(self.target.take_events(), self.target.orphans)
 
     def after_step(self) -> None:
         self.take_events()
@@ -417,12 +500,17 @@ class PlannerMachine(RuleBasedStateMachine):
             del self.requests[name]
             self.target.abort(name)
         for _ in range(DRAIN_PLANS):
-            plan = self.target.plan()
+            # results still out (a row after its finish, under overlap) are reported in this run: the planner may
+            # only then plan what they free, so the drain ends at an empty plan with nothing reported
+            reported = bool(self.results)
+            plan = self.plan()
+            if plan is None:
+                return
             self.run(plan, late=False)
             for transfer in list(self.in_flight):
                 self.report_transfer(transfer, fail=False)
             self.after_step()
-            if not plan.transfers and not plan.passes:
+            if not plan.transfers and not plan.passes and not reported:
                 break
         else:
             raise IntegrityError(f"{self.name} still plans work {DRAIN_PLANS} plans after every request ended")

@@ -526,21 +526,20 @@ class Transfer:
     done. ``kind``: "backup" (device -> host), "load" (host -> device: its data must land before the forward of
     the plan that asked for it), "put" (host -> storage), "get" (storage -> host), "query" (which storage keys
     exist; ``pairs`` holds (key, key)), "snapshot" (device -> snapshot: a preempted request's pages), "restore"
-    (snapshot or host -> device, ``source``; lands before the forward as a load does). ``pinned``: the planner keeps
-    the sources from being reused until the report, so the copy may run at any moment before it."""
+    (snapshot or host -> device, per pair: ``sources``; lands before the forward as a load does). ``pinned``: the
+    planner keeps the sources from being reused until the report, so the copy may run at any moment before it."""
 
     op: Hashable
     kind: Literal["backup", "load", "put", "get", "query", "snapshot", "restore"]
     pairs: tuple[tuple[Hashable, Hashable], ...]
     pinned: bool = True
-    # the tier its sources lie in, where the kind does not say (a restore's)
-    source: Tier | None = None
+    # per pair, the tier its source lies in, where the kind does not say (a restore's)
+    sources: tuple[Tier, ...] | None = None
 
-    @property
-    def tiers(self) -> tuple[Tier, Tier]:
-        """The tier its sources lie in and the tier its destinations lie in."""
+    def tiers(self, pair: int) -> tuple[Tier, Tier]:
+        """The tier pair ``pair``'s source lies in and the tier its destination lies in."""
         source, destination = TRANSFER_TIERS[self.kind]
-        return self.source or source, destination
+        return (self.sources[pair] if self.sources else source), destination
 
 
 TRANSFER_TIERS: dict[str, tuple[Tier, Tier]] = {
@@ -595,6 +594,12 @@ class BlockEvent:
     tokens: tuple[int, ...] = ()
 
 
+class KnownFinding(Exception):
+    """A planner crashed in a way its profile names (a known finding of docs/findings.md, pinned by its reproducer):
+    the planner machine counts it and goes on with a new planner, so a campaign keeps finding what else there is.
+    The message says which finding."""
+
+
 class PlannerTarget(Protocol):
     """An engine's scheduler that plans its own batches and transfers (TokenSpeed's), the planner layer's target:
     the machine submits requests, asks for plans and plays the executor and the model (it runs the transfers and
@@ -605,6 +610,9 @@ class PlannerTarget(Protocol):
     page_size: int
     # the most tokens (prompt and sampled) one request may reach: longer ones are refused at submission
     max_request_tokens: int
+    # overlap scheduling: it plans the next forward before the last one's sampled tokens are reported, which the
+    # machine then reports a forward late
+    overlap: bool
     # its KV events may store a block under a parent they never stored or removed before (a known finding, counted
     # in the summary); False: such a block fails events_replay_to_the_cache
     orphans: bool

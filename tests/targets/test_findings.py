@@ -751,3 +751,73 @@ def test_tokenspeed_a_restored_request_stores_its_next_block_under_a_parent_the_
         "SnapshotOp",
         ["orphan", [106]],
     ]
+
+
+TOKENSPEED_CLEAR_WITH_A_FORWARD_IN_FLIGHT = """import json
+import tokenspeed_scheduler as ts
+
+config = ts.SchedulerConfig()
+config.prefix_granularity = 16
+config.max_scheduled_tokens = 8
+config.max_batch_size = 4
+config.num_device_pages = 17
+config.num_host_pages = 67
+config.num_snapshot_pages = 1
+config.overlap_schedule_depth = 1  # overlap scheduling: the next plan is made before the last forward's results land
+config.enable_kv_cache_events = True
+config.cache_groups = [ts.CacheGroupConfig("full", 16, 17, ts.AttnKind.Full)]
+s = ts.Scheduler(config)
+def advance(event):
+    s.advance(ts.ExecutionEvent().add_event(event))
+def result(rid, tokens):
+    e = ts.ForwardEvent.ExtendResult(); e.request_id, e.tokens = rid, tokens; advance(e)
+def spec(rid, tokens, n):
+    r = ts.RequestSpec(); r.request_id, r.tokens, r.max_new_tokens = rid, tokens, n; return r
+def run_plan():
+    plan = s.next_execution_plan()
+    for op in plan.cache:  # every backup done at once
+        for op_id in op.op_ids:
+            e = ts.Cache.WriteBackDoneEvent(); e.op_id = op_id; advance(e)
+    return [(list(b.request_ids), list(b.extend_prefix_lens)) for b in plan.forward if list(b.request_ids)]
+
+seen = []
+s.submit_requests([spec("a", [7, 7], 2)])
+seen.append(run_plan())                      # a's prefill
+seen.append(run_plan()); result("a", [101])  # a's first decode planned; the prefill's token lands
+seen.append(run_plan()); result("a", [102])  # a's second decode planned; the first decode's token lands: a is done
+finish = ts.ForwardEvent.Finish(); finish.request_id = "a"; advance(finish)
+seen.append([s.can_clear_cache(), s.clear_cache()])
+s.drain_kv_events()
+seen.append(run_plan()); result("a", [])     # the second decode, planned before the finish, lands
+seen.append([(e.kind, list(e.token_ids)) for e in s.drain_kv_events()])
+s.submit_requests([spec("b", [7, 7, 101, 102], 1)])
+seen.append(run_plan())                      # b hits KV computed before the clear
+print(json.dumps(seen))
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_clears_its_cache_with_a_forward_in_flight_which_then_caches_kv_from_before_the_clear() -> None:
+    """Finding 21 (the ``tokenspeed`` target's planner machine, ``reset_leaves_no_tier_serving``, in a campaign
+    with overlap scheduling): a request finishes while the decode planned after its last token is still in flight;
+    ``can_clear_cache()`` says yes and ``clear_cache()`` clears; when the in-flight row's result lands, the
+    finished request's pages are cached into the cleared cache (a ``BlockStored`` after the clear), and the next
+    request with that prefix hits KV computed before the clear (after a weight update, KV of the old weights)."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", TOKENSPEED_CLEAR_WITH_A_FORWARD_IN_FLIGHT], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == [
+        [[["a"], [0]]],
+        [[["a"], []]],
+        [[["a"], []]],
+        [True, True],
+        [],
+        [["BlockStored", [7, 7, 101]]],
+        [[["b"], [3]]],
+    ]

@@ -88,6 +88,66 @@ def test_a_retracted_request_is_restored_with_its_kv() -> None:
     machine.teardown()
 
 
+def test_with_overlap_a_row_planned_before_its_finish_still_lands() -> None:
+    # TokenSpeed holds a finishing request's pages until every row planned for it reported a result (0.1.34 on);
+    # the machine reports the late row (no token: the device stopped the request), and the drain finds nothing held
+    machine = Driven(TokenSpeedPlanner(draw_for(Config(1, 8, 0.5, False, 8, 1, "off", False, True))))
+    assert machine.target.overlap
+    machine.submit(prompt=(16, 1.0, [7, 7], 1))
+    for _ in range(3):
+        machine.run(machine.target.plan(), late=False)
+        machine.after_step()
+    assert STATS.rules["planner.results[a row after its finish]"]
+    machine.teardown()
+    # skipping the late row leaks the request's pages: the drain names it
+    machine = Driven(TokenSpeedPlanner(draw_for(Config(1, 8, 0.5, False, 8, 1, "off", False, True))))
+    machine.submit(prompt=(16, 1.0, [7, 7], 1))
+    for _ in range(2):
+        machine.run(machine.target.plan(), late=False)
+    machine.finishing.clear()
+    machine.results.clear()
+    with pytest.raises(IntegrityError, match="tokenspeed_quiescent_holds_nothing: .*'active device pages'"):
+        machine.teardown()
+
+
+def test_finding_21_a_reset_with_a_forward_in_flight_serves_kv_from_before_it() -> None:
+    # the machine resets only with no forward in flight (its precondition); forced here, TokenSpeed clears, caches
+    # the finished request's pages when its last row lands, and serves them: the law names it
+    machine = Driven(TokenSpeedPlanner(draw_for(Config(16, 16, 4, False, 8, 4, "off", False, True))))
+    machine.submit(prompt=(16, 1.0, [7, 7], 2))
+    machine.step(plans=3, late=False, report="all")
+    assert machine.results and not machine.requests  # the finished request's last row is still in flight
+    assert machine.target.reset()
+    machine.cleared()
+    machine.step(plans=1, late=False, report="all")
+    machine.submit(prompt=(16, 1.0, [7, 7, 101, 102], 1))
+    with pytest.raises(IntegrityError, match="reset_leaves_no_tier_serving: r2 .* its KV from before a reset"):
+        machine.step(plans=1, late=False, report="all")
+
+
+def test_a_copys_source_re_granted_to_a_load_in_the_same_plan_is_read_first() -> None:
+    # a campaign's program (P = 16, 12 device pages, overlap, mixed batches): the last plan copies page 9 (a shared
+    # block a prompt page was deduplicated onto) to a decode's private page, and loads another block into page 9;
+    # the copy reads it first, as TokenSpeed's copies read a source re-granted in the round before it is zeroed.
+    # The machine once landed the load first and reported a harness artefact as attended_kv_is_the_requests
+    machine = Driven(TokenSpeedPlanner(draw_for(Config(16, 12, 2, False, 32, 8, "forced", True, True))))
+    for share, new, wanted in ((0.25, [], 1), (0.25, [], 1), (0.25, [], 3), (0.25, [1, 1], 3)):
+        machine.submit(prompt=(0, share, new, wanted))
+    machine.step(late=False, plans=1, report="all")
+    machine.submit(prompt=(0, 0.25, [1], 2))
+    machine.step(late=False, plans=1, report="all")
+    machine.submit(prompt=(0, 0.25, [], 1))
+    machine.step(late=False, plans=1, report="all")
+    machine.submit(prompt=(0, 0.25, [], 1))
+    machine.step(late=False, plans=1, report="none")
+    for share, new in ((0.25, []), (0.25, [1]), (0.25, [1, 1, 1]), (0.5, [1]), (1.0, []), (0.25, []), (0.25, [])):
+        machine.submit(prompt=(0, share, new, 1))
+    machine.submit(prompt=(0, 0.25, [], 1))
+    machine.step(late=False, plans=2, report="all")
+    assert STATS.rules["planner.transfer[load]"]
+    machine.teardown()
+
+
 def test_finding_19_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
     # TokenSpeed's events store a restored request's next block under a parent they removed at the restore: with
     # the profile's choice off, the law names it; on, the machine counts it (the test above)
@@ -95,6 +155,34 @@ def test_finding_19_fails_the_event_law_where_the_profile_does_not_name_it() -> 
     machine.target.orphans = False
     with pytest.raises(IntegrityError, match="events_replay_to_the_cache: block .* stored under .*, not published"):
         machine.serve([4, 6, 4, 4, 3], wanted=3)
+
+
+def finding_20(known: bool) -> Driven:
+    """The program a campaign shrank for finding 20 (P = 4, 8 device pages, storage and retraction on, mixed
+    batches, 16 tokens a step, 2 requests a batch), the crash named in the profile or not."""
+    machine = Driven(TokenSpeedPlanner(draw_for(Config(4, 8, 2, True, 16, 2, "on", True, False))))
+    assert machine.target.known_crashes
+    machine.target.known_crashes = known
+    for prompt in ([1, 1, 1, 2, *[1] * 13], [], [], [], [1] * 11):
+        machine.submit(prompt=(0, 0.25, prompt, 3 if len(prompt) == 11 else 1))
+    return machine
+
+
+def test_finding_20_is_reported_where_the_profile_does_not_name_it() -> None:
+    with pytest.raises(RuntimeError, match="the tail's parent page has its KV event hash"):
+        finding_20(known=False).step(late=False, plans=3, report="all")
+
+
+def test_finding_20_where_the_profile_names_it_is_counted_and_the_scheduler_restarted() -> None:
+    machine = finding_20(known=True)
+    before, first = (
+        STATS.rules["planner.known: a scheduler assertion on a tail page's KV event hash (finding 20)"],
+        id(machine.target),
+    )
+    machine.step(late=False, plans=3, report="all")
+    after = STATS.rules["planner.known: a scheduler assertion on a tail page's KV event hash (finding 20)"]
+    assert after == before + 1 and id(machine.target) != first and not machine.requests
+    machine.teardown()  # the new scheduler drains clean
 
 
 def test_a_load_into_another_page_than_the_row_reads_is_named() -> None:
@@ -163,7 +251,7 @@ def transfers(self, op):
     return [flip(t) if t.kind == "get" and len(t.pairs) > 1 else t for t in real(self, op)]
 T._transfers = transfers
 """,
-    # a reset that reports the cache cleared, publishes it so, and keeps serving it
+    # a reset that reports the cache cleared, publishes it so (and no removal of what it held), and keeps serving it
     "reset_leaves_no_tier_serving (a reset that clears nothing)": """
 from radixspec.fuzz.targets.api import BlockEvent
 real_events = T.take_events
@@ -171,9 +259,19 @@ def reset(self):
     self.fake_clear = True
     return True
 def take_events(self):
-    events = real_events(self)
+    self.stored = getattr(self, "stored", set())
+    self.hidden = getattr(self, "hidden", set())
+    events = []
+    for event in real_events(self):
+        if event.kind == "removed" and event.hash in self.hidden:
+            self.hidden.discard(event.hash)
+            continue
+        self.stored.add(event.hash) if event.kind == "stored" else self.stored.discard(event.hash)
+        events.append(event)
     if getattr(self, "fake_clear", False):
         self.fake_clear = False
+        self.hidden |= self.stored
+        self.stored = set()
         events.append(BlockEvent("cleared"))
     return events
 T.reset, T.take_events = reset, take_events
