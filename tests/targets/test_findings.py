@@ -821,3 +821,67 @@ def test_tokenspeed_clears_its_cache_with_a_forward_in_flight_which_then_caches_
         [["BlockStored", [7, 7, 101]]],
         [[["b"], [3]]],
     ]
+
+
+TOKENSPEED_TAIL_HASH_ASSERT = """import tokenspeed_scheduler as ts
+
+config = ts.SchedulerConfig()
+config.prefix_granularity = 4
+config.max_scheduled_tokens = 16
+config.max_batch_size = 2
+config.num_device_pages = 9  # 8 pages and the null page
+config.num_host_pages = 17
+config.enable_mixed_prefill_decode = True
+config.num_snapshot_pages = 9  # retraction enabled (none happens before the assertion)
+config.max_retracted_requests = 2
+config.enable_kv_cache_events = True
+config.cache_groups = [ts.CacheGroupConfig("full", 4, 9, ts.AttnKind.Full)]
+config.enable_l3_storage = True
+config.storage_config = ts.StorageConfig(4, 16, 8, 64, 64, 1, 10**6, 10**6, ts.StoragePressure(8, 1 << 30, 10**7),
+                                         ts.StoragePressure(2, 1 << 20, 10**6))
+s = ts.Scheduler(config)
+def advance(event):
+    s.advance(ts.ExecutionEvent().add_event(event))
+def spec(rid, tokens):
+    r = ts.RequestSpec(); r.request_id, r.tokens, r.max_new_tokens = rid, tokens, 0; return r  # budget undeclared
+for rid, tokens in (("r1", [1, 1, 1, 2] + [1] * 13), ("r2", [7, 7]), ("r3", [7, 7]), ("r4", [7, 7]), ("r5", [1] * 11)):
+    s.submit_requests([spec(rid, tokens)])
+sampled = 200
+for step in range(3):
+    advance(ts.Cache.StorageTick(1000 * (step + 1), True, True, ts.StoragePressure(0, 0, 0)))
+    try:
+        plan = s.next_execution_plan()
+    except RuntimeError as crash:
+        print(f"plan {step}: {crash}")
+        break
+    for op in plan.cache:  # the executor: storage holds nothing, every backup done at once
+        if type(op).__name__ == "WriteBackOp":
+            for op_id in op.op_ids:
+                e = ts.Cache.WriteBackDoneEvent(); e.op_id = op_id; advance(e)
+        elif type(op).__name__ != "StorageCancelOp":
+            advance(ts.Cache.StorageDone(op.op_id, [0] * len(op.keys), True, [0] * len(op.keys)))
+    for batch in plan.forward:
+        for row, rid in enumerate(batch.request_ids):
+            result = ts.ForwardEvent.ExtendResult(); result.request_id = rid
+            prefill = row < batch.num_extends()
+            ends = not prefill or batch.extend_prefix_lens[row] + batch.input_lengths[row] >= batch.prefill_lengths[row]
+            sampled += 1
+            result.tokens = [sampled] if ends else []  # no token for a prefill chunk that is not the last
+            advance(result)
+    s.drain_kv_events()
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_planning_fails_its_assertion_on_a_tail_pages_kv_event_hash() -> None:
+    """Finding 20 (the ``tokenspeed`` target's planner machine, within seconds of campaigns with retraction on):
+    five requests with undeclared budgets on 8 pages of 4 tokens, retraction enabled, mixed batches, storage on;
+    the second plan runs a 15-token chunk of a 17-token prompt beside a decode whose prompt page was backed up;
+    the third ``next_execution_plan`` raises from TokenSpeed's own ``_assert`` in
+    ``Scheduler::registerKvEventPublication``: the scheduler cannot plan any more."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", TOKENSPEED_TAIL_HASH_ASSERT], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "plan 2: the tail's parent page has its KV event hash" in run.stdout, run.stdout[-2000:]

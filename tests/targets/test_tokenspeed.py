@@ -293,6 +293,36 @@ T.take_events = take_events
     "device_hits_are_published (events never published)": """
 T.take_events = lambda self: (self.scheduler.drain_kv_events(), [])[1]
 """,
+    # a backup reported done as it is asked for, before its data moved: the scheduler may then reuse its source
+    # (write-back evicting a page whose backup has not landed); the machine copies it when it reports it
+    "attended_kv_is_the_requests (a backup reported done before its copy)": """
+real_plan, real_done = T.plan, T.done
+def plan(self):
+    p = real_plan(self)
+    for t in p.transfers:
+        if t.kind == "backup":
+            real_done(self, t, [True] * len(t.pairs))
+            self.ops[t.op] = None
+    return p
+def done(self, transfer, ok):
+    if transfer.kind == "backup":
+        self.ops.pop(transfer.op)
+        return
+    real_done(self, transfer, ok)
+T.plan, T.done = plan, done
+""",
+    # two backups of one plan written to one host block (a host slot handed out twice)
+    "attended_kv_is_the_requests (two backups into one host block)": """
+real = T._transfers
+def transfers(self, op):
+    found = real(self, op)
+    for i, t in enumerate(found):
+        if t.kind == "backup" and len(t.pairs) > 1:
+            first = t.pairs[0][1]
+            found[i] = replace(t, pairs=(t.pairs[0], *((s, first) for s, _ in t.pairs[1:])))
+    return found
+T._transfers = transfers
+""",
     # the completion of a load never reaches the scheduler, which keeps its host blocks pinned
     "tokenspeed_quiescent_holds_nothing (a load's completion lost)": """
 real = T.done
