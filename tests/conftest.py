@@ -4,7 +4,9 @@ its own (a campaign's default ``--out fuzz-failures``, a wheel's ``build/``), th
 temporary one, and so are Hypothesis's storage (``.hypothesis/``) and pytest-benchmark's (``.benchmarks/``)
 unless a run names its own (``make bench`` saves under ``.benchmarks/``)."""
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,16 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from radixspec.fuzz.profiles import load_from_env
 
-set_hypothesis_home_dir(tempfile.mkdtemp(prefix="radixspec-hypothesis-"))
+
+def _temporary_directory(prefix: str) -> str:
+    """A directory removed when the process exits (each xdist worker makes its own): runs must not pile up
+    directories under the system's temporary folder."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+set_hypothesis_home_dir(_temporary_directory("radixspec-hypothesis-"))
 load_from_env()
 
 BENCHMARK_STORAGE_DEFAULT = "file://./.benchmarks"
@@ -37,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"RADIXSPEC_TEST_INSTALLED=1 but radixspec is imported from {where}")
     # runs before pytest-benchmark's own (trylast), which creates its storage folder
     if config.getoption("benchmark_storage", None) == BENCHMARK_STORAGE_DEFAULT:
-        config.option.benchmark_storage = f"file://{tempfile.mkdtemp(prefix='radixspec-benchmarks-')}"
+        config.option.benchmark_storage = f"file://{_temporary_directory('radixspec-benchmarks-')}"
 
 
 @pytest.fixture(autouse=True)
