@@ -9,6 +9,7 @@ the KV shadow (``copied``).
 
 from __future__ import annotations
 
+import sys
 from typing import Protocol, cast
 
 from hypothesis import strategies as st
@@ -31,6 +32,10 @@ class Executes(Protocol):
 
     def flush(self) -> None: ...
 
+    def drain(self) -> None: ...
+
+    def evict_device(self) -> None: ...
+
 
 class TieredHybridMachine(HybridMachine):
     """The hybrid machine with the executor's rules, for a target whose ``TargetInfo.executes`` (``machine_for``
@@ -43,10 +48,40 @@ class TieredHybridMachine(HybridMachine):
         STATS.record_rule("hybrid.serve")
         uid = self.next_uid
         self.new_request(tokens, [], namespace)
-        if uid not in self.reqs:
-            return
-        self.allocate_and_store(sorted(self.reqs).index(uid), len(self.reqs[uid][0].input_ids))
-        self.cache_req(sorted(self.reqs).index(uid), True)
+        self.run_whole(uid)
+
+    def run_whole(self, uid: int) -> None:
+        """An admitted request computed whole and finished (nothing if it was not admitted, or aborted on the way)."""
+        if uid in self.reqs:
+            self.allocate_and_store(sorted(self.reqs).index(uid), len(self.reqs[uid][0].input_ids))
+        if uid in self.reqs:
+            self.cache_req(sorted(self.reqs).index(uid), True)
+
+    @rule(
+        base=HybridMachine.seqs,
+        cuts=st.lists(st.integers(0, 255), min_size=1, max_size=3),
+        namespace=st.sampled_from(NAMESPACE_PALETTE[:2]),
+        evict=st.booleans(),
+    )
+    def admit_batch(self, base: tuple[int, ...], cuts: list[int], namespace: Namespace, evict: bool) -> None:
+        """Requests that share a prefix (a system prompt, a few-shot template) admitted in one scheduling step: the
+        whole prompt matched first, then prefixes of it, while the loads the earlier matches started are still in
+        flight, so a later match splits a node an earlier load pins (on both tiers); then the batch runs, each request
+        computed and finished. With ``evict``, the device tier
+        is evicted first (pressure from the previous batch): what was backed up is then found on the host."""
+        STATS.record_rule(f"hybrid.admit_batch[{'device evicted first' if evict else 'as it stands'}]")
+        if evict and self.managers:
+            cast(Executes, self.managers[0]).evict_device()
+            self.copied()
+        first = self.next_uid
+        self.new_request(base, [], namespace)
+        for cut in cuts:
+            # the laws hold between one match and the next (a load started by the last may be in flight)
+            self.managers_keep_the_laws()
+            self.new_request(base[: cut % (len(base) + 1)], [], namespace)
+        # then the batch runs: each request computed and finished
+        for uid in range(first, self.next_uid):
+            self.run_whole(uid)
 
     @precondition(lambda self: not self.reqs)
     @rule(wait=st.integers(0, 15))
@@ -68,3 +103,15 @@ class TieredHybridMachine(HybridMachine):
         STATS.record_rule(f"hybrid.execute[stream {lane}]")
         cast(Executes, self.managers[0]).execute(lane, count)
         self.copied()
+
+    def teardown(self) -> None:
+        """Every request finishes (the hybrid machine's teardown); then the idle cache is drained: every transfer
+        run and acknowledged, every tier evicted whole, and nothing may stay (a lock left on a tier shows)."""
+        super().teardown()
+        if sys.exc_info()[0] is not None:
+            return
+        for manager in self.managers:
+            cast(Executes, manager).drain()
+            manager.check_integrity([])
+        for laws in self.laws:
+            laws.check([])

@@ -45,7 +45,9 @@ following every copy between the tiers):
   pool's free slots and the slots of backups not yet acknowledged make its size;
 * ``free_lists_hold_no_page_twice``: neither the allocator's free pages nor the host pool's free slots repeat;
 * ``transfers_hold_both_ends``: no page a copy in flight (or queued) reads or writes is free (on either tier) or
-  a live request's own.
+  a live request's own;
+* ``idle_tiers_drain``: at the end of an example, every copy run and acknowledged, evicting both tiers whole
+  leaves nothing cached and the host pool all free (a lock left on either tier shows here).
 """
 
 from __future__ import annotations
@@ -522,11 +524,11 @@ class HostTier:
         if not host_hit:
             return hit, last
         held = self.host_pages_held(m)
-        tokens = req.input_ids[:-1]
+        prefixes = pc.compute_page_prefixes(req.input_ids[:-1], m.page_size)
         missing = [
             end
             for end in range(hit + m.page_size, hit + host_hit + 1, m.page_size)
-            if end > len(tokens) or pc.page_key(req.namespace, tokens[:end], m.page_size) not in held
+            if end // m.page_size > len(prefixes) or (req.namespace, prefixes[end // m.page_size - 1]) not in held
         ]
         if missing:
             raise IntegrityError(
@@ -578,6 +580,45 @@ class HostTier:
         """A forward: it waits for the loads it reads (SGLang's layer counter), which finishes them."""
         if self.lanes:
             self.lanes[-1].synchronize()
+
+    def evict_device(self, m: SGLangUnifiedManager) -> None:
+        """Pressure: everything evictable on the device evicted (``evict``, as an allocation short of pages calls
+        it): what was backed up stays on the host."""
+        evictable = int(m.cache.full_evictable_size())
+        if evictable:
+            STATS.record_rule("sglang-hicache.evict[whole device]")
+            m.cache.evict(m.v.base.EvictParams(num_tokens=evictable))
+
+    def drain(self, m: SGLangUnifiedManager) -> None:
+        """At idle (no request runs): every copy run and acknowledged, then the device tier evicted whole and the
+        host tier after it, a few rounds (write-back backs up what it evicts). Nothing may stay: a lock left on either
+        tier (a host lock a split kept, a load's pin never released) holds pages that stay (``idle_tiers_drain``)."""
+        assert not m.records, f"a drain with {len(m.records)} requests running"
+        p = m.page_size
+        for _ in range(3):
+            for lane in self.lanes:
+                lane.synchronize()
+            self.step(m)
+            device = int(m.cache.full_evictable_size())
+            if device:
+                m.cache.evict(m.v.base.EvictParams(num_tokens=device))
+            for lane in self.lanes:
+                lane.synchronize()
+            self.step(m)
+            host = len(self.host_pages_held(m)) * p
+            if host:
+                m.cache.evict_host(host)
+        # the tier's own laws first: a slot lost or freed twice on the way names its law
+        self.check(m, [])
+        device_left = int(m.cache.full_evictable_size() + m.cache.full_protected_size()) // p
+        host_left, host_free = len(self.host_pages_held(m)), int(self.host.available_size()) // p
+        if device_left or host_left or host_free != self.host_pages:
+            raise IntegrityError(
+                f"idle_tiers_drain: with no request running and every copy acknowledged, evicting both tiers whole"
+                f" left {device_left} device pages and {host_left} host pages cached; the host pool has {host_free}"
+                f" of {self.host_pages} pages free"
+            )
+        STATS.record_rule("sglang-hicache.drain")
 
     # ------------------------------------------------------------ checks
 

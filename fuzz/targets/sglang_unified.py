@@ -36,7 +36,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import events as ev
@@ -370,7 +370,19 @@ class TierComponent(Protocol):
 
     def before_reset(self, m: SGLangUnifiedManager) -> None: ...
 
+    def drain(self, m: SGLangUnifiedManager) -> None: ...
+
+    def evict_device(self, m: SGLangUnifiedManager) -> None: ...
+
     def checkable(self, m: SGLangUnifiedManager) -> bool: ...
+
+
+def event_pages(req: HybridReq, cached: dict[pc.PageKey, int], page_size: int, eagle: bool) -> hr.IsCached:
+    """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
+    tokens = req.input_ids[:-1]
+    units: list[Any] = list(itertools.pairwise(tokens)) if eagle else list(tokens)
+    prefixes = pc.compute_page_prefixes(units, page_size)  # once: keying each end anew is quadratic
+    return lambda group, end: (req.namespace, prefixes[end // page_size - 1]) in cached
 
 
 class SGLangUnifiedManager:
@@ -560,7 +572,7 @@ class SGLangUnifiedManager:
         after a tombstone, one more than needed: shorter hits are counted). Then the components' part of the
         match (Mamba: the state's copy)."""
         tokens = len(req.input_ids) - 1
-        full = self.event_pages(req, cached)
+        full = event_pages(req, cached, self.page_size, self.eagle)
         holes = [] if self.swa is None else self.swa.holes(self, key, tokens)
 
         def is_cached(group: int, end: int) -> bool:
@@ -581,12 +593,6 @@ class SGLangUnifiedManager:
             STATS.record_rule("sglang-swa.hit_below_the_spec")
         if self.mamba is not None:
             self.mamba.adopt(self, req, record, hit)
-
-    def event_pages(self, req: HybridReq, cached: dict[pc.PageKey, int]) -> hr.IsCached:
-        """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
-        tokens = req.input_ids[:-1]
-        units: list[Any] = list(itertools.pairwise(tokens)) if self.eagle else list(tokens)
-        return lambda group, end: pc.page_key(req.namespace, units[:end], self.page_size) in cached
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """alloc_paged_token_slots_extend for tokens up to ``length``: evict the shortfall, then alloc_extend."""
@@ -751,9 +757,8 @@ class SGLangUnifiedManager:
         return self.tiers is not None
 
     def execute(self, lane: int, count: int) -> None:
-        """The executor: up to ``count`` more operations of one of the cache's transfer streams."""
-        if self.tiers is not None:
-            self.tiers.execute(lane, count)
+        """The executor: up to ``count`` more operations of one of the cache's transfer streams (a tiered one's)."""
+        cast(TierComponent, self.tiers).execute(lane, count)
 
     def flush(self) -> None:
         """The scheduler's ``flush_cache`` once no request runs: the cache reset, the allocator cleared."""
@@ -762,6 +767,14 @@ class SGLangUnifiedManager:
             self.tiers.before_reset(self)
         self.cache.reset()
         self.alloc.clear()
+
+    def drain(self) -> None:
+        """At idle: every transfer finished, both tiers evicted whole; nothing may stay (``HostTier.drain``)."""
+        cast(TierComponent, self.tiers).drain(self)
+
+    def evict_device(self) -> None:
+        """Pressure: the device tier evicted whole (``HostTier.evict_device``)."""
+        cast(TierComponent, self.tiers).evict_device(self)
 
     def take_kv_copies(self) -> list[KVCopy]:
         return [] if self.tiers is None else self.tiers.take_kv_copies()
@@ -832,6 +845,14 @@ class BothCores:
     def flush(self) -> None:
         for manager in self.managers:
             manager.flush()
+
+    def drain(self) -> None:
+        for manager in self.managers:
+            manager.drain()
+
+    def evict_device(self) -> None:
+        for manager in self.managers:
+            manager.evict_device()
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
         """Each core's checks; a broken law names the core it broke on."""

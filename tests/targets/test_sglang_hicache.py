@@ -289,6 +289,30 @@ def partial(self, params):
     return loaded
 urc.UnifiedRadixCache.init_load_back = partial
 """,
+    # a host lock left after a split: the lock's boundary stays on the child when a split puts a new parent above
+    # it, so the release stops at the child and the new parent keeps its host lock forever
+    "idle_tiers_drain": """
+full = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.full")
+split = full.FullComponent.redistribute_on_node_split
+def keep_boundary(self, new_parent, child):
+    metadata = child.component_data[self.component_type].metadata
+    boundary = metadata.get("host_uuid")
+    split(self, new_parent, child)
+    if boundary is not None:
+        new_parent.component_data[self.component_type].metadata.pop("host_uuid", None)
+        metadata["host_uuid"] = boundary
+full.FullComponent.redistribute_on_node_split = keep_boundary
+""",
+    # a stored block never made reachable: a backup split in flight publishes only its first fragment at the ack
+    "host_events_are_coherent": """
+urc = sys.modules["sglang.__radixspec_swa__"].urc
+finish = urc.UnifiedRadixCache._finish_write_through_ack
+def first_fragment(self, ack_id):
+    lock_node_id, lock_params, publish = self.ongoing_write_through[ack_id]
+    self.ongoing_write_through[ack_id] = (lock_node_id, lock_params, publish[:1])
+    finish(self, ack_id)
+urc.UnifiedRadixCache._finish_write_through_ack = first_fragment
+""",
     # a load back reads its host pages in reverse order
     "attended_kv_is_the_requests": """
 ctl = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
