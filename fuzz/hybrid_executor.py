@@ -34,7 +34,7 @@ class Executes(Protocol):
 
     def drain(self) -> None: ...
 
-    def evict_device(self) -> None: ...
+    def evict_tiers(self, tiers: int) -> None: ...
 
 
 class TieredHybridMachine(HybridMachine):
@@ -61,17 +61,17 @@ class TieredHybridMachine(HybridMachine):
         base=HybridMachine.seqs,
         cuts=st.lists(st.integers(0, 255), min_size=1, max_size=3),
         namespace=st.sampled_from(NAMESPACE_PALETTE[:2]),
-        evict=st.booleans(),
+        evict=st.integers(0, 2),
     )
-    def admit_batch(self, base: tuple[int, ...], cuts: list[int], namespace: Namespace, evict: bool) -> None:
+    def admit_batch(self, base: tuple[int, ...], cuts: list[int], namespace: Namespace, evict: int) -> None:
         """Requests that share a prefix (a system prompt, a few-shot template) admitted in one scheduling step: the
         whole prompt matched first, then prefixes of it, while the loads the earlier matches started are still in
         flight, so a later match splits a node an earlier load pins (on both tiers); then the batch runs, each request
         computed and finished. With ``evict``, the device tier
         is evicted first (pressure from the previous batch): what was backed up is then found on the host."""
-        STATS.record_rule(f"hybrid.admit_batch[{'device evicted first' if evict else 'as it stands'}]")
+        STATS.record_rule(f"hybrid.admit_batch[{('as it stands', 'device evicted', 'device and host evicted')[evict]}]")
         if evict and self.managers:
-            cast(Executes, self.managers[0]).evict_device()
+            cast(Executes, self.managers[0]).evict_tiers(evict)
             self.copied()
         first = self.next_uid
         self.new_request(base, [], namespace)
@@ -94,7 +94,7 @@ class TieredHybridMachine(HybridMachine):
         cast(Executes, self.managers[0]).flush()
         self.copied()
 
-    @rule(lane=st.integers(0, 1), count=st.integers(1, 6))
+    @rule(lane=st.integers(0, 2), count=st.integers(1, 6))
     def execute(self, lane: int, count: int) -> None:
         """One of the target's streams runs ``count`` more operations, in order; what they copy moves in the KV
         shadow."""

@@ -9,7 +9,8 @@ scheduler adds with HiCache is written here from SGLang's code (``managers/sched
 flushed); a match's host hit pinned and loaded back (``init_load_back`` under the match's device and host locks,
 all of the hit or none, then ``ready_to_load_host_cache``); the forward waiting for the loads. Drawn per example:
 the write policy (``write_through``, ``write_through_selective``: a backup after two hits, ``write_back``: on
-eviction), the host tier's size (half the device pool to twice it) and the page size.
+eviction), the host tier's size (half the device pool to four times it), the page size, and a storage tier behind
+the host (SGLang's file backend, by prefetch policy; ``sglang_hicache_storage.py``) or none.
 
 **The executor.** SGLang submits each transfer on a stream and polls its finish event. Here the streams are
 ``streams.Lane``s: a copy runs only when the machine's ``execute`` rule runs its stream (in stream order, the
@@ -74,6 +75,7 @@ from ..stats import STATS
 from .api import TargetError, TargetInfo
 from .releases import installed_release
 from .sglang import VERSION
+from .sglang_hicache_storage import PREFETCH_POLICIES, StorageLane
 from .sglang_modules import import_unified_cache
 from .sglang_unified import CORES, BothCores, MatchView, Record, SGLangUnifiedManager, unified_profile
 from .shims import install, never, register, stub, stub_any
@@ -87,6 +89,8 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_RATIOS = (0.5, 1.0, 2.0, 4.0)
 # pages of 2 to 16 tokens: a host hit is loaded back from 10 tokens on (SGLang's load_back_threshold)
 PAGE_SIZES = (2, 4, 8, 16)
+# the storage tier (SGLang's file backend) by its prefetch policy; None: none
+STORAGE = (None, *PREFETCH_POLICIES)
 LAYERS = 2
 # the host tier's slots in the KV shadow (fuzz/lifecycle.py): pool 1
 HOST_POOL = 1
@@ -381,10 +385,13 @@ class HostTier:
     # writes (weakly held: a campaign builds a tier per example)
     by_storage: ClassVar[dict[int, tuple[weakref.ref[HostTier], int]]] = {}
 
-    def __init__(self, policy: str, ratio: float) -> None:
+    def __init__(self, policy: str, ratio: float, storage: str | None = None) -> None:
         self.policy, self.ratio = policy, ratio
+        # the storage tier's prefetch policy (None: no storage tier), and the tier once attached
+        self.storage_policy = storage
+        self.storage: StorageLane | None = None
         self.host_pages = 0
-        self.lanes: list[Lane] = []
+        self.lanes: list[Lane | StorageLane] = []
         self.copies: list[KVCopy] = []
         # slots (pool * SLOTS_PER_POOL + slot) that copies in flight read or write, with how many copies
         self.reading: Counter[int] = Counter()
@@ -432,6 +439,9 @@ class HostTier:
         # the controller's two streams: device to host, host to device
         engine = m.cache.cache_controller.l2_transfer_engine
         self.lanes = [engine.device_to_host_stream, engine.host_to_device_stream]
+        if self.storage_policy is not None:
+            self.storage = StorageLane(self.storage_policy, self.copies, m, import_hicache())
+            self.lanes.append(self.storage)
         host = m.cache.cache_controller.mem_pool_host.get_pool(import_hicache().storage.PoolName.KV)
         self.register((*host.k_data_refs, *host.v_data_refs), HOST_POOL)
         self.host = host
@@ -459,7 +469,9 @@ class HostTier:
         self.reading, self.writing = +self.reading, +self.writing
 
     def take_kv_copies(self) -> list[KVCopy]:
-        taken, self.copies = self.copies, []
+        # emptied in place: the storage tier appends to the same list
+        taken = list(self.copies)
+        self.copies.clear()
         return taken
 
     def incoming_kv(self) -> set[int]:
@@ -468,14 +480,17 @@ class HostTier:
     def execute(self, lane: int, count: int) -> None:
         ran = self.lanes[lane % len(self.lanes)].step(count)
         if ran:
-            STATS.record_rule(f"sglang-hicache.execute[{'to host' if lane % 2 == 0 else 'to device'}]")
+            STATS.record_rule(f"sglang-hicache.execute[{('to host', 'to device', 'storage')[lane % len(self.lanes)]}]")
 
     # ------------------------------------------------------------ the scheduler's part
 
-    def step(self, m: SGLangUnifiedManager) -> None:
-        """The scheduler's per-step poll: acks of finished writes and loads, backups still queued submitted."""
+    def step(self, m: SGLangUnifiedManager, req: HybridReq | None = None) -> None:
+        """The scheduler's per-step poll: acks of finished writes and loads, backups still queued submitted; before a
+        request's match, with a storage tier, its prefetch (``StorageLane.arrive``)."""
         m.cache.check_hicache_events()
         STATS.record_reach(most_transfers_in_flight=sum(lane.pending for lane in self.lanes))
+        if req is not None and self.storage is not None:
+            self.storage.arrive(m, req)
 
     def device_events(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]:
         """The device tier's events, for the manager's replay; the host tier's (``medium`` CPU) kept here, as a set
@@ -569,8 +584,12 @@ class HostTier:
     def before_reset(self, m: SGLangUnifiedManager) -> None:
         """Before ``flush_cache``: the last forward waited for its loads; backups may still be in flight. Their
         copies still run (and move the shadow), but what they read and write is no longer the cache's: a later
-        backup to the same host slot runs after them on the same stream."""
+        backup to the same host slot runs after them on the same stream. The storage tier's backups finish first
+        (SGLang's flush waits for ``ongoing_backup``)."""
         self.forward(m)
+        if self.storage is not None:
+            self.storage.synchronize()
+            m.cache.check_hicache_events()
         self.reading.clear()
         self.writing.clear()
         self.epoch += 1
@@ -579,15 +598,25 @@ class HostTier:
     def forward(self, m: SGLangUnifiedManager) -> None:
         """A forward: it waits for the loads it reads (SGLang's layer counter), which finishes them."""
         if self.lanes:
-            self.lanes[-1].synchronize()
+            self.lanes[1].synchronize()
 
-    def evict_device(self, m: SGLangUnifiedManager) -> None:
+    def evict_tiers(self, m: SGLangUnifiedManager, tiers: int) -> None:
         """Pressure: everything evictable on the device evicted (``evict``, as an allocation short of pages calls
-        it): what was backed up stays on the host."""
+        it), what was backed up staying on the host; with ``tiers`` 2 the host tier too (``evict_host``), what was
+        backed up to storage staying there. Before a host eviction the backups have caught up (time passed: the
+        copies to the host ran and were acknowledged, the storage workers wrote what that queued)."""
+        if tiers > 1:
+            for lane in self.lanes[::2]:
+                lane.synchronize()
+                self.step(m)
         evictable = int(m.cache.full_evictable_size())
         if evictable:
             STATS.record_rule("sglang-hicache.evict[whole device]")
             m.cache.evict(m.v.base.EvictParams(num_tokens=evictable))
+        held = len(self.host_pages_held(m)) * m.page_size
+        if tiers > 1 and held:
+            STATS.record_rule("sglang-hicache.evict[whole host]")
+            m.cache.evict_host(held)
 
     def drain(self, m: SGLangUnifiedManager) -> None:
         """At idle (no request runs): every copy run and acknowledged, then the device tier evicted whole and the
@@ -610,6 +639,8 @@ class HostTier:
                 m.cache.evict_host(host)
         # the tier's own laws first: a slot lost or freed twice on the way names its law
         self.check(m, [])
+        if self.storage is not None:
+            self.storage.check_idle()
         device_left = int(m.cache.full_evictable_size() + m.cache.full_protected_size()) // p
         host_left, host_free = len(self.host_pages_held(m)), int(self.host.available_size()) // p
         if device_left or host_left or host_free != self.host_pages:
@@ -634,10 +665,13 @@ class HostTier:
 
     def writing_tokens(self, m: SGLangUnifiedManager) -> int:
         """Host slots of backups not yet acknowledged (queued, or submitted and unacked): their pages enter the
-        events at the ack (``finish_write_through``)."""
+        events at the ack (``finish_write_through``); and slots queued for release (a prefetch's pages the tree
+        already held), freed at the next poll (``_drain_release``)."""
         controller = m.cache.cache_controller
         queued = sum(len(op.host_indices) for op in controller.write_queue)
-        return queued + sum(int(ack.num_tokens) for ack in controller.ack_write_queue)
+        release = controller.host_mem_release_queue
+        releasing = 0 if release is None else sum(len(page) for page in list(release.queue))
+        return queued + releasing + sum(int(ack.num_tokens) for ack in controller.ack_write_queue)
 
     def pool(self, m: SGLangUnifiedManager) -> Pool:
         p = m.page_size
@@ -685,7 +719,8 @@ class HostTier:
         if len(held) * p + len(free_host) + unacked != self.host_pages * p:
             raise IntegrityError(
                 f"host_events_replay_to_the_pool: the events hold {len(held)} host pages, the host pool has"
-                f" {len(free_host)} free slots and backups in flight hold {unacked}, of {self.host_pages * p}"
+                f" {len(free_host)} free slots and backups in flight (or slots queued for release) hold {unacked}, of"
+                f" {self.host_pages * p}"
             )
         STATS.record_reach(largest_host_pages=len(held))
 
@@ -699,9 +734,13 @@ def target(argument: str | None) -> TargetInfo:
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
         ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
-        STATS.record_rule(f"sglang-hicache.config[P={page_size},{policy},host x{ratio}]")
+        storage = STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
+        STATS.record_rule(f"sglang-hicache.config[{drawn}]")
         managers = [
-            SGLangUnifiedManager(page_size, 2 * num_pages, core, "lru", tiers=HostTier(policy, ratio), profile=PROFILE)
+            SGLangUnifiedManager(
+                page_size, 2 * num_pages, core, "lru", tiers=HostTier(policy, ratio, storage), profile=PROFILE
+            )
             for core in cores
         ]
         return managers[0] if len(managers) == 1 else BothCores(managers)

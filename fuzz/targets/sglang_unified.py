@@ -348,7 +348,7 @@ class TierComponent(Protocol):
 
     def attach(self, m: SGLangUnifiedManager, params: object) -> None: ...
 
-    def step(self, m: SGLangUnifiedManager) -> None: ...
+    def step(self, m: SGLangUnifiedManager, req: HybridReq | None = None) -> None: ...
 
     def device_events(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]: ...
 
@@ -372,7 +372,7 @@ class TierComponent(Protocol):
 
     def drain(self, m: SGLangUnifiedManager) -> None: ...
 
-    def evict_device(self, m: SGLangUnifiedManager) -> None: ...
+    def evict_tiers(self, m: SGLangUnifiedManager, tiers: int) -> None: ...
 
     def checkable(self, m: SGLangUnifiedManager) -> bool: ...
 
@@ -522,7 +522,7 @@ class SGLangUnifiedManager:
         """match_prefix_for_req: the prompt less its last token under its cache_salt; checked, then locked (with
         MAMBA, admitted only with the state slots it needs)."""
         if self.tiers is not None:
-            self.tiers.step(self)
+            self.tiers.step(self, req)
         if self.mamba is not None:
             self.mamba.admit(self, req)
         if not self.table.free_rows:
@@ -772,9 +772,9 @@ class SGLangUnifiedManager:
         """At idle: every transfer finished, both tiers evicted whole; nothing may stay (``HostTier.drain``)."""
         cast(TierComponent, self.tiers).drain(self)
 
-    def evict_device(self) -> None:
-        """Pressure: the device tier evicted whole (``HostTier.evict_device``)."""
-        cast(TierComponent, self.tiers).evict_device(self)
+    def evict_tiers(self, tiers: int) -> None:
+        """Pressure: the first ``tiers`` tiers evicted whole, the device first (``HostTier.evict_tiers``)."""
+        cast(TierComponent, self.tiers).evict_tiers(self, tiers)
 
     def take_kv_copies(self) -> list[KVCopy]:
         return [] if self.tiers is None else self.tiers.take_kv_copies()
@@ -850,9 +850,9 @@ class BothCores:
         for manager in self.managers:
             manager.drain()
 
-    def evict_device(self) -> None:
+    def evict_tiers(self, tiers: int) -> None:
         for manager in self.managers:
-            manager.evict_device()
+            manager.evict_tiers(tiers)
 
     def check_integrity(self, live_reqs: list[HybridReq]) -> None:
         """Each core's checks; a broken law names the core it broke on."""

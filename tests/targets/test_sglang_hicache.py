@@ -72,8 +72,37 @@ except Exception as error:
 )
 
 
+# with the storage tier (SGLang's file backend): the prompt served, both tiers drained (evicted whole), then asked
+# again: prefetched from the files to the host, loaded back to the device; the KV shadow follows the files
+FROM_STORAGE = (
+    SETUP.replace("HostTier({policy!r}, 2.0)", "HostTier({policy!r}, 2.0, {storage!r})")
+    + """
+first = run(0, a)
+m.drain()
+laws.copied()
+laws.check([])
+print(first, run({uid}, a), m.tiers.loads, len(m.tiers.storage.keys))
+"""
+)
+
+
 def run(script: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+@pytest.mark.parametrize(
+    ("storage", "uid", "hit"),
+    # best_effort admits with what the workers did by then: the request's id picks how many items (3 finish it)
+    [("wait_complete", 1, 12), ("best_effort", 3, 12), ("best_effort", 4, 0)],
+)
+def test_a_prefix_evicted_from_both_tiers_is_prefetched_from_storage(
+    core: str, storage: str, uid: int, hit: int
+) -> None:
+    out = run(FROM_STORAGE.format(core=core, policy="write_through", storage=storage, uid=uid))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # nothing cached at first; then the hit, a load back when there was one; the six pages in the files
+    assert out.stdout.split() == ["0", str(hit), str(int(hit > 0)), "6"], out.stdout
 
 
 @pytest.mark.parametrize("core", ["python", "rust"])
@@ -312,6 +341,14 @@ def first_fragment(self, ack_id):
     self.ongoing_write_through[ack_id] = (lock_node_id, lock_params, publish[:1])
     finish(self, ack_id)
 urc.UnifiedRadixCache._finish_write_through_ack = first_fragment
+""",
+    # a prefetch reads its pages' files in reverse order (each host slot gets another page's KV)
+    "attended_kv_is_the_requests storage": """
+cc = importlib.import_module("sglang.srt.managers.cache_controller")
+get = cc.HiCacheController._generic_page_get
+def reversed_files(self, operation, hash_values, host_indices, extra_info=None):
+    return get(self, operation, hash_values[::-1], host_indices, extra_info)
+cc.HiCacheController._generic_page_get = reversed_files
 """,
     # a load back reads its host pages in reverse order
     "attended_kv_is_the_requests": """

@@ -1,0 +1,312 @@
+"""The storage tier (L3) of the ``sglang-hicache`` target: SGLang 0.5.23's file backend (``HiCacheFile``) behind the
+host tier, attached as the scheduler attaches one at run time (``attach_storage_backend``), its prefetch and backup
+run by the machine.
+
+**The workers.** SGLang's controller runs its storage work on four threads (the hit query, the prefetch I/O, the
+ack reduction, the backups). Here the threads are inert (``Inert``: ``start`` does nothing) and ``StorageLane``
+runs their loop bodies, one queue item at a time, through SGLang's own per-item methods (``_storage_hit_query``,
+``_sync_prefetch_hit_query``, ``_page_transfer``, ``_reduce_prefetch_ack``, ``_page_backup_or_log``): the machine's
+``execute`` rule runs it as a third stream, so backups to storage stay queued while requests come and go. The
+threads never read the tree, so one item at a time is a schedule they could run.
+
+**A request's prefetch** (``arrive``, the scheduler's ``_prefetch_kvcache`` at arrival and its admission check):
+the prompt is matched; if the host path's end is backed up (or the root), ``prefetch_from_storage`` is asked for
+the rest; then, before admission, the workers run a few items (a number fixed by the request's id: none to all),
+and ``check_prefetch_progress`` decides by the drawn policy (``best_effort`` ends the prefetch where it is,
+``wait_complete`` waits for the workers); what came in is popped (``pop_prefetch_loaded_span``) and the match that
+follows finds it on the host. The prefetch's queues are then drained, so no prefetch spans two steps (not yet
+drawn: a request waiting across steps for its prefetch, the ``timeout`` policy, failed keys).
+
+**The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
+host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
+it back into the host slots SGLang chose. So a load back of a prefetched page is checked against what the backup
+read (``attended_kv_is_the_requests``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import types
+import weakref
+from array import array
+from typing import TYPE_CHECKING, Protocol
+
+from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec.errors import IntegrityError
+
+from ..lifecycle import KVCopy
+from ..stats import STATS
+from .api import TargetError
+from .shims import install, register, stub
+
+if TYPE_CHECKING:
+    from .sglang_unified import SGLangUnifiedManager
+
+PREFETCH_POLICIES = ("best_effort", "wait_complete")
+# the storage's slots in the KV shadow (fuzz/lifecycle.py): pool 2
+STORAGE_POOL = 2
+
+
+class HostPages(Protocol):
+    """What the storage path reads and writes of SGLang's host pool, a page at a time."""
+
+    def get_data_page(self, index: int, *args: object, **kwargs: object) -> object: ...
+
+    def set_from_flat_data_page(self, index: int, data: object, *args: object, **kwargs: object) -> object: ...
+
+
+class Files(Protocol):
+    """What the storage path calls of SGLang's file backend, a key at a time."""
+
+    def set(self, key: str, value: object = None, *args: object, **kwargs: object) -> bool: ...
+
+    def get(self, key: str, target: object = None, *args: object, **kwargs: object) -> object: ...
+
+    def exists(self, key: str) -> bool: ...
+
+
+class Inert:
+    """``threading.Thread`` for the controller's storage workers: never started (``StorageLane`` runs their work)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+def import_storage(m: types.ModuleType) -> types.ModuleType:
+    """What the storage path needs beside ``import_hicache``'s modules (once a process): one rank's parallel
+    getters in the controller, its threads inert, the names the cache and the attachment read from it."""
+    loaded = sys.modules.get("sglang.__radixspec_hicache_storage__")
+    if loaded is not None:
+        return loaded
+
+    stub(
+        "sglang.srt.mem_cache.deepseek_v4_memory_pool", DeepSeekV4TokenToKVPool=type("DeepSeekV4TokenToKVPool", (), {})
+    )
+    controller = importlib.import_module("sglang.srt.managers.cache_controller")
+    parallel = types.SimpleNamespace(
+        attn_dcp_rank=0,
+        attn_dcp_size=1,
+        launch_world_size=1,
+        nnodes=1,
+        pp_group=None,
+        dcp_enabled=False,
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+    )
+    install(controller, get_parallel=lambda: parallel)
+    install(controller, threading=types.SimpleNamespace(Thread=Inert, Event=threading.Event, Lock=threading.Lock))
+    attachment = sys.modules["sglang.srt.mem_cache.unified_cache.storage_attachment"]
+    install(attachment, HybridCacheController=m.controller.HybridCacheController)
+    install(
+        m.v.urc,
+        PPPrefetchDecision=m.controller.PPPrefetchDecision,
+        PrefetchOperation=m.controller.PrefetchOperation,
+        CacheOperation=controller.CacheOperation,
+    )
+    return register("sglang.__radixspec_hicache_storage__", controller=controller)
+
+
+class StorageLane:
+    """SGLang's storage tier for one cache: the file backend in a folder of its own (removed with it), the workers
+    run as a stream (``step``), the copies reported to the KV shadow."""
+
+    def __init__(self, policy: str, copies: list[KVCopy], m: SGLangUnifiedManager, hicache: types.ModuleType) -> None:
+        """Attached to ``m``'s cache as the scheduler attaches a backend at run time (``attach_storage_backend``)."""
+        self.policy = policy
+        # the host tier's list of copies: storage copies take their place among the host tier's, in order
+        self.copies = copies
+        # storage keys and the slot each has in the shadow's pool 2 (pages of P slots)
+        self.keys: dict[str, int] = {}
+        self.cache, self.page_size = m.cache, m.page_size
+        self.acks = import_storage(hicache).controller.PrefetchAck
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        folder = tempfile.mkdtemp(prefix="radixspec-l3-", dir=base)
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        config = {"prefetch_threshold": m.page_size, "file_storage_path": folder, "enable_metadata_cache": False}
+        ok, message = m.cache.attach_storage_backend(
+            "file", json.dumps(config), served_model_name="radixspec", hicache_storage_prefetch_policy=policy
+        )
+        if not ok:
+            raise TargetError(f"sglang-hicache: SGLang's file storage backend did not attach: {message}")
+        controller = m.cache.cache_controller
+        self.follow(controller.storage_backend, controller.storage_host_pool)
+
+    # ------------------------------------------------------------ the copies
+
+    def slot(self, key: str) -> int:
+        return self.keys.setdefault(key, len(self.keys)) * self.page_size
+
+    def follow(self, backend: Files, pool: HostPages) -> None:
+        """The copies between the host pool and the files, at the lowest level SGLang's code reaches: a page read
+        from the host pool (``get_data_page``) and written to a file (the backend's ``set``, a key already stored
+        skipped as the backend skips it); a file read (``get``) and written into a host slot
+        (``set_from_flat_data_page``). Each page's data object names where it came from."""
+        origins: dict[int, tuple[object, int | str]] = {}
+        read_page, write_page = pool.get_data_page, pool.set_from_flat_data_page
+        put, get, exists = backend.set, backend.get, backend.exists
+        p = self.page_size
+
+        def get_data_page(index: int, *args: object, **kwargs: object) -> object:
+            data = read_page(index, *args, **kwargs)
+            origins[id(data)] = (data, int(index))
+            return data
+
+        def set_page(key: str, value: object = None, *args: object, **kwargs: object) -> bool:
+            stored = exists(key)
+            done = bool(put(key, value, *args, **kwargs))
+            origin = origins.pop(id(value), (None, None))[1]
+            if done and not stored:
+                source = origin if isinstance(origin, int) else -p
+                self.copies.append(KVCopy(STORAGE_POOL, source, self.slot(key), p, 1))
+                STATS.record_rule("sglang-hicache.storage[page backed up]")
+            return done
+
+        def get_page(key: str, target: object = None, *args: object, **kwargs: object) -> object:
+            data = get(key, target, *args, **kwargs)
+            if data is not None:
+                origins[id(data)] = (data, key)
+            return data
+
+        def set_from_flat_data_page(index: int, data: object, *args: object, **kwargs: object) -> object:
+            key = origins.pop(id(data), (None, None))[1]
+            # a page whose file the shadow never saw written holds nothing known
+            source = self.keys[key] * p if isinstance(key, str) and key in self.keys else -p
+            self.copies.append(KVCopy(1, source, int(index), p, STORAGE_POOL))
+            STATS.record_rule("sglang-hicache.storage[page prefetched]")
+            return write_page(index, data, *args, **kwargs)
+
+        for owner, name, wrapper in (
+            (backend, "set", set_page),
+            (backend, "get", get_page),
+            (pool, "get_data_page", get_data_page),
+            (pool, "set_from_flat_data_page", set_from_flat_data_page),
+        ):
+            setattr(owner, name, wrapper)
+
+    # ------------------------------------------------------------ the workers
+
+    def work(self) -> bool:
+        """One item of one worker, the first with work in the threads' order (query, I/O, acks, backups)."""
+        c = self.cache.cache_controller
+        if not c.prefetch_queue.empty():
+            op = c.prefetch_queue.get_nowait()
+            if op is not None:
+                keys, hit = ([], 0) if op.is_terminated() else c._storage_hit_query(op)
+                hit = c._sync_prefetch_hit_query(op, hit)
+                op.hash_value, op.storage_hit_count = keys[: hit // c.page_size], hit
+                c.prefetch_hit_queue.put(op)
+            return True
+        if not c.prefetch_buffer.empty():
+            op = c.prefetch_buffer.get_nowait()
+            if op is not None:
+                try:
+                    c._page_transfer(op)
+                finally:
+                    c.prefetch_sync_queue.put(self.acks(rid=op.request_id, completed_req=True, operation=op))
+            return True
+        if not c.prefetch_sync_queue.empty():
+            ack = c.prefetch_sync_queue.get_nowait()
+            if ack is not None:
+                c._reduce_prefetch_ack(ack)
+                c.ack_prefetch_queue.put(ack)
+            return True
+        if not c.backup_queue.empty():
+            op = c.backup_queue.get_nowait()
+            if op is not None:
+                c._page_backup_or_log(op)
+                c.ack_backup_queue.put(op)
+            return True
+        return False
+
+    @property
+    def pending(self) -> int:
+        c = self.cache.cache_controller
+        queues = (c.prefetch_queue, c.prefetch_buffer, c.prefetch_sync_queue, c.backup_queue)
+        return sum(queue.qsize() for queue in queues)
+
+    def step(self, count: int) -> int:
+        ran = 0
+        while ran < count and self.work():
+            ran += 1
+        return ran
+
+    def synchronize(self) -> None:
+        while self.work():
+            pass
+
+    # ------------------------------------------------------------ the scheduler's part
+
+    def arrive(self, m: SGLangUnifiedManager, req: HybridReq) -> None:
+        """The scheduler's prefetch at a request's arrival, then its admission check: the prompt's rest past the host
+        path asked of the storage; the workers run a few items (the request's id picks how many) before the policy
+        decides; what came in is popped (the match that follows finds it on the host). The prefetch's queues are
+        then drained: no prefetch spans two steps."""
+        base = m.v.base
+        salt = m.salt(req.namespace)
+        tokens = array("q", req.input_ids[:-1])
+        key = m.v.radix.RadixKey(tokens, None, cache_salt=salt)
+        found = self.cache.match_prefix(base.MatchPrefixParams(key=key, req=None))
+        matched = int(found.device_prefix_len) + int(found.host_hit_length)
+        anchor = found.last_host_node
+        if matched >= len(tokens) or not (self.cache.is_backuped(anchor) or self.cache.is_root(anchor)):
+            return
+        handle = base.CacheRequestHandle(str(req.uid), 0)
+        self.cache.prefetch_from_storage(
+            handle,
+            anchor,
+            tokens[matched:],
+            self.cache.get_last_hash_value(anchor),
+            None,
+            matched_prefix_tokens=tokens[:matched],
+            extra_key=None,
+            cache_salt=salt,
+        )
+        if handle not in self.cache.ongoing_prefetch:
+            STATS.record_rule("sglang-hicache.storage[no prefetch]")
+            return
+        # the workers' progress before admission: the query, the I/O and the ack take a poll between them
+        for _ in range(req.uid % 4):
+            self.step(1)
+            self.cache.check_hicache_events()
+        for _ in range(64):
+            if self.cache.check_prefetch_progress(handle):
+                break
+            self.step(1)
+            self.cache.check_hicache_events()
+        else:
+            raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch did not finish ({self.policy})")
+        loaded, _ = self.cache.pop_prefetch_loaded_span(handle)
+        STATS.record_rule(f"sglang-hicache.storage[{self.policy}: {'loaded' if loaded else 'nothing'}]")
+        # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)
+        while self.step(1) or not self.cache.cache_controller.ack_prefetch_queue.empty():
+            self.cache.check_hicache_events()
+        if self.cache.ongoing_prefetch:
+            raise IntegrityError(
+                f"prefetch_finishes: {len(self.cache.ongoing_prefetch)} prefetches left after admission"
+            )
+
+    def check_idle(self) -> None:
+        """At a drain: nothing of the storage's left in flight."""
+        left = self.pending + len(self.cache.ongoing_backup) + len(self.cache.ongoing_prefetch)
+        if left or self.cache.cache_controller.prefetch_tokens_occupied:
+            raise IntegrityError(
+                f"idle_tiers_drain: the storage tier has {left} operations in flight and"
+                f" {self.cache.cache_controller.prefetch_tokens_occupied} prefetch tokens held after a drain"
+            )
