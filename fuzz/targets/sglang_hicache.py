@@ -665,13 +665,14 @@ class HostTier:
 
     def writing_tokens(self, m: SGLangUnifiedManager) -> int:
         """Host slots of backups not yet acknowledged (queued, or submitted and unacked): their pages enter the
-        events at the ack (``finish_write_through``); and slots queued for release (a prefetch's pages the tree
-        already held), freed at the next poll (``_drain_release``)."""
+        events at the ack (``finish_write_through``); slots queued for release (a prefetch's pages the tree already
+        held), freed at the next poll (``_drain_release``); and the storage prefetches' (``StorageLane.holding``)."""
         controller = m.cache.cache_controller
         queued = sum(len(op.host_indices) for op in controller.write_queue)
         release = controller.host_mem_release_queue
         releasing = 0 if release is None else sum(len(page) for page in list(release.queue))
-        return queued + releasing + sum(int(ack.num_tokens) for ack in controller.ack_write_queue)
+        prefetching = 0 if self.storage is None else self.storage.holding()
+        return queued + releasing + prefetching + sum(int(ack.num_tokens) for ack in controller.ack_write_queue)
 
     def pool(self, m: SGLangUnifiedManager) -> Pool:
         p = m.page_size
@@ -719,8 +720,8 @@ class HostTier:
         if len(held) * p + len(free_host) + unacked != self.host_pages * p:
             raise IntegrityError(
                 f"host_events_replay_to_the_pool: the events hold {len(held)} host pages, the host pool has"
-                f" {len(free_host)} free slots and backups in flight (or slots queued for release) hold {unacked}, of"
-                f" {self.host_pages * p}"
+                f" {len(free_host)} free slots and copies in flight (backups, prefetches, slots queued for release)"
+                f" hold {unacked}, of {self.host_pages * p}"
             )
         STATS.record_reach(largest_host_pages=len(held))
 

@@ -14,8 +14,10 @@ the prompt is matched; if the host path's end is backed up (or the root), ``pref
 the rest; then, before admission, the workers run a few items (a number fixed by the request's id: none to all),
 and ``check_prefetch_progress`` decides by the drawn policy (``best_effort`` ends the prefetch where it is,
 ``wait_complete`` waits for the workers); what came in is popped (``pop_prefetch_loaded_span``) and the match that
-follows finds it on the host. The prefetch's queues are then drained, so no prefetch spans two steps (not yet
-drawn: a request waiting across steps for its prefetch, the ``timeout`` policy, failed keys).
+follows finds it on the host, and the prefetch's queues are drained. One request in five is aborted before its
+admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host slots coming
+back at its last ack (``holding``). Not yet drawn: a request admitted steps after its arrival, the ``timeout``
+policy, failed keys.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
 host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
@@ -38,7 +40,7 @@ from array import array
 from typing import TYPE_CHECKING, Protocol
 
 from radixspec.reference.hybrid_manager import HybridReq
-from radixspec.spec.errors import IntegrityError
+from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import KVCopy
 from ..stats import STATS
@@ -176,6 +178,7 @@ class StorageLane:
                 source = origin if isinstance(origin, int) else -p
                 self.copies.append(KVCopy(STORAGE_POOL, source, self.slot(key), p, 1))
                 STATS.record_rule("sglang-hicache.storage[page backed up]")
+                STATS.record_reach(largest_storage_pages=len(self.keys))
             return done
 
         def get_page(key: str, target: object = None, *args: object, **kwargs: object) -> object:
@@ -285,6 +288,12 @@ class StorageLane:
         for _ in range(req.uid % 4):
             self.step(1)
             self.cache.check_hicache_events()
+        if req.uid % 5 == 4:
+            # the request leaves the queue before admission (aborted: the scheduler's release of a waiting request);
+            # what its prefetch queued runs on, and its host slots come back at its last ack
+            STATS.record_rule("sglang-hicache.storage[aborted while prefetching]")
+            self.cache.release_aborted_request(handle)
+            raise OutOfPagesError(f"request {req.uid} aborted while its prefetch ran")
         for _ in range(64):
             if self.cache.check_prefetch_progress(handle):
                 break
@@ -301,6 +310,24 @@ class StorageLane:
             raise IntegrityError(
                 f"prefetch_finishes: {len(self.cache.ongoing_prefetch)} prefetches left after admission"
             )
+
+    def holding(self) -> int:
+        """Host slots the prefetches hold (a part of the host pool's partition): an ongoing prefetch's whole
+        allocation; an ended one's tail past what it completed, until its last ack is drained (SGLang frees it
+        there)."""
+        ongoing = {id(info.operation): info for info in self.cache.ongoing_prefetch.values()}
+        held = sum(len(info.host_indices) for info in ongoing.values() if info.host_indices is not None)
+        c = self.cache.cache_controller
+        ended = {id(op): op for op in list(c.prefetch_buffer.queue) if op is not None and op.host_indices is not None}
+        for queue in (c.prefetch_sync_queue, c.ack_prefetch_queue):
+            ended |= {
+                id(ack.operation): ack.operation for ack in list(queue.queue) if ack is not None and ack.completed_req
+            }
+        for key, op in ended.items():
+            # the Python transfer worker (``work``) leaves the tail to the ack's drain
+            if key not in ongoing and op.host_indices is not None:
+                held += len(op.host_indices) - int(op.completed_tokens)
+        return held
 
     def check_idle(self) -> None:
         """At a drain: nothing of the storage's left in flight."""
