@@ -489,6 +489,8 @@ class HostTier:
         request's match, with a storage tier, its prefetch (``StorageLane.arrive``)."""
         m.cache.check_hicache_events()
         STATS.record_reach(most_transfers_in_flight=sum(lane.pending for lane in self.lanes))
+        if self.storage is not None:
+            self.storage.poll()
         if req is not None and self.storage is not None:
             self.storage.arrive(m, req)
 
@@ -588,6 +590,7 @@ class HostTier:
         (SGLang's flush waits for ``ongoing_backup``)."""
         self.forward(m)
         if self.storage is not None:
+            self.storage.abort_waiting()
             self.storage.synchronize()
             m.cache.check_hicache_events()
         self.reading.clear()
@@ -624,6 +627,8 @@ class HostTier:
         tier (a host lock a split kept, a load's pin never released) holds pages that stay (``idle_tiers_drain``)."""
         assert not m.records, f"a drain with {len(m.records)} requests running"
         p = m.page_size
+        if self.storage is not None:
+            self.storage.abort_waiting()
         for _ in range(3):
             for lane in self.lanes:
                 lane.synchronize()

@@ -16,8 +16,9 @@ and ``check_prefetch_progress`` decides by the drawn policy (``best_effort`` end
 ``wait_complete`` waits for the workers); what came in is popped (``pop_prefetch_loaded_span``) and the match that
 follows finds it on the host, and the prefetch's queues are drained. One request in five is aborted before its
 admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host slots coming
-back at its last ack (``holding``). Not yet drawn: a request admitted steps after its arrival, the ``timeout``
-policy, failed keys.
+back at its last ack (``holding``); one in five more waits past its step, its prefetch running on while other
+requests come and go, and gives up some polls later (``poll``). Not yet drawn: a request admitted steps after its
+arrival, the ``timeout`` policy, failed keys.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
 host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
@@ -136,6 +137,8 @@ class StorageLane:
         self.copies = copies
         # storage keys and the slot each has in the shadow's pool 2 (pages of P slots)
         self.keys: dict[str, int] = {}
+        # requests waiting on their prefetch past the step they arrived in, with the polls left before they give up
+        self.waiting: dict[object, int] = {}
         self.cache, self.page_size = m.cache, m.page_size
         self.acks = import_storage(hicache).controller.PrefetchAck
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -294,6 +297,12 @@ class StorageLane:
             STATS.record_rule("sglang-hicache.storage[aborted while prefetching]")
             self.cache.release_aborted_request(handle)
             raise OutOfPagesError(f"request {req.uid} aborted while its prefetch ran")
+        if req.uid % 5 == 3:
+            # the request stays queued, its prefetch running on (and its anchor host-locked) while other requests
+            # come and go; a later poll gives up on it (``poll``)
+            STATS.record_rule("sglang-hicache.storage[waiting past this step]")
+            self.waiting[handle] = 1 + req.uid % 7
+            raise OutOfPagesError(f"request {req.uid} waits for its prefetch")
         for _ in range(64):
             if self.cache.check_prefetch_progress(handle):
                 break
@@ -306,10 +315,26 @@ class StorageLane:
         # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)
         while self.step(1) or not self.cache.cache_controller.ack_prefetch_queue.empty():
             self.cache.check_hicache_events()
-        if self.cache.ongoing_prefetch:
-            raise IntegrityError(
-                f"prefetch_finishes: {len(self.cache.ongoing_prefetch)} prefetches left after admission"
-            )
+        if handle in self.cache.ongoing_prefetch:
+            raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch is left after its admission")
+
+    def poll(self) -> None:
+        """A scheduler poll for the requests waiting on their prefetch: each gives up (is aborted) after the polls
+        it was given, its prefetch wherever the workers left it."""
+        for handle in list(self.waiting):
+            self.waiting[handle] -= 1
+            if self.waiting[handle] <= 0:
+                self.give_up(handle)
+
+    def give_up(self, handle: object) -> None:
+        del self.waiting[handle]
+        STATS.record_rule("sglang-hicache.storage[waited, then aborted]")
+        self.cache.release_aborted_request(handle)
+
+    def abort_waiting(self) -> None:
+        """Every waiting request aborted (before a flush or a drain: SGLang flushes only with nothing waiting)."""
+        for handle in list(self.waiting):
+            self.give_up(handle)
 
     def holding(self) -> int:
         """Host slots the prefetches hold (a part of the host pool's partition): an ongoing prefetch's whole
@@ -331,7 +356,7 @@ class StorageLane:
 
     def check_idle(self) -> None:
         """At a drain: nothing of the storage's left in flight."""
-        left = self.pending + len(self.cache.ongoing_backup) + len(self.cache.ongoing_prefetch)
+        left = self.pending + len(self.cache.ongoing_backup) + len(self.cache.ongoing_prefetch) + len(self.waiting)
         if left or self.cache.cache_controller.prefetch_tokens_occupied:
             raise IntegrityError(
                 f"idle_tiers_drain: the storage tier has {left} operations in flight and"

@@ -85,7 +85,7 @@ laws.check([])
 try:
     hit = run({uid}, a)
 except OutOfPagesError:
-    hit = "aborted"
+    hit = "queued"
 m.drain()
 laws.copied()
 laws.check([])
@@ -102,9 +102,15 @@ def run(script: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("storage", "uid", "hit"),
     # best_effort admits with what the workers did by then: the request's id picks how many items (3 finish it);
-    # one request in five (id 9 here) is aborted while its prefetch runs, and the drain after it finds the host
-    # pool whole
-    [("wait_complete", 1, "12"), ("best_effort", 3, "12"), ("best_effort", 8, "0"), ("wait_complete", 9, "aborted")],
+    # of ids 4 and 3 modulo 5, one is aborted while its prefetch runs, the other waits past its step; neither is
+    # admitted, and the drain after them finds the host pool whole
+    [
+        ("wait_complete", 1, "12"),
+        ("best_effort", 7, "12"),
+        ("best_effort", 12, "0"),
+        ("wait_complete", 9, "queued"),
+        ("best_effort", 13, "queued"),
+    ],
 )
 def test_a_prefix_evicted_from_both_tiers_is_prefetched_from_storage(
     core: str, storage: str, uid: int, hit: str
