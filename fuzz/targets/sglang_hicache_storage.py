@@ -209,35 +209,36 @@ class StorageLane:
     # ------------------------------------------------------------ the workers
 
     def work(self) -> bool:
-        """One item of one worker, the first with work in the threads' order (query, I/O, acks, backups)."""
+        """One item of one worker, the first with work in the threads' order (query, I/O, acks, backups): each
+        thread's loop body, SGLang's own per-item methods."""
         c = self.cache.cache_controller
-        if not c.prefetch_queue.empty():
-            op = c.prefetch_queue.get_nowait()
-            if op is not None:
-                keys, hit = ([], 0) if op.is_terminated() else c._storage_hit_query(op)
-                hit = c._sync_prefetch_hit_query(op, hit)
-                op.hash_value, op.storage_hit_count = keys[: hit // c.page_size], hit
-                c.prefetch_hit_queue.put(op)
-            return True
-        if not c.prefetch_buffer.empty():
-            op = c.prefetch_buffer.get_nowait()
-            if op is not None:
+        for queue in (c.prefetch_queue, c.prefetch_buffer, c.prefetch_sync_queue, c.backup_queue):
+            if queue.empty():
+                continue
+            item = queue.get_nowait()
+            if item is None:
+                # a stop mark, which SGLang queues when it stops its threads
+                return True
+            if queue is c.prefetch_queue:
+                # the hit query: the storage's hit, reduced across ranks, for the scheduler to allocate
+                keys, hit = ([], 0) if item.is_terminated() else c._storage_hit_query(item)
+                hit = c._sync_prefetch_hit_query(item, hit)
+                item.hash_value, item.storage_hit_count = keys[: hit // c.page_size], hit
+                c.prefetch_hit_queue.put(item)
+            elif queue is c.prefetch_buffer:
+                # the I/O: the pages read into their host slots, then the request's last ack
                 try:
-                    c._page_transfer(op)
+                    c._page_transfer(item)
                 finally:
-                    c.prefetch_sync_queue.put(self.acks(rid=op.request_id, completed_req=True, operation=op))
-            return True
-        if not c.prefetch_sync_queue.empty():
-            ack = c.prefetch_sync_queue.get_nowait()
-            if ack is not None:
-                c._reduce_prefetch_ack(ack)
-                c.ack_prefetch_queue.put(ack)
-            return True
-        if not c.backup_queue.empty():
-            op = c.backup_queue.get_nowait()
-            if op is not None:
-                c._page_backup_or_log(op)
-                c.ack_backup_queue.put(op)
+                    c.prefetch_sync_queue.put(self.acks(rid=item.request_id, completed_req=True, operation=item))
+            elif queue is c.prefetch_sync_queue:
+                # the ack reduction, for the scheduler's poll
+                c._reduce_prefetch_ack(item)
+                c.ack_prefetch_queue.put(item)
+            else:
+                # the backup: the pages written to the files, then its ack
+                c._page_backup_or_log(item)
+                c.ack_backup_queue.put(item)
             return True
         return False
 
