@@ -86,6 +86,9 @@ try:
     hit = run({uid}, a)
 except OutOfPagesError:
     hit = "queued"
+    # the prefetch of a request aborted or waiting holds host slots until its last ack: the pool's partition counts them
+    m.check_integrity([])
+    laws.check([])
 m.drain()
 laws.copied()
 laws.check([])
@@ -110,6 +113,9 @@ def run(script: str) -> subprocess.CompletedProcess[str]:
         ("best_effort", 12, "0"),
         ("wait_complete", 9, "queued"),
         ("best_effort", 13, "queued"),
+        # the query and the I/O ran before the abort (ids 14 and 18): the slots it holds are still in flight
+        ("best_effort", 14, "queued"),
+        ("wait_complete", 18, "queued"),
     ],
 )
 def test_a_prefix_evicted_from_both_tiers_is_prefetched_from_storage(
@@ -255,6 +261,28 @@ def test_an_examples_cache_is_not_kept_alive() -> None:
     out = run(GONE)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.split() == ["gone"], out.stdout
+
+
+# a campaign's shrunk program (found with the storage tier new): a prefetch brings pages the tree already holds, which
+# SGLang queues for release at the next poll; the host pool's partition must count them (``writing_tokens``)
+QUEUED_FOR_RELEASE = """
+from radixspec.fuzz.regression import build_machine
+state = build_machine("hybrid", targets=("sglang-hicache",), lru=None, device="cpu", shallow=True)()
+seq, = state.setup(page_size=4, num_pages=4, windows=[None], first=[([0], [0])])
+state.managers_keep_the_laws()
+state.admit_batch(base=seq, cuts=[2, 1], evict=0, namespace=("lora", 1))
+state.managers_keep_the_laws()
+state.admit_batch(base=seq, cuts=[1, 3, 0], evict=2, namespace=("lora", 1))
+state.managers_keep_the_laws()
+state.teardown()
+print("clean")
+"""
+
+
+def test_host_slots_queued_for_release_are_in_the_pools_partition() -> None:
+    out = run(QUEUED_FOR_RELEASE)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["clean"], out.stdout
 
 
 # bugs planted in SGLang's code, each in the path one check guards
