@@ -28,6 +28,7 @@ it holds (a chained hash of the request's tokens up to that position). Laws, eac
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -99,24 +100,38 @@ class Request:
 
 class Published(dict[Hashable, "tuple[int, ...] | None"]):
     """The blocks a planner's KV events published, replayed: hash -> the tokens of the prefix the block ends (None:
-    tokens the events do not say, below an orphan the profile names)."""
+    tokens the events do not say, below an orphan the profile names); ``copies``: the blocks stored again under a
+    hash already published (where the profile allows duplicates), each removed before the hash is."""
 
-    def replay(self, events: list[BlockEvent], orphans: bool) -> None:
-        """Apply ``events``; ``events_replay_to_the_cache`` fails on a block stored twice, removed unpublished, or
-        stored under a parent not published (unless ``orphans``: finding 19, counted)."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: Counter[Hashable] = Counter()
+
+    def replay(self, events: list[BlockEvent], orphans: bool, duplicates: bool) -> None:
+        """Apply ``events``; ``events_replay_to_the_cache`` fails on a block stored twice (unless ``duplicates``),
+        removed unpublished, or stored under a parent not published (unless ``orphans``: finding 19, counted)."""
         for event in events:
             STATS.events_replayed += 1
             if event.kind == "cleared":
                 self.clear()
+                self.copies.clear()
             elif event.kind == "removed":
                 if event.hash not in self:
                     raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} removed, never published")
-                del self[event.hash]
+                if self.copies[event.hash]:
+                    self.copies[event.hash] -= 1
+                else:
+                    del self[event.hash]
             else:
-                if event.hash in self:
-                    raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} stored twice")
                 parent = self.parent_of(event.hash, event.parent, orphans)
-                self[event.hash] = None if parent is None else parent + event.tokens
+                tokens = None if parent is None else parent + event.tokens
+                if event.hash in self:
+                    if not duplicates or self[event.hash] != tokens:
+                        raise IntegrityError(f"events_replay_to_the_cache: block {event.hash} stored twice")
+                    STATS.rules["planner.events[a prefix stored again in another block]"] += 1
+                    self.copies[event.hash] += 1
+                    continue
+                self[event.hash] = tokens
 
     def parent_of(self, block: Hashable, parent: Hashable | None, orphans: bool) -> tuple[int, ...] | None:
         """The tokens of a stored block's parent (None: unknown). Its parent must be published, unless the
@@ -130,6 +145,27 @@ class Published(dict[Hashable, "tuple[int, ...] | None"]):
             STATS.rules["planner.known: a block stored under a parent not published (finding 19)"] += 1
             return None
         raise IntegrityError(f"events_replay_to_the_cache: block {block} stored under {parent}, not published")
+
+
+def misread(requests: dict[str, Request], page_size: int, request: Request, one: Pass, j: int, held: Slot) -> str:
+    """The failure of a pass that reads, at position ``j``, what its request did not compute: its law, what it
+    read."""
+    page, law = one.pages[j // page_size], "attended_kv_is_the_requests"
+    if held is NEVER:
+        what = "KV never written there"
+    elif isinstance(held, tuple):
+        # the request's own KV, but copied before a reset: the tier it came through was not cleared
+        kept = held[1] == request.ids[j]
+        what = "its KV from before a reset" if kept else "another prefix's KV from before a reset"
+        law = "reset_leaves_no_tier_serving" if kept else law
+    else:
+        owners = [r.name for r in requests.values() if held in r.ids]
+        what = f"another prefix's KV{f' (of {owners[0]})' if owners else ''}"
+    return (
+        f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at"
+        f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page},"
+        f" which holds {what}"
+    )
 
 
 prompts = st.tuples(
@@ -252,10 +288,11 @@ class PlannerMachine(RuleBasedStateMachine):
         self.after_step()
 
     @precondition(lambda self: not self.requests and not self.in_flight and not self.results)
-    @rule(now=st.integers(0, 3))
+    @rule(now=st.integers(0, 15))
     def reset(self, now: int) -> None:
-        """Clear the cache when idle (one draw in four): no request, no transfer and no forward in flight (under
-        overlap a finished request's last row may still be: finding 21); the planner may refuse."""
+        """Clear the cache when idle (one draw in sixteen: a machine is idle often, and a reset empties every
+        tier): no request, no transfer and no forward in flight (under overlap a finished request's last row may
+        still be: finding 21); the planner may refuse."""
         if now:
             return
         STATS.record_rule("planner.reset")
@@ -264,14 +301,32 @@ class PlannerMachine(RuleBasedStateMachine):
             self.cleared()
         self.after_step()
 
-    def cleared(self) -> None:
-        """The planner cleared its cache: no device or host copy made before may be served, and its events must
-        have removed every block."""
-        for tier in ("device", "host", "snapshot"):
+    @precondition(lambda self: self.target.resets_busy and (self.requests or self.in_flight))
+    @rule(now=st.integers(0, 15))
+    def reset_busy(self, now: int) -> None:
+        """A reset while requests run and transfers are in flight, where the planner takes one (vLLM's
+        ``reset_prefix_cache(reset_connector=True)``): its host tier is cleared whatever the device says (the
+        device refuses while a request holds a block). The loads in flight land first: their requests took their
+        hits before the reset, and the planner completes them before its next step."""
+        if now:
+            return
+        STATS.record_rule("planner.reset[busy]")
+        for transfer in self.in_flight:
+            if transfer.kind in LANDS_BEFORE_FORWARD and transfer.op not in self.moved:
+                self.move(transfer, None)
+        device = self.target.reset()
+        STATS.rules[f"planner.reset[busy, device {'cleared' if device else 'refused'}]"] += 1
+        self.cleared(("device", "host", "snapshot") if device else ("host",))
+        self.after_step()
+
+    def cleared(self, tiers: tuple[str, ...] = ("device", "host", "snapshot")) -> None:
+        """The planner cleared ``tiers``: no copy made before in them may be served, and (the device cleared) its
+        events must have removed every block."""
+        for tier in tiers:
             for slots in self.tiers[tier].values():
                 slots[:] = [held if isinstance(held, tuple) else (CLEARED, held) for held in slots]
         self.take_events()
-        if self.published:
+        if "device" in tiers and self.published:
             raise IntegrityError(
                 f"events_replay_to_the_cache: after a reset {len(self.published)} blocks are still published"
             )
@@ -280,16 +335,26 @@ class PlannerMachine(RuleBasedStateMachine):
         for name in plan.aborted:
             STATS.rules["planner.aborted by the planner"] += 1
             self.requests.pop(name, None)
+        for name in plan.restarted:  # preempted: its KV dropped, it starts again at a hit
+            if name in self.requests:
+                STATS.rules["planner.restarted"] += 1
+                self.requests[name].started, self.requests[name].computed = False, 0
         landing = []
         for transfer in plan.transfers:
             STATS.rules[f"planner.transfer[{transfer.kind}]"] += 1
             self.in_flight.append(transfer)
             # storage runs its operations when they are reported; a copy whose sources stay pinned may wait for its
-            # report (``late``); a load or restore lands after the device copies and zeroing, before the forward
+            # report (``late``); a load or restore lands after the device copies and zeroing, before the forward,
+            # unless no pass reads it before its report (``late``: it lands then)
             if transfer.kind in LANDS_BEFORE_FORWARD:
-                landing.append(transfer)
+                if transfer.awaited or not late:
+                    landing.append(transfer)
             elif not (transfer.kind in STORAGE_KINDS or (late and transfer.pinned)):
                 self.move(transfer, None)
+        # the copies the planner flushes run first: it reuses their sources in this plan
+        for transfer in [t for t in self.in_flight if t.op in plan.flush and t.op not in self.moved]:
+            STATS.rules[f"planner.transfer[{transfer.kind} flushed]"] += 1
+            self.move(transfer, None)
         # the device copies read their sources before anything of this plan writes them: TokenSpeed's plan says its
         # copies run before its zeroing ("a source re-granted in the same round is read before it is zeroed"), and
         # a page it re-grants to a load in the same round is read first likewise (a harness choice, docs/targets.md)
@@ -346,6 +411,9 @@ class PlannerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ the forward
 
     def forward(self, passes: tuple[Pass, ...]) -> None:
+        """Each layer writes the batch's KV into the cache before its attention reads it: every pass's positions
+        are written first, then what each pass attends is checked (a request may attend a page another pass of the
+        same forward computes: vLLM hits blocks allocated in the same step)."""
         device, p = self.tiers["device"], self.page_size
         writes: dict[tuple[int, int], tuple[str, int]] = {}
         spans = []
@@ -355,10 +423,6 @@ class PlannerMachine(RuleBasedStateMachine):
                 raise IntegrityError(f"pass_inputs_are_the_requests: a pass of {one.request}, which is not live")
             start = one.start if one.extend else len(request.tokens) - 1
             self.check_pass(request, one, start)
-            for j in range(start):
-                held = self.page(device, one.pages[j // p])[j % p]
-                if held != request.ids[j]:
-                    raise IntegrityError(self.misread(request, one, j, held))
             for j in range(start, start + one.count):
                 slot = (one.pages[j // p], j % p)
                 if slot in writes or slot[0] == 0:
@@ -371,6 +435,11 @@ class PlannerMachine(RuleBasedStateMachine):
             spans.append((one, request, start))
         for (page, offset), (name, j) in writes.items():
             self.page(device, page)[offset] = self.requests[name].ids[j]
+        for one, request, start in spans:
+            for j in range(start):
+                held = self.page(device, one.pages[j // p])[j % p]
+                if held != request.ids[j]:
+                    raise IntegrityError(misread(self.requests, self.page_size, request, one, j, held))
         for one, request, start in spans:
             self.after_pass(one, request, start)
 
@@ -400,24 +469,6 @@ class PlannerMachine(RuleBasedStateMachine):
                 f" {request.computed}"
             )
 
-    def misread(self, request: Request, one: Pass, j: int, held: Slot) -> str:
-        page, law = one.pages[j // self.page_size], "attended_kv_is_the_requests"
-        if held is NEVER:
-            what = "KV never written there"
-        elif isinstance(held, tuple):
-            # the request's own KV, but copied before a reset: the tier it came through was not cleared
-            kept = held[1] == request.ids[j]
-            what = "its KV from before a reset" if kept else "another prefix's KV from before a reset"
-            law = "reset_leaves_no_tier_serving" if kept else law
-        else:
-            owners = [r.name for r in self.requests.values() if held in r.ids]
-            what = f"another prefix's KV{f' (of {owners[0]})' if owners else ''}"
-        return (
-            f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at"
-            f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page},"
-            f" which holds {what}"
-        )
-
     def after_pass(self, one: Pass, request: Request, start: int) -> None:
         if one.extend and not request.started:
             request.started = True
@@ -426,7 +477,8 @@ class PlannerMachine(RuleBasedStateMachine):
                 STATS.rules["planner.prefill[hit]"] += 1
                 STATS.rules["planner.hit tokens"] += start
                 full = start // self.page_size * self.page_size
-                self.hits_to_publish.append((request.name, tuple(request.tokens[:full])))
+                if self.target.publishes_hits:
+                    self.hits_to_publish.append((request.name, tuple(request.tokens[:full])))
             STATS.rules["planner.prompt tokens"] += request.prompt
         request.computed = start + one.count
         if request.sampled >= request.wanted:
@@ -468,7 +520,7 @@ class PlannerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------ events and checks
 
     def take_events(self) -> None:
-        self.published.replay(self.target.take_events(), self.target.orphans)
+        self.published.replay(self.target.take_events(), self.target.orphans, self.target.duplicates)
 
     def after_step(self) -> None:
         self.take_events()

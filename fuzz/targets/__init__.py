@@ -59,6 +59,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         vllm_hybrid,
         vllm_mamba,
         vllm_offload,
+        vllm_offload_connector,
     )
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
@@ -77,6 +78,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "vllm-hybrid": no_argument(vllm_hybrid.TARGET),
         "vllm-mamba": no_argument(vllm_mamba.TARGET),
         "vllm-offload": no_argument(vllm_offload.TARGET),
+        "vllm-offload-connector": no_argument(vllm_offload_connector.TARGET),
         "minisgl": minisgl.target,
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,

@@ -535,6 +535,9 @@ class Transfer:
     pinned: bool = True
     # per pair, the tier its source lies in, where the kind does not say (a restore's)
     sources: tuple[Tier, ...] | None = None
+    # a load or restore the forward of its plan reads; False: the planner runs no pass on its destinations until
+    # its report, so it may land as late as that (vLLM's asynchronous loads)
+    awaited: bool = True
 
     def tiers(self, pair: int) -> tuple[Tier, Tier]:
         """The tier pair ``pair``'s source lies in and the tier its destination lies in."""
@@ -574,13 +577,18 @@ class Pass:
 @dataclass(frozen=True)
 class Plan:
     """What a planner asks for in one step: transfers; device page copies (source, destination) and pages to zero,
-    both before the forward; the forward's passes; the requests it aborted."""
+    both before the forward; the forward's passes; the requests it aborted. ``flush``: transfers in flight (this
+    plan's or earlier ones, by ``op``) whose copies must run before anything of this plan (the planner reuses their
+    sources now: vLLM's ``jobs_to_flush``); ``restarted``: requests whose KV the planner dropped (preempted), which
+    start again at a hit."""
 
     transfers: tuple[Transfer, ...] = ()
     copies: tuple[tuple[int, int], ...] = ()
     zeros: tuple[int, ...] = ()
     passes: tuple[Pass, ...] = ()
     aborted: tuple[str, ...] = ()
+    flush: tuple[Hashable, ...] = ()
+    restarted: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -616,6 +624,15 @@ class PlannerTarget(Protocol):
     # its KV events may store a block under a parent they never stored or removed before (a known finding, counted
     # in the summary); False: such a block fails events_replay_to_the_cache
     orphans: bool
+    # its device caches what it computes and loads, so every full page of a hit is a block its events published;
+    # False: it caches nothing on the device (vLLM with prefix caching off), its hits come from another tier
+    publishes_hits: bool
+    # its device may cache one prefix in several blocks and publish each (vLLM's pool, when two requests compute it
+    # at once): a hash stored again is one more copy, removed before the hash is; False: a hash stored twice fails
+    duplicates: bool
+    # it takes a reset while requests run and transfers are in flight, clearing its host tier whatever its device
+    # says (vLLM's reset_prefix_cache(reset_connector=True)); False: a reset only when idle
+    resets_busy: bool
 
     def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None: ...
     def plan(self) -> Plan: ...
@@ -741,6 +758,26 @@ class TargetInfo:
 def mix(n: int) -> int:
     """A pool size's bits spread over a hybrid target's configuration choices (Knuth's multiplicative hash)."""
     return (n * 2654435761) % 2**32
+
+
+def choose_from(choices: Sequence[Sequence[object]], draw: int) -> list[object]:
+    """The configuration a draw picks, one value of each of ``choices``: the digits of its bits spread (``mix``:
+    small draws, which Hypothesis favours, would otherwise leave the last choices at their first values) in the
+    mixed radix of ``choices``."""
+    picked = []
+    value = mix(draw)
+    for options in choices:
+        value, digit = divmod(value, len(options))
+        picked.append(options[digit])
+    return picked
+
+
+def draw_choosing(choices: Sequence[Sequence[object]], picked: Sequence[object]) -> int:
+    """A draw that picks ``picked`` (``mix`` undone): tests name a configuration so."""
+    value = 0
+    for options, one in reversed(list(zip(choices, picked, strict=True))):
+        value = value * len(options) + list(options).index(one)
+    return value * pow(2654435761, -1, 2**32) % 2**32
 
 
 class TargetError(Exception):

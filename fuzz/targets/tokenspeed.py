@@ -25,7 +25,7 @@ from typing import Literal, NamedTuple, Protocol, cast
 
 from radixspec.spec.errors import IntegrityError
 
-from .api import BlockEvent, KnownFinding, Pass, Plan, Profile, TargetInfo, Tier, Transfer, mix
+from .api import BlockEvent, KnownFinding, Pass, Plan, Profile, TargetInfo, Tier, Transfer, choose_from, draw_choosing
 
 VERSION = "0.1.42"
 PAGE_SIZES = (1, 2, 4, 8, 16)
@@ -35,8 +35,6 @@ BUDGETS = (8, 16, 32, 128)
 BATCHES = (1, 2, 4, 8)
 RETRACTIONS = ("off", "on", "forced")
 GROUP = "full"
-# the multiplier of api.mix (Knuth's multiplicative hash), to undo it
-MIX = 2654435761
 # the assertion finding 20 fails (docs/findings.md)
 KNOWN_CRASH = "the tail's parent page has its KV event hash"
 
@@ -85,22 +83,12 @@ CHOICES: tuple[tuple[object, ...], ...] = (
 
 
 def choose(draw: int) -> Config:
-    """The configuration a draw picks: the digits of its bits spread (``mix``: small draws, which Hypothesis
-    favours, would otherwise leave the last choices at their first values) in the mixed radix of CHOICES."""
-    picked = []
-    value = mix(draw)
-    for options in CHOICES:
-        value, digit = divmod(value, len(options))
-        picked.append(options[digit])
-    return Config._make(picked)
+    return Config._make(choose_from(CHOICES, draw))
 
 
 def draw_for(config: Config) -> int:
-    """A draw that picks ``config`` (``mix`` undone): tests name a configuration so."""
-    value = 0
-    for options, picked in reversed(list(zip(CHOICES, config, strict=True))):
-        value = value * len(options) + options.index(picked)
-    return value * pow(MIX, -1, 2**32) % 2**32
+    """A draw that picks ``config``: tests name a configuration so."""
+    return draw_choosing(CHOICES, config)
 
 
 class CopyOp(Protocol):
@@ -159,6 +147,7 @@ class TokenSpeedPlanner:
         # finding 19 (docs/findings.md): a retracted and restored request goes on storing blocks under a parent its
         # events removed at the restore, or never stored; only retraction reaches it
         self.orphans = retraction != "off"
+        self.publishes_hits, self.duplicates, self.resets_busy = True, False, False
         # finding 20: with retraction enabled, planning can fail an internal assertion (KNOWN_CRASH); the machine
         # counts it and goes on with a new scheduler. Tests turn it off to see the crash reported
         self.known_crashes = retraction != "off"

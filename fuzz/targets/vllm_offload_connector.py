@@ -1,0 +1,752 @@
+"""Target ``vllm-offload-connector``: vLLM 0.33.0's KV offloading as its engine runs it. The device tier is vLLM's
+``KVCacheManager`` of one full-attention group (prefix caching on or off); the host tier is the
+``OffloadingConnector``'s scheduler side, ``OffloadingConnectorScheduler`` over ``CPUOffloadingManager`` (lru or
+arc), both imported and driven together under the planner machine (``fuzz/planner_machine.py``).
+
+What drives them is vLLM's scheduler, replayed (``vllm/v1/core/sched/scheduler.py`` needs the whole engine to
+import): each step the running requests first (``allocate_slots``; when the pool is short the last one running is
+preempted, its blocks freed, and it waits again at the head of the queue), then the waiting ones in order: the
+device hit (``get_computed_blocks``), the connector's (``get_num_new_matched_tokens``), ``allocate_slots`` with the
+external tokens, ``update_state_after_alloc``; a request whose hit loads asynchronously waits for its KV
+(``WAITING_FOR_REMOTE_KVS``) until the worker reports the load, then its blocks are cached and it is scheduled as
+vLLM does. Then ``build_connector_meta`` with the step's ``SchedulerOutput`` (new, resumed and running requests,
+their new blocks, the finished and preempted ones), and the tokens computed. A finished or aborted request goes
+through ``request_finished`` and frees its blocks (an aborted one whose load is in flight only once the load is
+reported); a reset is ``reset_prefix_cache(reset_connector=True)``.
+
+The machine plays the worker as ``OffloadingConnectorWorker`` does: a step's store jobs are submitted at the start
+of the next step (``prepare_store_kv`` defers them), so they are that plan's transfers ("backup", device block ->
+host chunk block); the jobs the metadata names in ``jobs_to_flush`` are that plan's ``flush`` (copied before its
+loads and its forward, as ``handle_preemptions`` waits for them); loads ("load") are submitted in their own step and
+may land as late as their report (the request runs no pass until then). A job reported done reaches the scheduler
+in the next step's ``KVConnectorOutput`` (its ``OffloadingWorkerMetadata``, and the load's request in
+``finished_recving``). The KV the planner machine keeps per slot then checks every tier: a store that reads a block
+after it was reused, a load into a reused block, a chunk served after a reset, all fail ``attended_kv_is_the_requests``
+or ``reset_leaves_no_tier_serving`` where a request reads them.
+
+Configurations drawn (``Config``): page size, device blocks, host chunks (0.5x to 4x), blocks per chunk (1 or 2),
+policy, store threshold, token budget per step (chunked prefill), prefix caching, ``offload_prompt_only``.
+
+What is shimmed, and why it cannot hide a bug of the connector or the KV cache manager (``import_connector``):
+the packages of ``import_vllm`` and ``import_offload`` (bare ``__init__`` files; the block pool's stubs); five
+modules the connector's import chain reaches for the worker or the model and the scheduler side never calls
+(attention backends and layers, the platform, CUDA graphs, the encoder cache's config), registered as stand-ins
+whose names raise if called; names read by annotations or the worker only (``KVConnectorBase_V1`` and its
+siblings, ``async_tensor_h2d``, ``PIN_MEMORY``, ``strip_covered_mm_data``, ``PrefixCacheStats``: log stats are off);
+three stand-ins that answer: ``get_current_vllm_config_or_none`` (None: no engine config is current, as outside an
+engine), the platform's ``register_custom_kv_cache_specs`` (a CPU platform registers none), ``get_dtype_size`` (the
+element size torch reports). ``RequestStatus`` is vLLM's statuses in vLLM's order (its ``is_finished`` compares by
+order), and the request is a stand-in holding what the scheduler, the manager and the connector read of one
+(its block hashes computed by vLLM's own hasher). The connector's ``OffloadingSpec`` is ours: it builds the
+``CPUOffloadingManager`` as ``CPUOffloadingSpec.get_manager`` does, without the platform's pinned buffers.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import sys
+import types
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, cast
+
+from radixspec.spec.errors import IntegrityError
+
+from ..stats import STATS
+from .api import BlockEvent, Pass, Plan, Profile, TargetInfo, Transfer, choose_from, draw_choosing
+from .shims import Never, bare, install, never, package_root, register, stub
+from .vllm import VERSION, import_vllm
+from .vllm_offload import import_offload
+
+PAGE_SIZES = (1, 2, 4, 8, 16)
+DEVICE_BLOCKS = (8, 12, 16, 24, 48)
+HOST_RATIOS = (0.5, 1, 2, 4)
+CHUNK_BLOCKS = (1, 2)
+POLICIES = ("lru", "arc")
+THRESHOLDS = (1, 2)
+BUDGETS = (8, 16, 32, 128)
+# requests running at once, at most (vLLM's max_num_seqs)
+MAX_RUNNING = 8
+MAX_MODEL_LEN = 4096
+
+
+class RequestStatus(enum.IntEnum):
+    """vLLM's request statuses, in its order (a status past PREEMPTED is a finished one)."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    WAITING_FOR_STREAMING_REQ = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+    FINISHED_REPETITION = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+
+def import_connector() -> types.ModuleType:
+    """vLLM's KV cache manager, the offloading connector's scheduler, the CPU manager and the dataclasses they
+    exchange, with the stand-ins of the module docstring."""
+    cached = sys.modules.get("vllm.__radixspec_connector__")
+    if cached is not None:
+        return cached
+    import importlib
+
+    import torch
+
+    import_vllm()
+    import_offload()
+    root = package_root("vllm")
+    for name in ("vllm.model_executor", "vllm.model_executor.layers"):
+        bare(name, root.joinpath(*name.split(".")[1:]))
+    for name in (
+        "vllm.config.ec_manager_config",
+        "vllm.config.kv_transfer",
+        "vllm.model_executor.layers.attention_layer_base",
+        "vllm.v1.attention.backend",
+        "vllm.compilation.cuda_graph",
+    ):
+        stub_classes(name)
+    stub("vllm.platforms", current_platform=types.SimpleNamespace(register_custom_kv_cache_specs=lambda config: None))
+    install(
+        sys.modules["vllm.config"],
+        get_current_vllm_config_or_none=lambda: None,
+        get_layers_from_vllm_config=never,
+        set_current_vllm_config=never,
+    )
+    install(
+        sys.modules["vllm.distributed.kv_transfer.kv_connector.v1"],
+        KVConnectorBase_V1=Never,
+        KVConnectorRole=Never,
+        supports_hma=never,
+    )
+    install(sys.modules["vllm.utils.torch_utils"], async_tensor_h2d=never, PIN_MEMORY=False)
+    install(sys.modules["vllm.multimodal.utils"], strip_covered_mm_data=never)
+    install(sys.modules["vllm.v1.metrics.stats"], PrefixCacheStats=Never)
+    request = sys.modules["vllm.v1.request"]
+    if not hasattr(request, "RequestStatus"):
+        install(request, RequestStatus=RequestStatus)
+    interface = importlib.import_module("vllm.v1.kv_cache_interface")
+    install(interface, get_dtype_size=lambda dtype: torch.tensor([], dtype=dtype).element_size())
+    scheduler = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
+    # they warn on every store the host tier refuses and every reset refused while blocks are in use, thousands of
+    # lines a minute under the fuzzer
+    for module in (scheduler.__name__, "vllm.v1.core.block_pool"):
+        logging.getLogger(module).setLevel(logging.ERROR)
+    return register(
+        "vllm.__radixspec_connector__",
+        scheduler=scheduler,
+        common=importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"),
+        base=importlib.import_module("vllm.v1.kv_offload.base"),
+        config=importlib.import_module("vllm.v1.kv_offload.config"),
+        cpu=importlib.import_module("vllm.v1.kv_offload.cpu.manager"),
+        interface=interface,
+        manager=importlib.import_module("vllm.v1.core.kv_cache_manager"),
+        output=importlib.import_module("vllm.v1.core.sched.output"),
+        outputs=importlib.import_module("vllm.v1.outputs"),
+        utils=importlib.import_module("vllm.v1.core.kv_cache_utils"),
+        status=request.RequestStatus,
+        torch=torch,
+    )
+
+
+def stub_classes(name: str) -> types.ModuleType:
+    """Register module ``name`` whose every attribute is ``Never`` (a class: annotations combine it with ``|``)."""
+    module = stub(name)
+
+    def module_getattr(attribute: str) -> type[Never]:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return Never
+
+    install(module, __getattr__=module_getattr)
+    return module
+
+
+class Config(NamedTuple):
+    """One configuration of the engine: a draw picks one value of each field from CHOICES."""
+
+    page_size: int
+    device_blocks: int
+    host_ratio: float
+    blocks_per_chunk: int
+    policy: str
+    threshold: int
+    budget: int
+    caching: bool = True
+    prompt_only: bool = True
+
+
+CHOICES: tuple[tuple[object, ...], ...] = (
+    PAGE_SIZES,
+    DEVICE_BLOCKS,
+    HOST_RATIOS,
+    CHUNK_BLOCKS,
+    POLICIES,
+    THRESHOLDS,
+    BUDGETS,
+    (True, False),
+    (True, False),
+)
+
+
+def choose(draw: int) -> Config:
+    return Config._make(choose_from(CHOICES, draw))
+
+
+def draw_for(config: Config) -> int:
+    """A draw that picks ``config``: tests name a configuration so."""
+    return draw_choosing(CHOICES, config)
+
+
+@dataclass(eq=False)
+class Request:
+    """What vLLM's scheduler, ``KVCacheManager`` and the connector read of a ``vllm.v1.request.Request``."""
+
+    request_id: str
+    all_token_ids: list[int]
+    max_tokens: int
+    hasher: Callable[[Request], list[object]]
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    shared_prefix_boundary: int = 0
+    block_hashes: list[object] = field(default_factory=list)
+    # the pass that computed its last token ran (its next ones decode), since it was last admitted
+    prefilled: bool = False
+    num_prompt_tokens: int = 0
+    # read by the manager and the connector, constant here
+    mm_features: tuple[()] = ()
+    lora_request: None = None
+    cache_salt: None = None
+    prompt_embeds: None = None
+    session_id: None = None
+    kv_transfer_params: None = None
+    kv_hints: None = None
+    skip_reading_prefix_cache: bool = False
+    sampling_params: None = None
+    num_in_flight_tokens: int = 0
+    num_output_placeholders: int = 0
+    spec_token_ids: tuple[()] = ()
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.all_token_ids)
+        self.block_hashes.extend(self.hasher(self))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def append(self, tokens: Sequence[int]) -> None:
+        """``append_output_token_ids``: the tokens, and the hash of every block they complete."""
+        self.all_token_ids.extend(tokens)
+        self.block_hashes.extend(self.hasher(self))
+
+
+@dataclass
+class Step:
+    """What one schedule did: the requests it ran (request, first position, tokens), and those it preempted."""
+
+    scheduled: list[tuple[Request, int, int]] = field(default_factory=list)
+    new: list[Request] = field(default_factory=list)
+    running: list[tuple[Request, object]] = field(default_factory=list)
+    resumed: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+
+class LoadStoreSpec(Protocol):
+    """What the worker reads of a job's side: its blocks (device blocks, or host chunks)."""
+
+    block_ids: Sequence[int]
+
+
+class DeviceSpec(LoadStoreSpec, Protocol):
+    """A ``GPULoadStoreSpec`` also says where in the request's blocks it starts."""
+
+    block_indices: Sequence[int]
+
+
+class Job(Protocol):
+    """A ``TransferJob``."""
+
+    req_id: str
+    src_spec: LoadStoreSpec
+    dst_spec: LoadStoreSpec
+    sync: bool
+
+
+class ConnectorMeta(Protocol):
+    """An ``OffloadingConnectorMetadata``: the step's jobs, and those the worker must finish before its forward."""
+
+    load_jobs: Mapping[int, Job]
+    store_jobs: Mapping[int, Job]
+    jobs_to_flush: set[int] | None
+
+
+class OffloadWorker:
+    """The connector's jobs as ``OffloadingConnectorWorker`` submits them, as the planner layer's transfers."""
+
+    def __init__(self, blocks_per_chunk: int) -> None:
+        self.bpc = blocks_per_chunk
+        # the last step's store jobs, submitted with the next plan
+        self.deferred: list[Transfer] = []
+        # our transfer's op -> (job id, the request of a load)
+        self.jobs: dict[Hashable, tuple[int, str | None]] = {}
+
+    def submit(self, meta: ConnectorMeta, forward: bool) -> tuple[tuple[Transfer, ...], tuple[Hashable, ...]]:
+        """The plan's transfers: the last step's stores, this step's stores it must flush, this step's loads;
+        this step's other stores wait for the next plan (``forward``: this one runs a forward they must follow;
+        with none, the engine's next step starts at once, so they go now). Then the flushed ones."""
+        flush = set(meta.jobs_to_flush or ())
+        submitted, self.deferred = self.deferred, []
+        for job, entry in meta.store_jobs.items():
+            transfer = self.transfer(job, entry, "backup")
+            (self.deferred if forward and job not in flush else submitted).append(transfer)
+        for job, entry in meta.load_jobs.items():
+            submitted.append(self.transfer(job, entry, "load"))
+        ops = tuple(("job", job) for job in sorted(flush) if ("job", job) in self.jobs)
+        return tuple(submitted), ops
+
+    def transfer(self, job: int, entry: Job, kind: str) -> Transfer:
+        """A job's pairs: the device blocks and the host chunks' blocks, in order, the first chunk's leading blocks
+        skipped where the job starts inside it (the CPU worker's ``skip_count``)."""
+        gpu = cast(DeviceSpec, entry.dst_spec if kind == "load" else entry.src_spec)
+        host = entry.src_spec if kind == "load" else entry.dst_spec
+        blocks = [int(block) for block in gpu.block_ids]
+        skip = int(gpu.block_indices[0]) % self.bpc if len(gpu.block_indices) else 0
+        chunk_blocks = [(int(chunk), i) for chunk in host.block_ids for i in range(self.bpc)][skip:]
+        pairs: list[tuple[Hashable, Hashable]] = list(zip(blocks, chunk_blocks[: len(blocks)], strict=True))
+        op = ("job", job)
+        if kind == "load":
+            self.jobs[op] = (job, entry.req_id)
+            return Transfer(op, "load", tuple((chunk, block) for block, chunk in pairs), awaited=bool(entry.sync))
+        self.jobs[op] = (job, None)
+        return Transfer(op, "backup", tuple(pairs))
+
+
+class VllmOffloadEngine:
+    """vLLM's KV cache manager and offloading connector (scheduler side) under a replay of vLLM's scheduler, behind
+    the planner layer's protocol."""
+
+    overlap = False
+    orphans = False
+    # two requests computing one prefix at once both cache it, each in its own block, and both are published
+    duplicates = True
+    # reset_prefix_cache(reset_connector=True) resets the connector even while requests run
+    resets_busy = True
+
+    def __init__(self, draw: int) -> None:
+        v = self.v = import_connector()
+        config = self.choice = choose(draw)
+        self.page_size = p = config.page_size
+        self.device_blocks = config.device_blocks + 1  # block 0 is the null block
+        self.host_chunks = max(2, int(config.device_blocks * config.host_ratio) // config.blocks_per_chunk)
+        self.bpc = config.blocks_per_chunk
+        self.budget = config.budget
+        self.config = (
+            f"P={p}, device {config.device_blocks}, host {self.host_chunks} chunks of {self.bpc},"
+            f" {config.policy}{f', threshold {config.threshold}' if config.threshold > 1 else ''},"
+            f" budget {config.budget}, caching {'on' if config.caching else 'off'},"
+            f" {'prompt only' if config.prompt_only else 'prompt and decode'}"
+        )
+        self.max_request_tokens = MAX_MODEL_LEN
+        # finding 22 (docs/findings.md): a second reset before a step, with jobs flushed by the first, fails an
+        # assertion; counted (tests turn it off to see it raised)
+        self.known_double_reset = True
+        # with prefix caching off the device caches nothing, and publishes no block: every hit is a load
+        self.publishes_hits = config.caching
+        spec = v.interface.FullAttentionSpec(block_size=p, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+        group = v.interface.KVCacheGroupSpec(["layer.0"], spec)
+        kv_config = v.interface.KVCacheConfig(
+            num_blocks=self.device_blocks, kv_cache_tensors=[], kv_cache_groups=[group]
+        )
+        self.kvm = v.manager.KVCacheManager(
+            kv_config,
+            max_model_len=MAX_MODEL_LEN,
+            scheduler_block_size=p,
+            hash_block_size=p,
+            enable_caching=config.caching,
+            enable_kv_cache_events=True,
+        )
+        from vllm.utils.hashing import sha256
+
+        v.utils.init_none_hash(sha256)
+        self.hasher = v.utils.get_request_block_hasher(p, sha256)
+        offloading = v.config.OffloadingConfig(
+            groups=(v.config.OffloadingGroupConfig(tokens_per_block=p, layer_names=("layer.0",), group_id=0),),
+            worker_kv_bytes_per_block=1,
+            enable_kv_cache_events=True,
+            extra_config={"offload_prompt_only": config.prompt_only},
+            engine_id="radixspec",
+            model=v.config.OffloadingModelConfig(name="radixspec", dtype="float32"),
+            cache=v.config.OffloadingCacheConfig(tokens_per_hash=p, blocks_per_chunk=self.bpc),
+            parallel=v.config.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False),
+        )
+        self.cpu = v.cpu.CPUOffloadingManager(
+            num_chunks=self.host_chunks,
+            cache_policy=config.policy,
+            enable_events=True,
+            store_threshold=config.threshold,
+        )
+        engine = types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(
+                prefix_cache_retention_interval=None, enable_prefix_caching=config.caching
+            ),
+            speculative_config=None,
+            parallel_config=types.SimpleNamespace(world_size=1, decode_context_parallel_size=1),
+        )
+        self.connector = v.scheduler.OffloadingConnectorScheduler(
+            _spec_class(v)(offloading, self.cpu), engine, kv_config
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        # requests finished since the last schedule (for its SchedulerOutput)
+        self.finished: set[str] = set()
+        # requests whose load was reported, not yet scheduled again (the scheduler's finished_recving_kv_req_ids)
+        self.loaded: set[str] = set()
+        self.worker = OffloadWorker(self.bpc)
+        self.host_events = 0
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None:
+        new = Request(request, list(tokens), max_new, self.hasher)
+        self.requests[request] = new
+        self.waiting.append(new)
+        self.connector.on_new_request(new)
+
+    def result(self, request: str, tokens: Sequence[int]) -> None:
+        if tokens:
+            self.requests[request].append(tokens)
+
+    def finish(self, request: str) -> None:
+        self._finish(self.requests[request], RequestStatus.FINISHED_LENGTH_CAPPED)
+
+    def abort(self, request: str) -> None:
+        found = self.requests.get(request)
+        if found is not None and not found.is_finished():
+            self._finish(found, RequestStatus.FINISHED_ABORTED)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """``finish_requests`` / the stop check, then ``_free_request``: the connector first, then the blocks (an
+        aborted request whose load is in flight keeps them until its report)."""
+        if request in self.running:
+            self.running.remove(request)
+        if request in self.waiting:
+            self.waiting.remove(request)
+        delay = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and request.request_id not in self.loaded
+        self.loaded.discard(request.request_id)
+        request.status = status
+        delay_free, _ = self.connector.request_finished(request)
+        self.finished.add(request.request_id)
+        if not (delay or delay_free):
+            self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
+        self.kvm.free(request)
+        del self.requests[request.request_id]
+
+    def reset(self) -> bool:
+        """``reset_prefix_cache(reset_connector=True)``: the device's cache, then the connector's. A second reset
+        before the engine's next step fails the connector's assertion when the first flushed jobs in flight (finding
+        22): the engine hands the error to the caller, the device's cache cleared, the connector's state unchanged;
+        counted, and no clear reported (nothing more was cleared)."""
+        cleared: bool = self.kvm.reset_prefix_cache()
+        if self.connector._current_batch_jobs_to_flush and self.known_double_reset:
+            STATS.rules["planner.known: a second reset before a step fails the connector's assertion (finding 22)"] += 1
+            return False
+        self.connector.reset_cache()
+        return cleared
+
+    # ------------------------------------------------------------ plans
+
+    def plan(self) -> Plan:
+        step = self._schedule()
+        v = self.v
+        output = v.output.SchedulerOutput(
+            scheduled_new_reqs=[
+                v.output.NewRequestData(
+                    r.request_id,
+                    list(r.all_token_ids),
+                    [],
+                    None,
+                    None,
+                    self.kvm.get_block_ids(r.request_id),
+                    r.num_computed_tokens,
+                    None,
+                )
+                for r in step.new
+            ],
+            scheduled_cached_reqs=self._cached(step),
+            num_scheduled_tokens={r.request_id: count for r, _, count in step.scheduled},
+            total_num_scheduled_tokens=sum(count for _, _, count in step.scheduled),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            finished_req_ids=self.finished,
+            free_encoder_mm_hashes=[],
+            preempted_req_ids={r.request_id for r in step.preempted},
+        )
+        meta = self.connector.build_connector_meta(output)
+        self.finished = set()
+        passes = []
+        for request, start, count in step.scheduled:
+            request.num_computed_tokens = start + count  # _update_after_schedule
+            pages = tuple(self.kvm.get_block_ids(request.request_id)[0])
+            if request.prefilled:
+                passes.append(Pass(request.request_id, -1, count, None, pages, False))
+            else:
+                inputs = tuple(request.all_token_ids[start : start + count])
+                passes.append(Pass(request.request_id, start, count, inputs, pages, True))
+                request.prefilled = start + count == request.num_tokens
+        transfers, flush = self.worker.submit(cast(ConnectorMeta, meta), bool(passes))
+        return Plan(transfers, passes=tuple(passes), flush=flush, restarted=tuple(r.request_id for r in step.preempted))
+
+    def _cached(self, step: Step) -> object:
+        ids = [r.request_id for r, _ in step.running] + [r.request_id for r in step.resumed]
+        blocks = [new for _, new in step.running] + [self.kvm.get_block_ids(r.request_id) for r in step.resumed]
+        everyone = [r for r, _ in step.running] + step.resumed
+        return self.v.output.CachedRequestData(
+            req_ids=ids,
+            resumed_req_ids={r.request_id for r in step.resumed},
+            new_token_ids=[[] for _ in ids],
+            all_token_ids={},
+            new_block_ids=blocks,
+            num_computed_tokens=[r.num_computed_tokens for r in everyone],
+            num_output_tokens=[r.num_tokens - r.num_prompt_tokens for r in everyone],
+        )
+
+    def _schedule(self) -> Step:
+        """vLLM's ``schedule``: the running requests, preempting from the back when the pool is short, then (when
+        none was preempted) the waiting ones in order."""
+        step, budget = Step(), self.budget
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            blocks = None
+            while True:
+                blocks = self.kvm.allocate_slots(request, count)
+                if blocks is not None:
+                    break
+                victim = self.running.pop()
+                self._preempt(victim, step)
+                if victim is request:
+                    break
+            if blocks is None:
+                break
+            step.scheduled.append((request, request.num_computed_tokens, count))
+            step.running.append((request, blocks.get_block_ids(allow_none=True)))
+            budget -= count
+            index += 1
+        if step.preempted:
+            return step
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < MAX_RUNNING:
+            request = self.waiting[0]
+            admitted = self._admit(request, budget, step)
+            if admitted is None:
+                break
+            self.waiting.pop(0)
+            if admitted:
+                budget -= admitted
+            else:
+                skipped.append(request)
+        self.waiting[:0] = skipped
+        return step
+
+    def _admit(self, request: Request, budget: int, step: Step) -> int | None:
+        """One waiting request: the tokens it was scheduled for; 0 when it is skipped (its KV still loading, or
+        now loading); None when the pool cannot take it (the waiting queue stops)."""
+        status = self.v.status
+        if request.status == status.WAITING_FOR_REMOTE_KVS:
+            if request.request_id not in self.loaded:
+                return 0
+            # _update_waiting_for_remote_kv: the loaded blocks cached, the last token recomputed
+            self.kvm.cache_blocks(request, request.num_computed_tokens)
+            if request.num_computed_tokens == request.num_tokens:
+                request.num_computed_tokens -= 1
+            self.loaded.discard(request.request_id)
+            request.status = status.PREEMPTED if request.num_preemptions else status.WAITING
+        blocks, local, external, loading = self.kvm.empty_kv_cache_blocks, 0, 0, False
+        if request.num_computed_tokens == 0:
+            blocks, local, request.shared_prefix_boundary = self.kvm.get_computed_blocks(request)
+            hit, loading = self.connector.get_num_new_matched_tokens(request, local)
+            if hit is None:
+                return 0
+            external = hit
+            computed = local + external
+        else:
+            computed = request.num_computed_tokens
+        count = 0 if loading else min(request.num_tokens - computed, budget)
+        if count == 0 and not loading:
+            return 0
+        allocated = self.kvm.allocate_slots(
+            request,
+            count,
+            num_new_computed_tokens=local,
+            new_computed_blocks=blocks,
+            num_external_computed_tokens=external,
+            delay_cache_blocks=loading,
+        )
+        if allocated is None:
+            return None
+        self.connector.update_state_after_alloc(request, self.kvm.get_blocks(request.request_id), external)
+        request.num_computed_tokens = computed
+        if loading:
+            request.status = status.WAITING_FOR_REMOTE_KVS
+            return 0
+        self.running.append(request)
+        (step.new if request.status == status.WAITING else step.resumed).append(request)
+        request.status = status.RUNNING
+        request.prefilled = False
+        step.scheduled.append((request, computed, count))
+        return count
+
+    def _preempt(self, request: Request, step: Step) -> None:
+        """``_preempt_request``: its blocks freed, back to the head of the waiting queue, to recompute."""
+        self.kvm.free(request)
+        request.status = self.v.status.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.prefilled = False
+        self.waiting.insert(0, request)
+        step.preempted.append(request)
+
+    def done(self, transfer: Transfer, ok: Sequence[bool]) -> None:
+        """The worker reports a job: ``update_from_output`` hands the connector its ``OffloadingWorkerMetadata``
+        (and a load's request in ``finished_recving``), then the scheduler frees or wakes the load's request
+        (``_update_from_kv_xfer_finished``)."""
+        job, loading = self.worker.jobs.pop(transfer.op)
+        worker = self.v.common.OffloadingWorkerMetadata(completed_jobs={job: 1})
+        recving = {loading} if loading is not None else set()
+        output = self.v.outputs.KVConnectorOutput(
+            finished_sending=set(), finished_recving=recving, kv_connector_worker_meta=worker
+        )
+        self.connector.update_connector_output(output)
+        request = self.requests.get(loading) if loading is not None else None
+        if request is None:
+            return
+        if request.status == self.v.status.WAITING_FOR_REMOTE_KVS:
+            self.loaded.add(request.request_id)
+        elif request.is_finished():
+            self._free_blocks(request)
+
+    # ------------------------------------------------------------ what it shows
+
+    def take_events(self) -> list[BlockEvent]:
+        """The device's KV events (the KV cache manager's); the host tier's are drained and counted."""
+        self.host_events += len(list(self.connector.take_events()))
+        events: list[BlockEvent] = []
+        p = self.page_size
+        for event in self.kvm.take_events():
+            kind = type(event).__name__
+            if kind == "BlockStored":
+                parent, tokens = event.parent_block_hash, tuple(event.token_ids)
+                for i, block in enumerate(event.block_hashes):
+                    events.append(BlockEvent("stored", block, parent, tokens[i * p : (i + 1) * p]))
+                    parent = block
+            elif kind == "BlockRemoved":
+                events += [BlockEvent("removed", block) for block in event.block_hashes]
+            else:
+                events.append(BlockEvent("cleared"))
+        return events
+
+    def check_integrity(self, quiescent: bool) -> None:
+        """The CPU manager's counts of its chunks; with nothing live and nothing in flight, nothing held anywhere."""
+        cpu = self.cpu
+        policy = cpu._policy
+        chunks = dict(policy.chunks) if hasattr(policy, "chunks") else {**policy.t1, **policy.t2}
+        pending = sum(chunk.ref_cnt == -1 for chunk in chunks.values())
+        idle = sum(chunk.ref_cnt == 0 for chunk in chunks.values())
+        counted = (cpu._num_write_pending_chunks, cpu._num_evictable_cache_chunks)
+        if counted != (pending, idle):
+            raise IntegrityError(
+                f"manager_counts_its_chunks: counts {counted} (write pending, evictable), chunks {(pending, idle)}"
+            )
+        held = [int(chunk.chunk_id) for chunk in chunks.values()]
+        free = [*map(int, cpu._free_list), *range(cpu._num_allocated_chunks, self.host_chunks)]
+        if sorted(held + free) != list(range(self.host_chunks)):
+            raise IntegrityError(
+                f"host_slots_are_conserved: chunks hold slots {sorted(held)}, free {sorted(free)}, of"
+                f" {self.host_chunks}"
+            )
+        if not quiescent:
+            return
+        busy = {
+            "device blocks in use": self.device_blocks - 1 - self.kvm.block_pool.get_num_free_blocks(),
+            "host chunks pinned or pending": sum(chunk.ref_cnt != 0 for chunk in chunks.values()),
+            "connector jobs": len(self.connector._jobs),
+            "connector requests": len(self.connector._req_status),
+            "requests live": len(self.requests),
+        }
+        left = {what: n for what, n in busy.items() if n}
+        if left:
+            raise IntegrityError(
+                f"offload_quiescent_holds_nothing: with no request live and no transfer in flight it holds {left}"
+            )
+
+    def reach(self) -> Mapping[str, int]:
+        cached = sum(1 for block in self.kvm.block_pool.blocks[1:] if block.block_hash is not None)
+        policy = self.cpu._policy
+        chunks = len(policy.chunks) if hasattr(policy, "chunks") else len(policy.t1) + len(policy.t2)
+        return {
+            "device pages in use": self.device_blocks - 1 - self.kvm.block_pool.get_num_free_blocks(),
+            "device pages cached": cached,
+            "host blocks cached": chunks * self.bpc,
+        }
+
+
+def _spec_class(v: types.ModuleType) -> type:
+    """Our ``OffloadingSpec``: the CPU manager given, no worker (the machine is the worker)."""
+
+    class Spec(v.base.OffloadingSpec):  # type: ignore[misc, name-defined]
+        def __init__(self, config: object, manager: object) -> None:
+            super().__init__(config)
+            self.manager = manager
+
+        def get_manager(self) -> object:
+            return self.manager
+
+        def get_worker(self, kv_caches: object) -> object:
+            never(kv_caches)
+
+    return Spec
+
+
+PROFILE = Profile(
+    name=f"vllm {VERSION} KV offloading as its engine runs it (KVCacheManager + OffloadingConnectorScheduler)",
+    notes=(
+        "vLLM's scheduler is replayed (FCFS, chunked prefill, preemption from the back when the pool is short);"
+        " its KV cache manager and the connector's scheduler side are vLLM's own",
+        "the worker is the machine: stores copied from the step after their job (or at a flush), loads landed as"
+        " late as their report; the host tier's events are drained, not replayed (the device's are)",
+    ),
+)
+
+
+TARGET = TargetInfo(
+    name="vllm-offload-connector",
+    description=f"vLLM {VERSION} KV offloading: KVCacheManager + OffloadingConnectorScheduler + CPUOffloadingManager",
+    requires=(
+        ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
+        ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
+        ("msgspec", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
+        ("zmq", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
+    ),
+    planner_factory=VllmOffloadEngine,
+    profile=PROFILE,
+    how="the planner machine: vLLM's scheduler replayed, the connector's jobs run as its worker does (late, flushed)",
+    probe=import_connector,
+)

@@ -1,0 +1,189 @@
+"""The ``vllm-offload-connector`` target: vLLM 0.33.0's ``KVCacheManager`` and ``OffloadingConnectorScheduler``
+(over ``CPUOffloadingManager``) under the planner machine, vLLM's scheduler replayed and the machine as the worker.
+Tours pin a load from the host tier and a flush of a store whose blocks are reused; each law is seen catching a bug
+of the tiers issue's classes planted in vLLM's code; a campaign without a plant is clean."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from .campaigns import assert_caught, assert_clean
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None or importlib.util.find_spec("msgspec") is None,
+    reason="vllm (and msgspec) are not installed",
+)
+
+from radixspec.fuzz.planner_machine import PlannerMachine  # noqa: E402
+from radixspec.fuzz.stats import STATS  # noqa: E402
+
+TARGET = "vllm-offload-connector"
+PLANT_EXAMPLES = 3000
+SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler:OffloadingConnectorScheduler"
+CPU = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
+
+# replaces ``old`` by ``new`` (exactly once) in the source of "module:Class.method", in its module
+EDIT = """
+import inspect, textwrap
+module_name, _, where = {name!r}.partition(":")
+class_name, _, method = where.rpartition(".")
+module = importlib.import_module(module_name)
+owner = getattr(module, class_name)
+source = textwrap.dedent(inspect.getsource(getattr(owner, method)))
+assert source.count({old!r}) == 1, (method, {old!r})
+found = {{}}
+exec(compile(source.replace({old!r}, {new!r}), module.__file__, "exec"), module.__dict__, found)
+setattr(owner, method, found[method])
+"""
+
+# bugs of the tiers issue's classes, planted in vLLM's code: (the law that catches it, method, old, new)
+PLANTS = {
+    # reset leaving the host tier serving: the connector forgets its own state, the manager keeps its chunks
+    "reset_keeps_the_host_tier": (
+        "offload_quiescent_holds_nothing",
+        f"{SCHEDULER}._reset_cache",
+        "self.manager.reset_cache()",
+        "pass",
+    ),
+    # a load reads its chunks in another order than its keys: the worker copies chunks into the wrong blocks
+    "load_slots_reordered": (
+        "attended_kv_is_the_requests",
+        f"{CPU}._prepare_load",
+        "return self._get_load_store_spec(keys, chunks)",
+        "return self._get_load_store_spec(keys, chunks[::-1])",
+    ),
+    # a stored block never made reachable: the workers' store reports never reach the manager
+    "store_never_completed": (
+        "offload_quiescent_holds_nothing",
+        f"{SCHEDULER}._update_connector_output",
+        "self.manager.complete_store(job_status.keys, req_status.req_context)",
+        "pass",
+    ),
+    # a host lock left: a load's pins on its chunks are never released
+    "load_keeps_its_pins": (
+        "offload_quiescent_holds_nothing",
+        f"{SCHEDULER}._update_connector_output",
+        "self.manager.complete_load(job_status.keys, req_status.req_context)",
+        "pass",
+    ),
+    # nothing reused under a transfer: a block re-allocated in this step is not known, so the store still reading
+    # it is not flushed (the store copies another request's KV into the host tier)
+    "reallocation_not_flushed": (
+        "attended_kv_is_the_requests",
+        f"{SCHEDULER}._build_connector_meta",
+        "self._update_req_states(scheduler_output)",
+        "self._update_req_states(scheduler_output); self._current_batch_allocated_block_ids.clear()",
+    ),
+    # a copy applied to a reused page: a reset does not flush the jobs in flight, so a store from before it writes
+    # its chunk's slot after a store made since took it
+    "reset_does_not_flush": (
+        "attended_kv_is_the_requests",
+        f"{SCHEDULER}._reset_cache",
+        "self._current_batch_jobs_to_flush.update(self._jobs.keys())",
+        "pass",
+    ),
+}
+
+
+def engine(**fields: object) -> object:
+    """An engine in the configuration named (P = 4, 8 device blocks, host 2x, chunks of one block, LRU, budget
+    128, prefix caching on, prompts only, unless named)."""
+    from radixspec.fuzz.targets.vllm_offload_connector import Config, VllmOffloadEngine, draw_for
+
+    config = Config(4, 8, 2, 1, "lru", 1, 128)._replace(**fields)
+    made = VllmOffloadEngine(draw_for(config))
+    assert made.choice == config
+    return made
+
+
+class Driven(PlannerMachine):
+    """The machine over one engine built here, its rules called by hand."""
+
+    def __init__(self, target: object) -> None:
+        from radixspec.fuzz.targets.vllm_offload_connector import TARGET as INFO
+
+        super().__init__()
+        self.IMPLS = (INFO,)
+        self.configure(draw=0)
+        self.target, self.page_size = target, target.page_size  # type: ignore[assignment, attr-defined]
+
+    def serve(self, tokens: list[int], wanted: int = 1, late: bool = False) -> int:
+        """Submit one request and run plans until it finished; its hit (its first chunk's start)."""
+        self.submit(prompt=(16, 1.0, tokens, wanted))
+        name = f"r{self.serial}"
+        hit = None
+        for _ in range(32):
+            plan = self.target.plan()
+            for one in plan.passes:
+                if one.request == name and one.extend and hit is None:
+                    hit = one.start
+            self.run(plan, late=late)
+            for transfer in list(self.in_flight):
+                self.report_transfer(transfer, fail=False)
+            self.after_step()
+            if name not in self.requests:
+                assert hit is not None
+                return hit
+        raise AssertionError(f"{name} did not finish")
+
+
+def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
+    machine = Driven(engine())
+    shared = list(range(1, 13))
+    assert machine.serve([*shared, 50]) == 0
+    assert machine.serve([*shared, 60]) == 12  # a device hit
+    machine.serve(list(range(200, 230)))  # evicts the shared prefix from the device
+    loads = STATS.rules["planner.transfer[load]"]
+    assert machine.serve([*shared, 70]) == 12  # loaded from the host, its KV checked at the forward
+    assert STATS.rules["planner.transfer[load]"] == loads + 1
+    machine.teardown()
+
+
+def test_with_prefix_caching_off_every_hit_is_a_load() -> None:
+    machine = Driven(engine(caching=False))
+    shared = list(range(1, 13))
+    machine.serve([*shared, 50])
+    loads = STATS.rules["planner.transfer[load]"]
+    assert machine.serve([*shared, 60]) == 12
+    assert STATS.rules["planner.transfer[load]"] == loads + 1
+    machine.teardown()
+
+
+def test_a_finished_requests_store_is_flushed_when_its_blocks_are_reused() -> None:
+    """The request's store is submitted in the step after it finished, and copied late; the next request takes its
+    blocks in that step, so the connector flushes the store and the machine copies it before the forward."""
+    machine = Driven(engine(caching=False))
+    flushed = STATS.rules["planner.transfer[backup flushed]"]
+    machine.serve(list(range(1, 30)), late=True)
+    machine.serve(list(range(100, 130)), late=True)
+    assert STATS.rules["planner.transfer[backup flushed]"] > flushed
+    assert machine.serve(list(range(1, 30)), late=True) == 28  # the first prompt's store read before the reuse
+    machine.teardown()
+
+
+def test_a_preempted_request_starts_again_at_a_hit() -> None:
+    """Two requests whose decodes outgrow the pool: one is preempted, and recomputes from its hit."""
+    machine = Driven(engine(page_size=2, device_blocks=8, budget=8))
+    restarted = STATS.rules["planner.restarted"]
+    machine.submit(prompt=(16, 1.0, list(range(1, 8)), 6))
+    machine.submit(prompt=(16, 1.0, list(range(20, 27)), 6))
+    for _ in range(40):
+        machine.step(plans=1, late=False, report="all")
+        if not machine.requests:
+            break
+    assert not machine.requests
+    assert STATS.rules["planner.restarted"] > restarted
+    machine.teardown()
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
+    law, name, old, new = PLANTS[plant]
+    assert_caught(TARGET, law, EDIT.format(name=name, old=old, new=new), tmp_path, examples=PLANT_EXAMPLES)
+
+
+def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
+    assert_clean(TARGET, tmp_path, examples=600)
