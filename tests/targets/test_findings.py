@@ -611,6 +611,93 @@ def test_vllm_tiering_reset_publishes_a_promotion_the_reset_then_drops() -> None
     }
 
 
+# Finding 22, standalone: vLLM's own modules only (the connector's scheduler, the KV cache manager, the CPU manager).
+# A store job is in flight when reset_prefix_cache(reset_connector=True) comes; a second one before the engine's next
+# step fails the connector's assertion.
+VLLM_DOUBLE_RESET = """import hashlib, json, types
+from radixspec.fuzz.targets.vllm_offload_connector import import_connector
+
+v = import_connector()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+from vllm.utils.hashing import sha256
+
+P = 4
+spec = v.interface.FullAttentionSpec(block_size=P, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+kv_config = v.interface.KVCacheConfig(num_blocks=17, kv_cache_tensors=[],
+                                      kv_cache_groups=[v.interface.KVCacheGroupSpec(["layer.0"], spec)])
+kvm = v.manager.KVCacheManager(kv_config, max_model_len=4096, scheduler_block_size=P, hash_block_size=P)
+v.utils.init_none_hash(sha256)
+cpu = v.cpu.CPUOffloadingManager(num_chunks=8, cache_policy="lru", enable_events=True)
+
+
+class Spec(v.base.OffloadingSpec):  # the CPU manager, as CPUOffloadingSpec.get_manager builds it
+    def get_manager(self):
+        return cpu
+
+    def get_worker(self, kv_caches):
+        raise NotImplementedError
+
+
+offloading = v.config.OffloadingConfig(
+    groups=(v.config.OffloadingGroupConfig(tokens_per_block=P, layer_names=("layer.0",), group_id=0),),
+    worker_kv_bytes_per_block=1, enable_kv_cache_events=True, extra_config={}, engine_id="e",
+    model=v.config.OffloadingModelConfig(name="m", dtype="float32"),
+    cache=v.config.OffloadingCacheConfig(tokens_per_hash=P, blocks_per_chunk=1),
+    parallel=v.config.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False))
+engine = types.SimpleNamespace(
+    cache_config=types.SimpleNamespace(prefix_cache_retention_interval=None, enable_prefix_caching=True),
+    speculative_config=None, parallel_config=types.SimpleNamespace(world_size=1, decode_context_parallel_size=1))
+connector = v.scheduler.OffloadingConnectorScheduler(Spec(offloading), engine, kv_config)
+
+# one request of 8 tokens (what the scheduler, the manager and the connector read of a Request)
+request = types.SimpleNamespace(
+    request_id="A", all_token_ids=list(range(1, 9)), num_prompt_tokens=8, num_tokens=8, num_computed_tokens=0,
+    block_hashes=[], mm_features=[], lora_request=None, cache_salt=None, prompt_embeds=None, session_id=None,
+    kv_transfer_params=None, kv_hints=None, skip_reading_prefix_cache=False, shared_prefix_boundary=0,
+    sampling_params=None, num_in_flight_tokens=0, num_output_placeholders=0, spec_token_ids=[],
+    status=v.status.WAITING, is_finished=lambda: False)
+request.block_hashes.extend(v.utils.get_request_block_hasher(P, sha256)(request))
+connector.on_new_request(request)
+blocks, local, _ = kvm.get_computed_blocks(request)
+connector.get_num_new_matched_tokens(request, local)
+kvm.allocate_slots(request, 8)
+connector.update_state_after_alloc(request, kvm.get_blocks("A"), 0)
+request.status = v.status.RUNNING
+output = v.output.SchedulerOutput(
+    scheduled_new_reqs=[v.output.NewRequestData("A", request.all_token_ids, [], None, None, kvm.get_block_ids("A"),
+                                                0, None)],
+    scheduled_cached_reqs=v.output.CachedRequestData.make_empty(), num_scheduled_tokens={"A": 8},
+    total_num_scheduled_tokens=8, scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+    finished_req_ids=set(), free_encoder_mm_hashes=[])
+meta = connector.build_connector_meta(output)  # the step: A's two blocks offered, a store job to the worker
+seen = {"store_jobs": sorted(meta.store_jobs)}
+# Scheduler.reset_prefix_cache(reset_connector=True), twice, as a client may call it (the worker not yet reported)
+for name in ("first_reset", "second_reset"):
+    kvm.reset_prefix_cache()  # refused (A holds its blocks); the connector is reset anyway
+    try:
+        connector.reset_cache()
+        seen[name] = "ok"
+    except AssertionError as error:
+        seen[name] = "AssertionError at " + error.__traceback__.tb_next.tb_frame.f_code.co_name
+print(json.dumps(seen))
+"""
+
+
+@needs_vllm
+def test_vllm_offloading_connector_a_second_reset_before_a_step_fails_an_assertion() -> None:
+    """Finding 22 (the ``vllm-offload-connector`` campaign, seed 0): ``OffloadingConnectorScheduler.reset_cache``
+    flushes the jobs in flight into ``_current_batch_jobs_to_flush`` and leaves them there for the next step's
+    metadata; it also asserts that set is empty on entry ("cannot be called in the middle of a schedule step"). So a
+    second ``reset_prefix_cache(reset_connector=True)`` before the engine's next step raises."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_DOUBLE_RESET], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {"store_jobs": [0], "first_reset": "ok", "second_reset": "AssertionError at reset_cache"}
+
+
 # ------------------------------------------------------------------ NVIDIA Dynamo 1.6.1's router index
 
 needs_dynamo = pytest.mark.skipif(importlib.util.find_spec("dynamo") is None, reason="Dynamo is not installed")

@@ -187,3 +187,29 @@ def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
     assert_clean(TARGET, tmp_path, examples=600)
+
+
+def test_finding_22_a_second_reset_before_a_step_is_counted_where_the_profile_names_it() -> None:
+    """A store in flight, two resets before the next step: the second fails the connector's assertion (finding 22,
+    docs/findings.md). The target counts it and reports no clear; with the finding not named, it is raised."""
+    for known in (True, False):
+        target = engine()
+        target.known_double_reset = known  # type: ignore[attr-defined]
+        machine = Driven(target)
+        machine.submit(prompt=(16, 1.0, list(range(1, 10)), 2))
+        machine.step(plans=1, late=False, report="none")
+        assert target.connector._jobs  # type: ignore[attr-defined]  # the step's store, submitted with the next plan
+        counted = STATS.rules[
+            "planner.known: a second reset before a step fails the connector's assertion (finding 22)"
+        ]
+        machine.reset_busy(now=0)
+        if known:
+            machine.reset_busy(now=0)
+            assert (
+                STATS.rules["planner.known: a second reset before a step fails the connector's assertion (finding 22)"]
+                == counted + 1
+            )
+            machine.teardown()
+        else:
+            with pytest.raises(AssertionError):
+                machine.reset_busy(now=0)
