@@ -62,6 +62,9 @@ MAX_LIVE = 12
 MAX_PAST = 16
 # plans run to drain a run at teardown before it must be quiet
 DRAIN_PLANS = 64
+# plans run between two resets at least: a machine is idle often, and Hypothesis draws a reset's zero far more often
+# than one in sixteen, so without a floor resets outnumber prefills and every tier stays cold
+RESET_AFTER = 4
 
 
 def identity(previous: int, token: int) -> int:
@@ -201,6 +204,7 @@ class PlannerMachine(RuleBasedStateMachine):
         self.requests: dict[str, Request] = {}
         self.past: list[list[int]] = []
         self.serial = 0
+        self.plans_since_reset = 0
         # transfers asked for and not yet reported, in the order asked; those whose data already moved
         self.in_flight: list[Transfer] = []
         self.moved: set[Hashable] = set()
@@ -270,6 +274,7 @@ class PlannerMachine(RuleBasedStateMachine):
         the forward, the sampled tokens reported; then the transfers in flight reported (``report``)."""
         for _ in range(plans):
             STATS.record_rule("planner.step")
+            self.plans_since_reset += 1
             plan = self.plan()
             if plan is None:
                 return
@@ -287,15 +292,20 @@ class PlannerMachine(RuleBasedStateMachine):
         self.report_transfer(self.in_flight[index % len(self.in_flight)], fail)
         self.after_step()
 
-    @precondition(lambda self: not self.requests and not self.in_flight and not self.results)
+    @precondition(
+        lambda self: (
+            not self.requests and not self.in_flight and not self.results and self.plans_since_reset >= RESET_AFTER
+        )
+    )
     @rule(now=st.integers(0, 15))
     def reset(self, now: int) -> None:
-        """Clear the cache when idle (one draw in sixteen: a machine is idle often, and a reset empties every
-        tier): no request, no transfer and no forward in flight (under overlap a finished request's last row may
+        """Clear the cache when idle (one draw in sixteen, RESET_AFTER plans since the last at least: a machine is
+        idle often, and a reset empties every tier): no request, no transfer and no forward in flight (under overlap a finished request's last row may
         still be: finding 21); the planner may refuse."""
         if now:
             return
         STATS.record_rule("planner.reset")
+        self.plans_since_reset = 0
         if self.target.reset():
             STATS.rules["planner.reset[cleared]"] += 1
             self.cleared()
@@ -311,6 +321,7 @@ class PlannerMachine(RuleBasedStateMachine):
         if now:
             return
         STATS.record_rule("planner.reset[busy]")
+        self.plans_since_reset = 0
         for transfer in self.in_flight:
             if transfer.kind in LANDS_BEFORE_FORWARD and transfer.op not in self.moved:
                 self.move(transfer, None)

@@ -41,7 +41,9 @@ setattr(owner, method, found[method])
 
 # bugs of the tiers issue's classes, planted in vLLM's code: (the law that catches it, method, old, new)
 PLANTS = {
-    # reset leaving the host tier serving: the connector forgets its own state, the manager keeps its chunks
+    # reset leaving the host tier serving: the connector forgets its own state, the manager keeps its chunks (seed
+    # 0 meets first the chunks whose stores the reset flushed, pending for good; a later load of a kept chunk fails
+    # reset_leaves_no_tier_serving)
     "reset_keeps_the_host_tier": (
         "offload_quiescent_holds_nothing",
         f"{SCHEDULER}._reset_cache",
