@@ -300,8 +300,8 @@ class PlannerMachine(RuleBasedStateMachine):
     @rule(now=st.integers(0, 15))
     def reset(self, now: int) -> None:
         """Clear the cache when idle (one draw in sixteen, RESET_AFTER plans since the last at least: a machine is
-        idle often, and a reset empties every tier): no request, no transfer and no forward in flight (under overlap a finished request's last row may
-        still be: finding 21); the planner may refuse."""
+        idle often, and a reset empties every tier): no request, no transfer and no forward in flight (under
+        overlap a finished request's last row may still be: finding 21); the planner may refuse."""
         if now:
             return
         STATS.record_rule("planner.reset")
