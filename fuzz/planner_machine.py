@@ -150,6 +150,35 @@ class Published(dict[Hashable, "tuple[int, ...] | None"]):
         raise IntegrityError(f"events_replay_to_the_cache: block {block} stored under {parent}, not published")
 
 
+def check_pass(request: Request, one: Pass, start: int, page_size: int) -> None:
+    """``pass_inputs_are_the_requests``: a pass's row covers what it computes, a decode step follows the request's
+    KV, a chunk's inputs are its tokens and it starts where its KV ends."""
+    pages_needed = -(-(start + one.count) // page_size)
+    if len(one.pages) < pages_needed:
+        raise IntegrityError(
+            f"pass_inputs_are_the_requests: {one.request} computes up to position {start + one.count - 1} with"
+            f" a row of {len(one.pages)} pages"
+        )
+    if not one.extend:
+        if request.computed != start or start + 1 != len(request.tokens):
+            raise IntegrityError(
+                f"pass_inputs_are_the_requests: {one.request} decodes position {start} with {request.computed}"
+                " positions computed"
+            )
+        return
+    expected = tuple(request.tokens[one.start : one.start + one.count])
+    if one.inputs != expected or one.start + one.count > len(request.tokens):
+        raise IntegrityError(
+            f"pass_inputs_are_the_requests: {one.request}'s chunk at {one.start} sends {one.inputs}, its tokens"
+            f" there are {expected} (of {len(request.tokens)})"
+        )
+    if request.started and one.start != request.computed:
+        raise IntegrityError(
+            f"pass_inputs_are_the_requests: {one.request}'s chunk starts at {one.start}, its KV ends at"
+            f" {request.computed}"
+        )
+
+
 def misread(requests: dict[str, Request], page_size: int, request: Request, one: Pass, j: int, held: Slot) -> str:
     """The failure of a pass that reads, at position ``j``, what its request did not compute: its law, what it
     read."""
@@ -311,7 +340,11 @@ class PlannerMachine(RuleBasedStateMachine):
             self.cleared()
         self.after_step()
 
-    @precondition(lambda self: self.target.resets_busy and (self.requests or self.in_flight))
+    @precondition(
+        lambda self: (
+            self.target.resets_busy and (self.requests or self.in_flight) and self.plans_since_reset >= RESET_AFTER
+        )
+    )
     @rule(now=st.integers(0, 15))
     def reset_busy(self, now: int) -> None:
         """A reset while requests run and transfers are in flight, where the planner takes one (vLLM's
@@ -433,7 +466,7 @@ class PlannerMachine(RuleBasedStateMachine):
             if request is None:
                 raise IntegrityError(f"pass_inputs_are_the_requests: a pass of {one.request}, which is not live")
             start = one.start if one.extend else len(request.tokens) - 1
-            self.check_pass(request, one, start)
+            check_pass(request, one, start, self.page_size)
             for j in range(start, start + one.count):
                 slot = (one.pages[j // p], j % p)
                 if slot in writes or slot[0] == 0:
@@ -453,32 +486,6 @@ class PlannerMachine(RuleBasedStateMachine):
                     raise IntegrityError(misread(self.requests, self.page_size, request, one, j, held))
         for one, request, start in spans:
             self.after_pass(one, request, start)
-
-    def check_pass(self, request: Request, one: Pass, start: int) -> None:
-        pages_needed = -(-(start + one.count) // self.page_size)
-        if len(one.pages) < pages_needed:
-            raise IntegrityError(
-                f"pass_inputs_are_the_requests: {one.request} computes up to position {start + one.count - 1} with"
-                f" a row of {len(one.pages)} pages"
-            )
-        if not one.extend:
-            if request.computed != start or start + 1 != len(request.tokens):
-                raise IntegrityError(
-                    f"pass_inputs_are_the_requests: {one.request} decodes position {start} with {request.computed}"
-                    " positions computed"
-                )
-            return
-        expected = tuple(request.tokens[one.start : one.start + one.count])
-        if one.inputs != expected or one.start + one.count > len(request.tokens):
-            raise IntegrityError(
-                f"pass_inputs_are_the_requests: {one.request}'s chunk at {one.start} sends {one.inputs}, its tokens"
-                f" there are {expected} (of {len(request.tokens)})"
-            )
-        if request.started and one.start != request.computed:
-            raise IntegrityError(
-                f"pass_inputs_are_the_requests: {one.request}'s chunk starts at {one.start}, its KV ends at"
-                f" {request.computed}"
-            )
 
     def after_pass(self, one: Pass, request: Request, start: int) -> None:
         if one.extend and not request.started:
@@ -563,9 +570,10 @@ class PlannerMachine(RuleBasedStateMachine):
             del self.requests[name]
             self.target.abort(name)
         for _ in range(DRAIN_PLANS):
-            # results still out (a row after its finish, under overlap) are reported in this run: the planner may
-            # only then plan what they free, so the drain ends at an empty plan with nothing reported
-            reported = bool(self.results)
+            # results still out (a row after its finish, under overlap) and transfers in flight are reported in
+            # this run: the planner may only then plan what they free (a job another worker reports a step later),
+            # so the drain ends at an empty plan with nothing reported
+            reported = bool(self.results or self.in_flight)
             plan = self.plan()
             if plan is None:
                 return

@@ -66,6 +66,8 @@ CHUNK_BLOCKS = (1, 2)
 POLICIES = ("lru", "arc")
 THRESHOLDS = (1, 2)
 BUDGETS = (8, 16, 32, 128)
+SYNC_BUDGETS = (0, 0, 256, 65536)
+WORKERS = (1, 2)
 # requests running at once, at most (vLLM's max_num_seqs)
 MAX_RUNNING = 8
 MAX_MODEL_LEN = 4096
@@ -183,6 +185,10 @@ class Config(NamedTuple):
     budget: int
     caching: bool = True
     prompt_only: bool = True
+    # KV bytes a step may load synchronously (sync_load_budget_bytes; 8 bytes a token here): 0 every load async
+    sync_budget: int = 0
+    # workers reporting each job (tensor parallel): with 2 the second reports a step after the first
+    workers: int = 1
 
 
 CHOICES: tuple[tuple[object, ...], ...] = (
@@ -195,6 +201,8 @@ CHOICES: tuple[tuple[object, ...], ...] = (
     BUDGETS,
     (True, False),
     (True, False),
+    SYNC_BUDGETS,
+    WORKERS,
 )
 
 
@@ -329,7 +337,8 @@ class OffloadWorker:
         pairs: list[tuple[Hashable, Hashable]] = list(zip(blocks, chunk_blocks[: len(blocks)], strict=True))
         op = ("job", job)
         if kind == "load":
-            self.jobs[op] = (job, entry.req_id)
+            # a synchronous load's request runs in its step: the worker reports no finished_recving for it
+            self.jobs[op] = (job, None if entry.sync else entry.req_id)
             return Transfer(op, "load", tuple((chunk, block) for block, chunk in pairs), awaited=bool(entry.sync))
         self.jobs[op] = (job, None)
         return Transfer(op, "backup", tuple(pairs))
@@ -359,7 +368,12 @@ class VllmOffloadEngine:
             f" {config.policy}{f', threshold {config.threshold}' if config.threshold > 1 else ''},"
             f" budget {config.budget}, caching {'on' if config.caching else 'off'},"
             f" {'prompt only' if config.prompt_only else 'prompt and decode'}"
+            f"{f', sync loads {config.sync_budget} B' if config.sync_budget else ''}"
+            f"{f', {config.workers} workers' if config.workers > 1 else ''}"
         )
+        self.workers = config.workers
+        # the second worker's reports, delivered with the next step's output
+        self.late: list[tuple[int, str | None]] = []
         self.max_request_tokens = MAX_MODEL_LEN
         # finding 22 (docs/findings.md): a second reset before a step, with jobs flushed by the first, fails an
         # assertion; counted (tests turn it off to see it raised)
@@ -387,7 +401,7 @@ class VllmOffloadEngine:
             groups=(v.config.OffloadingGroupConfig(tokens_per_block=p, layer_names=("layer.0",), group_id=0),),
             worker_kv_bytes_per_block=1,
             enable_kv_cache_events=True,
-            extra_config={"offload_prompt_only": config.prompt_only},
+            extra_config={"offload_prompt_only": config.prompt_only, "sync_load_budget_bytes": config.sync_budget},
             engine_id="radixspec",
             model=v.config.OffloadingModelConfig(name="radixspec", dtype="float32"),
             cache=v.config.OffloadingCacheConfig(tokens_per_hash=p, blocks_per_chunk=self.bpc),
@@ -404,7 +418,7 @@ class VllmOffloadEngine:
                 prefix_cache_retention_interval=None, enable_prefix_caching=config.caching
             ),
             speculative_config=None,
-            parallel_config=types.SimpleNamespace(world_size=1, decode_context_parallel_size=1),
+            parallel_config=types.SimpleNamespace(world_size=config.workers, decode_context_parallel_size=1),
         )
         self.connector = v.scheduler.OffloadingConnectorScheduler(
             _spec_class(v)(offloading, self.cpu), engine, kv_config
@@ -473,6 +487,9 @@ class VllmOffloadEngine:
     # ------------------------------------------------------------ plans
 
     def plan(self) -> Plan:
+        late, self.late = self.late, []
+        for job, loading in late:
+            self._report({job: self.workers - 1}, loading)
         step = self._schedule()
         v = self.v
         output = v.output.SchedulerOutput(
@@ -625,11 +642,21 @@ class VllmOffloadEngine:
         step.preempted.append(request)
 
     def done(self, transfer: Transfer, ok: Sequence[bool]) -> None:
-        """The worker reports a job: ``update_from_output`` hands the connector its ``OffloadingWorkerMetadata``
-        (and a load's request in ``finished_recving``), then the scheduler frees or wakes the load's request
-        (``_update_from_kv_xfer_finished``)."""
+        """The worker reports a job; with two workers the first reports now and the other a step later (the
+        connector completes a job once every worker reported it; a load's request is in ``finished_recving`` once
+        all have, as vLLM's output aggregator says)."""
         job, loading = self.worker.jobs.pop(transfer.op)
-        worker = self.v.common.OffloadingWorkerMetadata(completed_jobs={job: 1})
+        if self.workers > 1:
+            self._report({job: 1}, None)
+            self.late.append((job, loading))
+        else:
+            self._report({job: 1}, loading)
+
+    def _report(self, completed: dict[int, int], loading: str | None) -> None:
+        """``update_from_output``: the connector gets the workers' ``OffloadingWorkerMetadata`` (and a load's request
+        in ``finished_recving``), then the scheduler frees or wakes the load's request
+        (``_update_from_kv_xfer_finished``)."""
+        worker = self.v.common.OffloadingWorkerMetadata(completed_jobs=completed)
         recving = {loading} if loading is not None else set()
         output = self.v.outputs.KVConnectorOutput(
             finished_sending=set(), finished_recving=recving, kv_connector_worker_meta=worker

@@ -181,6 +181,38 @@ def test_a_preempted_request_starts_again_at_a_hit() -> None:
     machine.teardown()
 
 
+def test_a_synchronous_load_lands_before_the_forward_of_its_own_step() -> None:
+    """With a sync-load budget the connector loads a hit within the step that runs the request: the plan holds the
+    load (awaited) and the request's pass from the hit, and the load lands first even where others land late."""
+    machine = Driven(engine(caching=False, sync_budget=65536))
+    shared = list(range(1, 13))
+    machine.serve([*shared, 50])
+    machine.step(plans=2, late=False, report="all")  # the finished request's store, submitted and reported
+    machine.submit(prompt=(16, 1.0, [*shared, 60], 1))
+    plan = machine.target.plan()
+    loads = [transfer for transfer in plan.transfers if transfer.kind == "load"]
+    assert len(loads) == 1 and loads[0].awaited
+    assert [(one.start, one.count) for one in plan.passes] == [(12, 1)]
+    machine.run(plan, late=True)  # the pass reads the loaded blocks: attended_kv_is_the_requests holds
+    for transfer in list(machine.in_flight):
+        machine.report_transfer(transfer, fail=False)
+    machine.after_step()
+    machine.teardown()
+
+
+def test_with_two_workers_a_job_completes_at_the_second_report() -> None:
+    """Each job is reported by both workers, the second a step later: until then the connector keeps it."""
+    target = engine(workers=2)
+    machine = Driven(target)
+    machine.serve([*range(1, 13), 50])
+    machine.step(plans=1, late=False, report="all")  # the finished request's store, reported by one worker
+    pending = [job for job, _ in target.late]  # type: ignore[attr-defined]
+    assert pending and all(job in target.connector._jobs for job in pending)  # type: ignore[attr-defined]
+    machine.step(plans=1, late=False, report="all")  # the other worker's report
+    assert not any(job in target.connector._jobs for job in pending)  # type: ignore[attr-defined]
+    machine.teardown()
+
+
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
     law, name, old, new = PLANTS[plant]
