@@ -57,7 +57,7 @@ from ..stats import STATS
 from .api import BlockEvent, Pass, Plan, Profile, TargetInfo, Transfer, choose_from, draw_choosing
 from .shims import Never, bare, install, never, package_root, register, stub
 from .vllm import VERSION, import_vllm
-from .vllm_offload import import_offload
+from .vllm_offload import ChunkStatus, import_offload
 
 PAGE_SIZES = (1, 2, 4, 8, 16)
 DEVICE_BLOCKS = (8, 12, 16, 24, 48)
@@ -291,7 +291,6 @@ class Job(Protocol):
     req_id: str
     src_spec: LoadStoreSpec
     dst_spec: LoadStoreSpec
-    sync: bool
 
 
 class ConnectorMeta(Protocol):
@@ -337,200 +336,61 @@ class OffloadWorker:
         pairs: list[tuple[Hashable, Hashable]] = list(zip(blocks, chunk_blocks[: len(blocks)], strict=True))
         op = ("job", job)
         if kind == "load":
-            # a synchronous load's request runs in its step: the worker reports no finished_recving for it
-            self.jobs[op] = (job, None if entry.sync else entry.req_id)
-            return Transfer(op, "load", tuple((chunk, block) for block, chunk in pairs), awaited=bool(entry.sync))
+            # a synchronous load's request runs in its step: the worker reports no finished_recving for it (0.32.0's
+            # jobs have no such flag: every load is asynchronous)
+            sync = bool(getattr(entry, "sync", False))
+            self.jobs[op] = (job, None if sync else entry.req_id)
+            return Transfer(op, "load", tuple((chunk, block) for block, chunk in pairs), awaited=sync)
         self.jobs[op] = (job, None)
         return Transfer(op, "backup", tuple(pairs))
 
 
-class VllmOffloadEngine:
-    """vLLM's KV cache manager and offloading connector (scheduler side) under a replay of vLLM's scheduler, behind
-    the planner layer's protocol."""
+class Blocks(Protocol):
+    """A ``KVCacheBlocks``."""
 
-    overlap = False
-    orphans = False
-    # two requests computing one prefix at once both cache it, each in its own block, and both are published
-    duplicates = True
-    # reset_prefix_cache(reset_connector=True) resets the connector even while requests run
-    resets_busy = True
+    def get_block_ids(self, allow_none: bool = False) -> tuple[list[int], ...] | None: ...
 
-    def __init__(self, draw: int) -> None:
-        v = self.v = import_connector()
-        config = self.choice = choose(draw)
-        self.page_size = p = config.page_size
-        self.device_blocks = config.device_blocks + 1  # block 0 is the null block
-        self.host_chunks = max(2, int(config.device_blocks * config.host_ratio) // config.blocks_per_chunk)
-        self.bpc = config.blocks_per_chunk
-        self.budget = config.budget
-        self.config = (
-            f"P={p}, device {config.device_blocks}, host {self.host_chunks} chunks of {self.bpc},"
-            f" {config.policy}{f', threshold {config.threshold}' if config.threshold > 1 else ''},"
-            f" budget {config.budget}, caching {'on' if config.caching else 'off'},"
-            f" {'prompt only' if config.prompt_only else 'prompt and decode'}"
-            f"{f', sync loads {config.sync_budget} B' if config.sync_budget else ''}"
-            f"{f', {config.workers} workers' if config.workers > 1 else ''}"
-        )
-        self.workers = config.workers
-        # the second worker's reports, delivered with the next step's output
-        self.late: list[tuple[int, str | None]] = []
-        self.max_request_tokens = MAX_MODEL_LEN
-        # finding 22 (docs/findings.md): a second reset before a step, with jobs flushed by the first, fails an
-        # assertion; counted (tests turn it off to see it raised)
-        self.known_double_reset = True
-        # with prefix caching off the device caches nothing, and publishes no block: every hit is a load
-        self.publishes_hits = config.caching
-        spec = v.interface.FullAttentionSpec(block_size=p, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
-        group = v.interface.KVCacheGroupSpec(["layer.0"], spec)
-        kv_config = v.interface.KVCacheConfig(
-            num_blocks=self.device_blocks, kv_cache_tensors=[], kv_cache_groups=[group]
-        )
-        self.kvm = v.manager.KVCacheManager(
-            kv_config,
-            max_model_len=MAX_MODEL_LEN,
-            scheduler_block_size=p,
-            hash_block_size=p,
-            enable_caching=config.caching,
-            enable_kv_cache_events=True,
-        )
-        from vllm.utils.hashing import sha256
 
-        v.utils.init_none_hash(sha256)
-        self.hasher = v.utils.get_request_block_hasher(p, sha256)
-        offloading = v.config.OffloadingConfig(
-            groups=(v.config.OffloadingGroupConfig(tokens_per_block=p, layer_names=("layer.0",), group_id=0),),
-            worker_kv_bytes_per_block=1,
-            enable_kv_cache_events=True,
-            extra_config={"offload_prompt_only": config.prompt_only, "sync_load_budget_bytes": config.sync_budget},
-            engine_id="radixspec",
-            model=v.config.OffloadingModelConfig(name="radixspec", dtype="float32"),
-            cache=v.config.OffloadingCacheConfig(tokens_per_hash=p, blocks_per_chunk=self.bpc),
-            parallel=v.config.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False),
-        )
-        self.cpu = v.cpu.CPUOffloadingManager(
-            num_chunks=self.host_chunks,
-            cache_policy=config.policy,
-            enable_events=True,
-            store_threshold=config.threshold,
-        )
-        engine = types.SimpleNamespace(
-            cache_config=types.SimpleNamespace(
-                prefix_cache_retention_interval=None, enable_prefix_caching=config.caching
-            ),
-            speculative_config=None,
-            parallel_config=types.SimpleNamespace(world_size=config.workers, decode_context_parallel_size=1),
-        )
-        self.connector = v.scheduler.OffloadingConnectorScheduler(
-            _spec_class(v)(offloading, self.cpu), engine, kv_config
-        )
-        self.requests: dict[str, Request] = {}
+class CacheManager(Protocol):
+    """What the replayed scheduler calls of vLLM's ``KVCacheManager``."""
+
+    empty_kv_cache_blocks: Blocks
+
+    def get_computed_blocks(self, request: Request) -> tuple[Blocks, int, int]: ...
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Blocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+    ) -> Blocks | None: ...
+    def get_blocks(self, request_id: str) -> Blocks: ...
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]: ...
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None: ...
+    def free(self, request: Request) -> None: ...
+
+
+class Connector(Protocol):
+    """What the replayed scheduler calls of the ``OffloadingConnectorScheduler``."""
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]: ...
+    def update_state_after_alloc(self, request: Request, blocks: Blocks, num_external_tokens: int) -> None: ...
+
+
+class VllmScheduler:
+    """vLLM's scheduler, replayed: its queues, and ``schedule`` over the KV cache manager and the connector."""
+
+    def __init__(self, v: types.ModuleType, kvm: CacheManager, connector: Connector, budget: int) -> None:
+        self.v, self.kvm, self.connector, self.budget = v, kvm, connector, budget
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        # requests finished since the last schedule (for its SchedulerOutput)
-        self.finished: set[str] = set()
         # requests whose load was reported, not yet scheduled again (the scheduler's finished_recving_kv_req_ids)
         self.loaded: set[str] = set()
-        self.worker = OffloadWorker(self.bpc)
-        self.host_events = 0
 
-    # ------------------------------------------------------------ requests
-
-    def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None:
-        new = Request(request, list(tokens), max_new, self.hasher)
-        self.requests[request] = new
-        self.waiting.append(new)
-        self.connector.on_new_request(new)
-
-    def result(self, request: str, tokens: Sequence[int]) -> None:
-        if tokens:
-            self.requests[request].append(tokens)
-
-    def finish(self, request: str) -> None:
-        self._finish(self.requests[request], RequestStatus.FINISHED_LENGTH_CAPPED)
-
-    def abort(self, request: str) -> None:
-        found = self.requests.get(request)
-        if found is not None and not found.is_finished():
-            self._finish(found, RequestStatus.FINISHED_ABORTED)
-
-    def _finish(self, request: Request, status: RequestStatus) -> None:
-        """``finish_requests`` / the stop check, then ``_free_request``: the connector first, then the blocks (an
-        aborted request whose load is in flight keeps them until its report)."""
-        if request in self.running:
-            self.running.remove(request)
-        if request in self.waiting:
-            self.waiting.remove(request)
-        delay = request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and request.request_id not in self.loaded
-        self.loaded.discard(request.request_id)
-        request.status = status
-        delay_free, _ = self.connector.request_finished(request)
-        self.finished.add(request.request_id)
-        if not (delay or delay_free):
-            self._free_blocks(request)
-
-    def _free_blocks(self, request: Request) -> None:
-        self.kvm.free(request)
-        del self.requests[request.request_id]
-
-    def reset(self) -> bool:
-        """``reset_prefix_cache(reset_connector=True)``: the device's cache, then the connector's. A second reset
-        before the engine's next step fails the connector's assertion when the first flushed jobs in flight (finding
-        22): the engine hands the error to the caller, the device's cache cleared, the connector's state unchanged;
-        counted, and no clear reported (nothing more was cleared)."""
-        cleared: bool = self.kvm.reset_prefix_cache()
-        if self.connector._current_batch_jobs_to_flush and self.known_double_reset:
-            STATS.rules["planner.known: a second reset before a step fails the connector's assertion (finding 22)"] += 1
-            return False
-        self.connector.reset_cache()
-        return cleared
-
-    # ------------------------------------------------------------ plans
-
-    def plan(self) -> Plan:
-        late, self.late = self.late, []
-        for job, loading in late:
-            self._report({job: self.workers - 1}, loading)
-        step = self._schedule()
-        v = self.v
-        output = v.output.SchedulerOutput(
-            scheduled_new_reqs=[
-                v.output.NewRequestData(
-                    r.request_id,
-                    list(r.all_token_ids),
-                    [],
-                    None,
-                    None,
-                    self.kvm.get_block_ids(r.request_id),
-                    r.num_computed_tokens,
-                    None,
-                )
-                for r in step.new
-            ],
-            scheduled_cached_reqs=self._cached(step),
-            num_scheduled_tokens={r.request_id: count for r, _, count in step.scheduled},
-            total_num_scheduled_tokens=sum(count for _, _, count in step.scheduled),
-            scheduled_spec_decode_tokens={},
-            scheduled_encoder_inputs={},
-            finished_req_ids=self.finished,
-            free_encoder_mm_hashes=[],
-            preempted_req_ids={r.request_id for r in step.preempted},
-        )
-        meta = self.connector.build_connector_meta(output)
-        self.finished = set()
-        passes = []
-        for request, start, count in step.scheduled:
-            request.num_computed_tokens = start + count  # _update_after_schedule
-            pages = tuple(self.kvm.get_block_ids(request.request_id)[0])
-            if request.prefilled:
-                passes.append(Pass(request.request_id, -1, count, None, pages, False))
-            else:
-                inputs = tuple(request.all_token_ids[start : start + count])
-                passes.append(Pass(request.request_id, start, count, inputs, pages, True))
-                request.prefilled = start + count == request.num_tokens
-        transfers, flush = self.worker.submit(cast(ConnectorMeta, meta), bool(passes))
-        return Plan(transfers, passes=tuple(passes), flush=flush, restarted=tuple(r.request_id for r in step.preempted))
-
-    def _cached(self, step: Step) -> object:
+    def cached(self, step: Step) -> object:
         ids = [r.request_id for r, _ in step.running] + [r.request_id for r in step.resumed]
         blocks = [new for _, new in step.running] + [self.kvm.get_block_ids(r.request_id) for r in step.resumed]
         everyone = [r for r, _ in step.running] + step.resumed
@@ -544,7 +404,7 @@ class VllmOffloadEngine:
             num_output_tokens=[r.num_tokens - r.num_prompt_tokens for r in everyone],
         )
 
-    def _schedule(self) -> Step:
+    def schedule(self) -> Step:
         """vLLM's ``schedule``: the running requests, preempting from the back when the pool is short, then (when
         none was preempted) the waiting ones in order."""
         step, budget = Step(), self.budget
@@ -558,7 +418,7 @@ class VllmOffloadEngine:
                 if blocks is not None:
                     break
                 victim = self.running.pop()
-                self._preempt(victim, step)
+                self.preempt(victim, step)
                 if victim is request:
                     break
             if blocks is None:
@@ -572,7 +432,7 @@ class VllmOffloadEngine:
         skipped: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < MAX_RUNNING:
             request = self.waiting[0]
-            admitted = self._admit(request, budget, step)
+            admitted = self.admit(request, budget, step)
             if admitted is None:
                 break
             self.waiting.pop(0)
@@ -583,7 +443,7 @@ class VllmOffloadEngine:
         self.waiting[:0] = skipped
         return step
 
-    def _admit(self, request: Request, budget: int, step: Step) -> int | None:
+    def admit(self, request: Request, budget: int, step: Step) -> int | None:
         """One waiting request: the tokens it was scheduled for; 0 when it is skipped (its KV still loading, or
         now loading); None when the pool cannot take it (the waiting queue stops)."""
         status = self.v.status
@@ -631,7 +491,7 @@ class VllmOffloadEngine:
         step.scheduled.append((request, computed, count))
         return count
 
-    def _preempt(self, request: Request, step: Step) -> None:
+    def preempt(self, request: Request, step: Step) -> None:
         """``_preempt_request``: its blocks freed, back to the head of the waiting queue, to recompute."""
         self.kvm.free(request)
         request.status = self.v.status.PREEMPTED
@@ -640,6 +500,202 @@ class VllmOffloadEngine:
         request.prefilled = False
         self.waiting.insert(0, request)
         step.preempted.append(request)
+
+
+class VllmOffloadEngine:
+    """vLLM's KV cache manager and offloading connector (scheduler side) under a replay of vLLM's scheduler, behind
+    the planner layer's protocol."""
+
+    overlap = False
+    orphans = False
+    # two requests computing one prefix at once both cache it, each in its own block, and both are published
+    duplicates = True
+    # reset_prefix_cache(reset_connector=True) resets the connector even while requests run
+    resets_busy = True
+
+    def __init__(self, draw: int) -> None:
+        v = self.v = import_connector()
+        config = self.choice = choose(draw)
+        self.page_size = p = config.page_size
+        self.device_blocks = config.device_blocks + 1  # block 0 is the null block
+        self.host_chunks = max(2, int(config.device_blocks * config.host_ratio) // config.blocks_per_chunk)
+        self.bpc = config.blocks_per_chunk
+        self.config = (
+            f"P={p}, device {config.device_blocks}, host {self.host_chunks} chunks of {self.bpc},"
+            f" {config.policy}{f', threshold {config.threshold}' if config.threshold > 1 else ''},"
+            f" budget {config.budget}, caching {'on' if config.caching else 'off'},"
+            f" {'prompt only' if config.prompt_only else 'prompt and decode'}"
+            f"{f', sync loads {config.sync_budget} B' if config.sync_budget else ''}"
+            f"{f', {config.workers} workers' if config.workers > 1 else ''}"
+        )
+        self.workers = config.workers
+        # the second worker's reports, delivered with the next step's output
+        self.late: list[tuple[int, str | None]] = []
+        self.max_request_tokens = MAX_MODEL_LEN
+        # finding 22 (docs/findings.md): a second reset before a step, with jobs flushed by the first, fails an
+        # assertion; counted (tests turn it off to see it raised)
+        self.known_double_reset = True
+        # finding 23: a reset the device refuses still empties the host tier, and no event says so; counted (tests
+        # turn it off to see host_events_replay_to_the_tier fail)
+        self.known_silent_host_reset = True
+        # with prefix caching off the device caches nothing, and publishes no block: every hit is a load
+        self.publishes_hits = config.caching
+        spec = v.interface.FullAttentionSpec(block_size=p, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+        group = v.interface.KVCacheGroupSpec(["layer.0"], spec)
+        kv_config = v.interface.KVCacheConfig(
+            num_blocks=self.device_blocks, kv_cache_tensors=[], kv_cache_groups=[group]
+        )
+        self.kvm = v.manager.KVCacheManager(
+            kv_config,
+            max_model_len=MAX_MODEL_LEN,
+            scheduler_block_size=p,
+            hash_block_size=p,
+            enable_caching=config.caching,
+            enable_kv_cache_events=True,
+        )
+        from vllm.utils.hashing import sha256
+
+        v.utils.init_none_hash(sha256)
+        self.hasher = v.utils.get_request_block_hasher(p, sha256)
+        offloading = v.config.OffloadingConfig(
+            groups=(v.config.OffloadingGroupConfig(tokens_per_block=p, layer_names=("layer.0",), group_id=0),),
+            worker_kv_bytes_per_block=1,
+            enable_kv_cache_events=True,
+            extra_config={"offload_prompt_only": config.prompt_only, "sync_load_budget_bytes": config.sync_budget},
+            engine_id="radixspec",
+            model=v.config.OffloadingModelConfig(name="radixspec", dtype="float32"),
+            cache=v.config.OffloadingCacheConfig(tokens_per_hash=p, blocks_per_chunk=self.bpc),
+            parallel=v.config.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False),
+        )
+        self.cpu = v.cpu.CPUOffloadingManager(
+            num_chunks=self.host_chunks,
+            cache_policy=config.policy,
+            enable_events=True,
+            store_threshold=config.threshold,
+        )
+        engine = types.SimpleNamespace(
+            cache_config=types.SimpleNamespace(
+                prefix_cache_retention_interval=None, enable_prefix_caching=config.caching
+            ),
+            speculative_config=None,
+            parallel_config=types.SimpleNamespace(world_size=config.workers, decode_context_parallel_size=1),
+        )
+        self.connector = v.scheduler.OffloadingConnectorScheduler(
+            _spec_class(v)(offloading, self.cpu), engine, kv_config
+        )
+        self.requests: dict[str, Request] = {}
+        self.scheduler = VllmScheduler(v, self.kvm, self.connector, config.budget)
+        # requests finished since the last schedule (for its SchedulerOutput)
+        self.finished: set[str] = set()
+        self.worker = OffloadWorker(self.bpc)
+        self.host_events = 0
+        # the CPU blocks the host tier's events published and not since removed or cleared
+        self.host_published: set[object] = set()
+
+    # ------------------------------------------------------------ requests
+
+    def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None:
+        new = Request(request, list(tokens), max_new, self.hasher)
+        self.requests[request] = new
+        self.scheduler.waiting.append(new)
+        self.connector.on_new_request(new)
+
+    def result(self, request: str, tokens: Sequence[int]) -> None:
+        if tokens:
+            self.requests[request].append(tokens)
+
+    def finish(self, request: str) -> None:
+        self._finish(self.requests[request], RequestStatus.FINISHED_LENGTH_CAPPED)
+
+    def abort(self, request: str) -> None:
+        found = self.requests.get(request)
+        if found is not None and not found.is_finished():
+            self._finish(found, RequestStatus.FINISHED_ABORTED)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """``finish_requests`` / the stop check, then ``_free_request``: the connector first, then the blocks (an
+        aborted request whose load is in flight keeps them until its report)."""
+        if request in self.scheduler.running:
+            self.scheduler.running.remove(request)
+        if request in self.scheduler.waiting:
+            self.scheduler.waiting.remove(request)
+        delay = (
+            request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and request.request_id not in self.scheduler.loaded
+        )
+        self.scheduler.loaded.discard(request.request_id)
+        request.status = status
+        delay_free, _ = self.connector.request_finished(request)
+        self.finished.add(request.request_id)
+        if not (delay or delay_free):
+            self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
+        self.kvm.free(request)
+        del self.requests[request.request_id]
+
+    def reset(self) -> bool:
+        """``reset_prefix_cache(reset_connector=True)``: the device's cache, then the connector's. A second reset
+        before the engine's next step fails the connector's assertion when the first flushed jobs in flight (finding
+        22): the engine hands the error to the caller, the device's cache cleared, the connector's state unchanged;
+        counted, and no clear reported (nothing more was cleared)."""
+        cleared: bool = self.kvm.reset_prefix_cache()
+        if not cleared and self.host_published and self.known_silent_host_reset:
+            # finding 23: the device refused (a block in use), so no AllBlocksCleared; the connector's reset below
+            # empties the host tier and publishes no removal: a consumer keeps every CPU block. Counted, and the
+            # consumer's view cleared, so the law goes on checking what follows
+            STATS.rules["planner.known: a reset the device refuses empties the host tier silently (finding 23)"] += 1
+            self.host_published.clear()
+        if self.connector._current_batch_jobs_to_flush and self.known_double_reset:
+            STATS.rules["planner.known: a second reset before a step fails the connector's assertion (finding 22)"] += 1
+            return False
+        self.connector.reset_cache()
+        return cleared
+
+    # ------------------------------------------------------------ plans
+
+    def plan(self) -> Plan:
+        late, self.late = self.late, []
+        for job, loading in late:
+            self._report({job: self.workers - 1}, loading)
+        step = self.scheduler.schedule()
+        v = self.v
+        output = v.output.SchedulerOutput(
+            scheduled_new_reqs=[
+                v.output.NewRequestData(
+                    r.request_id,
+                    list(r.all_token_ids),
+                    [],
+                    None,
+                    None,
+                    self.kvm.get_block_ids(r.request_id),
+                    r.num_computed_tokens,
+                    None,
+                )
+                for r in step.new
+            ],
+            scheduled_cached_reqs=self.scheduler.cached(step),
+            num_scheduled_tokens={r.request_id: count for r, _, count in step.scheduled},
+            total_num_scheduled_tokens=sum(count for _, _, count in step.scheduled),
+            scheduled_spec_decode_tokens={},
+            scheduled_encoder_inputs={},
+            finished_req_ids=self.finished,
+            free_encoder_mm_hashes=[],
+            preempted_req_ids={r.request_id for r in step.preempted},
+        )
+        meta = self.connector.build_connector_meta(output)
+        self.finished = set()
+        passes = []
+        for request, start, count in step.scheduled:
+            request.num_computed_tokens = start + count  # _update_after_schedule
+            pages = tuple(self.kvm.get_block_ids(request.request_id)[0])
+            if request.prefilled:
+                passes.append(Pass(request.request_id, -1, count, None, pages, False))
+            else:
+                inputs = tuple(request.all_token_ids[start : start + count])
+                passes.append(Pass(request.request_id, start, count, inputs, pages, True))
+                request.prefilled = start + count == request.num_tokens
+        transfers, flush = self.worker.submit(cast(ConnectorMeta, meta), bool(passes))
+        return Plan(transfers, passes=tuple(passes), flush=flush, restarted=tuple(r.request_id for r in step.preempted))
 
     def done(self, transfer: Transfer, ok: Sequence[bool]) -> None:
         """The worker reports a job; with two workers the first reports now and the other a step later (the
@@ -666,15 +722,16 @@ class VllmOffloadEngine:
         if request is None:
             return
         if request.status == self.v.status.WAITING_FOR_REMOTE_KVS:
-            self.loaded.add(request.request_id)
+            self.scheduler.loaded.add(request.request_id)
         elif request.is_finished():
             self._free_blocks(request)
 
     # ------------------------------------------------------------ what it shows
 
     def take_events(self) -> list[BlockEvent]:
-        """The device's KV events (the KV cache manager's); the host tier's are drained and counted."""
-        self.host_events += len(list(self.connector.take_events()))
+        """The step's KV events as the engine publishes them: the device's (the KV cache manager's, for the machine
+        to replay), then the host tier's (the connector's), replayed here as a consumer does: a cleared event
+        clears every tier, a CPU block stored or removed by its hash."""
         events: list[BlockEvent] = []
         p = self.page_size
         for event in self.kvm.take_events():
@@ -688,13 +745,36 @@ class VllmOffloadEngine:
                 events += [BlockEvent("removed", block) for block in event.block_hashes]
             else:
                 events.append(BlockEvent("cleared"))
+                self.host_published.clear()
+        for event in self.connector.take_events():
+            self.host_events += 1
+            for block in event.block_hashes:
+                if type(event).__name__ == "BlockStored":
+                    self.host_published.add(block)
+                elif block in self.host_published:
+                    self.host_published.discard(block)
+                else:
+                    raise IntegrityError(f"host_events_replay_to_the_tier: CPU block {block!r} removed, not published")
         return events
+
+    def host_blocks(self) -> set[object]:
+        """The hashes the host tier's events name its ready chunks by (one per chunk: its last block's)."""
+        base, utils = self.v.base, self.v.utils
+        return {
+            utils.maybe_convert_block_hash(base.get_offload_block_hash(key))
+            for key, chunk in self.chunks().items()
+            if chunk.ref_cnt != -1
+        }
+
+    def chunks(self) -> dict[object, ChunkStatus]:
+        """Every chunk the CPU manager's policy holds (LRU: one map; ARC: its two resident lists)."""
+        policy = self.cpu._policy
+        return dict(policy.chunks) if hasattr(policy, "chunks") else {**policy.t1, **policy.t2}
 
     def check_integrity(self, quiescent: bool) -> None:
         """The CPU manager's counts of its chunks; with nothing live and nothing in flight, nothing held anywhere."""
         cpu = self.cpu
-        policy = cpu._policy
-        chunks = dict(policy.chunks) if hasattr(policy, "chunks") else {**policy.t1, **policy.t2}
+        chunks = self.chunks()
         pending = sum(chunk.ref_cnt == -1 for chunk in chunks.values())
         idle = sum(chunk.ref_cnt == 0 for chunk in chunks.values())
         counted = (cpu._num_write_pending_chunks, cpu._num_evictable_cache_chunks)
@@ -708,6 +788,13 @@ class VllmOffloadEngine:
             raise IntegrityError(
                 f"host_slots_are_conserved: chunks hold slots {sorted(held)}, free {sorted(free)}, of"
                 f" {self.host_chunks}"
+            )
+        ready = self.host_blocks()
+        if self.host_published != ready:
+            raise IntegrityError(
+                f"host_events_replay_to_the_tier: the CPU tier's events name {len(self.host_published)} blocks,"
+                f" {len(self.host_published - ready)} of them not held; it holds {len(ready)} ready chunks,"
+                f" {len(ready - self.host_published)} of them not published"
             )
         if not quiescent:
             return
@@ -726,8 +813,7 @@ class VllmOffloadEngine:
 
     def reach(self) -> Mapping[str, int]:
         cached = sum(1 for block in self.kvm.block_pool.blocks[1:] if block.block_hash is not None)
-        policy = self.cpu._policy
-        chunks = len(policy.chunks) if hasattr(policy, "chunks") else len(policy.t1) + len(policy.t2)
+        chunks = len(self.chunks())
         return {
             "device pages in use": self.device_blocks - 1 - self.kvm.block_pool.get_num_free_blocks(),
             "device pages cached": cached,

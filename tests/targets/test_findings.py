@@ -614,7 +614,7 @@ def test_vllm_tiering_reset_publishes_a_promotion_the_reset_then_drops() -> None
 # Finding 22, standalone: vLLM's own modules only (the connector's scheduler, the KV cache manager, the CPU manager).
 # A store job is in flight when reset_prefix_cache(reset_connector=True) comes; a second one before the engine's next
 # step fails the connector's assertion.
-VLLM_DOUBLE_RESET = """import hashlib, json, types
+VLLM_CONNECTOR_STEP = """import hashlib, json, types
 from radixspec.fuzz.targets.vllm_offload_connector import import_connector
 
 v = import_connector()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
@@ -624,7 +624,8 @@ P = 4
 spec = v.interface.FullAttentionSpec(block_size=P, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
 kv_config = v.interface.KVCacheConfig(num_blocks=17, kv_cache_tensors=[],
                                       kv_cache_groups=[v.interface.KVCacheGroupSpec(["layer.0"], spec)])
-kvm = v.manager.KVCacheManager(kv_config, max_model_len=4096, scheduler_block_size=P, hash_block_size=P)
+kvm = v.manager.KVCacheManager(kv_config, max_model_len=4096, scheduler_block_size=P, hash_block_size=P,
+                               enable_kv_cache_events=True)
 v.utils.init_none_hash(sha256)
 cpu = v.cpu.CPUOffloadingManager(num_chunks=8, cache_policy="lru", enable_events=True)
 
@@ -670,6 +671,10 @@ output = v.output.SchedulerOutput(
     finished_req_ids=set(), free_encoder_mm_hashes=[])
 meta = connector.build_connector_meta(output)  # the step: A's two blocks offered, a store job to the worker
 seen = {"store_jobs": sorted(meta.store_jobs)}
+"""
+VLLM_DOUBLE_RESET = (
+    VLLM_CONNECTOR_STEP
+    + """
 # Scheduler.reset_prefix_cache(reset_connector=True), twice, as a client may call it (the worker not yet reported)
 for name in ("first_reset", "second_reset"):
     kvm.reset_prefix_cache()  # refused (A holds its blocks); the connector is reset anyway
@@ -680,6 +685,47 @@ for name in ("first_reset", "second_reset"):
         seen[name] = "AssertionError at " + error.__traceback__.tb_next.tb_frame.f_code.co_name
 print(json.dumps(seen))
 """
+)
+
+
+# Finding 23, standalone: the same step, its store reported done by the worker; then a reset while A still runs.
+VLLM_SILENT_HOST_RESET = (
+    VLLM_CONNECTOR_STEP
+    + """
+worker = v.common.OffloadingWorkerMetadata(completed_jobs={0: 1})
+connector.update_connector_output(v.outputs.KVConnectorOutput(kv_connector_worker_meta=worker))
+events = kvm.take_events() + list(connector.take_events())
+published = [(type(e).__name__, e.medium, len(e.block_hashes)) for e in events]
+# Scheduler.reset_prefix_cache(reset_connector=True) while A runs: the GPU pool refuses, the connector resets
+seen["device_reset"] = kvm.reset_prefix_cache()
+connector.reset_cache()
+seen["published_before"] = published
+seen["events_after_reset"] = [type(e).__name__ for e in kvm.take_events() + list(connector.take_events())]
+key = v.base.make_offload_key(request.block_hashes[0], 0)
+seen["cpu_lookup_after"] = cpu.lookup(key, v.base.ReqContext(req_id="B")).name
+print(json.dumps(seen))
+"""
+)
+
+
+@needs_vllm
+def test_vllm_offloading_connector_a_reset_the_device_refuses_empties_the_host_tier_silently() -> None:
+    """Finding 23 (the ``vllm-offload-connector`` target's host-event law, seed 0): with a request running,
+    ``Scheduler.reset_prefix_cache(reset_connector=True)`` finds the GPU pool's reset refused (blocks in use: no
+    ``AllBlocksCleared``) and resets the connector anyway, whose ``reset_cache`` empties the CPU tier and publishes
+    nothing. A consumer of the KV events keeps the two CPU blocks; the tier holds none."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_SILENT_HOST_RESET], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["published_before"][-1] == ["BlockStored", "CPU", 1]
+    assert sum(1 for kind, medium, _ in seen["published_before"] if medium == "CPU") == 2
+    assert seen["device_reset"] is False
+    assert seen["events_after_reset"] == []
+    assert seen["cpu_lookup_after"] == "MISS"
 
 
 @needs_vllm

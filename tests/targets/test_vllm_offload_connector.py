@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 
 from radixspec.fuzz.planner_machine import PlannerMachine  # noqa: E402
 from radixspec.fuzz.stats import STATS  # noqa: E402
+from radixspec.spec.errors import IntegrityError  # noqa: E402
 
 TARGET = "vllm-offload-connector"
 PLANT_EXAMPLES = 3000
@@ -41,11 +42,11 @@ setattr(owner, method, found[method])
 
 # bugs of the tiers issue's classes, planted in vLLM's code: (the law that catches it, method, old, new)
 PLANTS = {
-    # reset leaving the host tier serving: the connector forgets its own state, the manager keeps its chunks (seed
-    # 0 meets first the chunks whose stores the reset flushed, pending for good; a later load of a kept chunk fails
-    # reset_leaves_no_tier_serving)
+    # reset leaving the host tier serving: the connector forgets its own state, the manager keeps its chunks (the
+    # reset's cleared event makes a consumer drop them; a later load of a kept chunk fails
+    # reset_leaves_no_tier_serving, a flushed store's chunk pending for good offload_quiescent_holds_nothing)
     "reset_keeps_the_host_tier": (
-        "offload_quiescent_holds_nothing",
+        "host_events_replay_to_the_tier",
         f"{SCHEDULER}._reset_cache",
         "self.manager.reset_cache()",
         "pass",
@@ -86,6 +87,13 @@ PLANTS = {
         f"{SCHEDULER}._reset_cache",
         "self._current_batch_jobs_to_flush.update(self._jobs.keys())",
         "pass",
+    ),
+    # a completed store publishes no event: a router never learns the host tier holds it
+    "stored_event_lost": (
+        "host_events_replay_to_the_tier",
+        f"{CPU}.complete_store",
+        "if stored_keys and self.events is not None:",
+        "if False:",
     ),
 }
 
@@ -246,4 +254,28 @@ def test_finding_22_a_second_reset_before_a_step_is_counted_where_the_profile_na
             machine.teardown()
         else:
             with pytest.raises(AssertionError):
+                machine.reset_busy(now=0)
+
+
+def test_finding_23_a_reset_the_device_refuses_leaves_the_host_tier_published() -> None:
+    """A request running, its prompt's chunks stored and published; a reset: the device refuses, the host tier is
+    emptied, no event says so (finding 23, docs/findings.md). Counted where the profile names it; otherwise the
+    host tier's events name blocks it does not hold."""
+    for known in (True, False):
+        target = engine()
+        target.known_silent_host_reset = known  # type: ignore[attr-defined]
+        machine = Driven(target)
+        machine.submit(prompt=(16, 1.0, list(range(1, 10)), 4))
+        machine.step(plans=3, late=False, report="all")  # its prefill's store submitted, copied and reported
+        assert target.host_published  # type: ignore[attr-defined]
+        counted = STATS.rules["planner.known: a reset the device refuses empties the host tier silently (finding 23)"]
+        if known:
+            machine.reset_busy(now=0)
+            assert (
+                STATS.rules["planner.known: a reset the device refuses empties the host tier silently (finding 23)"]
+                == counted + 1
+            )
+            machine.teardown()
+        else:
+            with pytest.raises(IntegrityError, match="host_events_replay_to_the_tier"):
                 machine.reset_busy(now=0)
