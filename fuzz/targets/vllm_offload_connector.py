@@ -19,13 +19,16 @@ of the next step (``prepare_store_kv`` defers them), so they are that plan's tra
 host chunk block); the jobs the metadata names in ``jobs_to_flush`` are that plan's ``flush`` (copied before its
 loads and its forward, as ``handle_preemptions`` waits for them); loads ("load") are submitted in their own step and
 may land as late as their report (the request runs no pass until then). A job reported done reaches the scheduler
-in the next step's ``KVConnectorOutput`` (its ``OffloadingWorkerMetadata``, and the load's request in
-``finished_recving``). The KV the planner machine keeps per slot then checks every tier: a store that reads a block
-after it was reused, a load into a reused block, a chunk served after a reset, all fail ``attended_kv_is_the_requests``
-or ``reset_leaves_no_tier_serving`` where a request reads them.
+at once as ``update_from_output`` hands it over (a ``KVConnectorOutput``: its ``OffloadingWorkerMetadata``, and the
+load's request in ``finished_recving``); with two workers the second reports a step after the first. The KV the
+planner machine keeps per slot then checks every tier: a store that reads a block after it was reused, a load
+into a reused block, a chunk served after a reset, all fail ``attended_kv_is_the_requests`` or
+``reset_leaves_no_tier_serving`` where a request reads them. The host tier's KV events, replayed as a consumer does,
+must name exactly its ready chunks (``host_events_replay_to_the_tier``).
 
 Configurations drawn (``Config``): page size, device blocks, host chunks (0.5x to 4x), blocks per chunk (1 or 2),
-policy, store threshold, token budget per step (chunked prefill), prefix caching, ``offload_prompt_only``.
+policy, store threshold, token budget per step (chunked prefill), prefix caching, ``offload_prompt_only``, a
+sync-load budget, one or two workers.
 
 What is shimmed, and why it cannot hide a bug of the connector or the KV cache manager (``import_connector``):
 the packages of ``import_vllm`` and ``import_offload`` (bare ``__init__`` files; the block pool's stubs); five
@@ -844,7 +847,9 @@ PROFILE = Profile(
         "vLLM's scheduler is replayed (FCFS, chunked prefill, preemption from the back when the pool is short);"
         " its KV cache manager and the connector's scheduler side are vLLM's own",
         "the worker is the machine: stores copied from the step after their job (or at a flush), loads landed as"
-        " late as their report; the host tier's events are drained, not replayed (the device's are)",
+        " late as their report; both tiers' events replayed",
+        "a second reset before a step fails the connector's assertion (finding 22, a bug), and a reset the device"
+        " refuses empties the host tier with no event (finding 23, a bug): both counted",
     ),
 )
 
