@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from radixspec.fuzz.planner_machine import PlannerMachine
+from radixspec.fuzz.targets.api import PlannerTarget, TargetInfo
+
 CAMPAIGN = """
 import importlib, sys, time
 from radixspec.fuzz.targets import resolve
@@ -40,3 +43,52 @@ def assert_clean(target: str, out: Path, examples: int) -> None:
     """Without a plant the campaign passes."""
     done = campaign(target, "", out, examples)
     assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+# a plant: replaces ``old`` by ``new`` (exactly once) in the source of "module:Class.method", in its module
+EDIT = """
+import inspect, textwrap
+module_name, _, where = {name!r}.partition(":")
+class_name, _, method = where.rpartition(".")
+module = importlib.import_module(module_name)
+owner = getattr(module, class_name)
+source = textwrap.dedent(inspect.getsource(getattr(owner, method)))
+assert source.count({old!r}) == 1, (method, {old!r})
+found = {{}}
+exec(compile(source.replace({old!r}, {new!r}), module.__file__, "exec"), module.__dict__, found)
+setattr(owner, method, found[method])
+"""
+
+
+def edit(name: str, old: str, new: str) -> str:
+    """The plant that replaces ``old`` by ``new`` in method ``name`` ("module:Class.method")."""
+    return EDIT.format(name=name, old=old, new=new)
+
+
+class DrivenPlanner(PlannerMachine):
+    """The planner machine over one planner built by the test, its rules called by hand."""
+
+    def __init__(self, info: TargetInfo, target: PlannerTarget) -> None:
+        super().__init__()
+        self.IMPLS = (info,)
+        self.configure(draw=0)
+        self.target, self.page_size = target, target.page_size
+
+    def serve(self, tokens: list[int], wanted: int = 1, late: bool = False) -> int:
+        """Submit one request and run plans until it finished; its hit (its first chunk's start)."""
+        self.submit(prompt=(16, 1.0, tokens, wanted))
+        name = f"r{self.serial}"
+        hit = None
+        for _ in range(32):
+            plan = self.target.plan()
+            for one in plan.passes:
+                if one.request == name and one.extend and hit is None:
+                    hit = one.start
+            self.run(plan, late=late)
+            for transfer in list(self.in_flight):
+                self.report_transfer(transfer, fail=False)
+            self.after_step()
+            if name not in self.requests:
+                assert hit is not None
+                return hit
+        raise AssertionError(f"{name} did not finish")

@@ -19,11 +19,12 @@ pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tokenspeed_scheduler") is None, reason="tokenspeed-scheduler is not installed"
 )
 
-from radixspec.fuzz.planner_machine import PlannerMachine  # noqa: E402
 from radixspec.fuzz.stats import STATS  # noqa: E402
 from radixspec.fuzz.targets.api import Pass, Plan  # noqa: E402
 from radixspec.fuzz.targets.tokenspeed import TARGET, Config, TokenSpeedPlanner, draw_for  # noqa: E402
 from radixspec.spec.errors import IntegrityError  # noqa: E402
+
+from .campaigns import DrivenPlanner  # noqa: E402
 
 
 def planner(page_size: int = 4, device: int = 8, host: float = 2, storage: bool = False) -> TokenSpeedPlanner:
@@ -39,33 +40,9 @@ def retracting() -> TokenSpeedPlanner:
     return TokenSpeedPlanner(draw_for(Config(1, 8, 0.5, False, 8, 1, "forced", False)))
 
 
-class Driven(PlannerMachine):
-    """The machine over one planner built here, its rules called by hand."""
-
-    def __init__(self, target: TokenSpeedPlanner) -> None:
-        super().__init__()
-        self.IMPLS = (TARGET,)
-        self.configure(draw=0)
-        self.target, self.page_size = target, target.page_size
-
-    def serve(self, tokens: list[int], wanted: int = 1) -> int:
-        """Submit one request and run plans until it finished; its hit (the first chunk's start)."""
-        self.submit(prompt=(16, 1.0, tokens, wanted))
-        name = f"r{self.serial}"
-        hit = None
-        for _ in range(32):
-            plan = self.target.plan()
-            for one in plan.passes:
-                if one.request == name and one.extend and hit is None:
-                    hit = one.start
-            self.run(plan, late=False)
-            for transfer in list(self.in_flight):
-                self.report_transfer(transfer, fail=False)
-            self.after_step()
-            if name not in self.requests:
-                assert hit is not None
-                return hit
-        raise AssertionError(f"{name} did not finish")
+def Driven(target: TokenSpeedPlanner) -> DrivenPlanner:
+    """The planner machine over ``target``, its rules called by hand."""
+    return DrivenPlanner(TARGET, target)
 
 
 def test_a_prefix_evicted_from_the_device_is_served_from_the_host() -> None:

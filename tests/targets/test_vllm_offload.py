@@ -9,24 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from .campaigns import assert_caught, assert_clean
+from .campaigns import assert_caught, assert_clean, edit
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
-# replaces ``old`` by ``new`` (exactly once) in the source of a method of vLLM's CPU offloading code, named as
-# "module:Class.method" under vllm.v1.kv_offload.cpu (the manager's when only the method is named), in its module
-EDIT = """
-import inspect, textwrap
-where, _, method = {name!r}.rpartition(".")
-module_name, _, class_name = (where or "manager:CPUOffloadingManager").partition(":")
-module = importlib.import_module("vllm.v1.kv_offload.cpu." + module_name)
-owner = getattr(module, class_name)
-source = textwrap.dedent(inspect.getsource(getattr(owner, method)))
-assert source.count({old!r}) == 1, (method, {old!r})
-found = {{}}
-exec(compile(source.replace({old!r}, {new!r}), module.__file__, "exec"), module.__dict__, found)
-setattr(owner, method, found[method])
-"""
+
+# a plant's method, named as "module:Class.method" under vllm.v1.kv_offload.cpu (the manager's when only the
+# method is named)
+def cpu_method(name: str) -> str:
+    where, _, method = name.rpartition(".")
+    module, _, owner = (where or "manager:CPUOffloadingManager").partition(":")
+    return f"vllm.v1.kv_offload.cpu.{module}:{owner}.{method}"
+
 
 # bugs of the tiers issue's classes, planted in vLLM's manager: (the law that catches it, method, old, new)
 PLANTS = {
@@ -127,7 +121,7 @@ PLANTS = {
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
     law, name, old, new = PLANTS[plant]
-    assert_caught("vllm-offload", law, EDIT.format(name=name, old=old, new=new), tmp_path, examples=600)
+    assert_caught("vllm-offload", law, edit(cpu_method(name), old, new), tmp_path, examples=600)
 
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from .campaigns import assert_caught, assert_clean
+from .campaigns import DrivenPlanner, assert_caught, assert_clean, edit
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or importlib.util.find_spec("msgspec") is None,
     reason="vllm (and msgspec) are not installed",
 )
 
-from radixspec.fuzz.planner_machine import PlannerMachine  # noqa: E402
 from radixspec.fuzz.stats import STATS  # noqa: E402
 from radixspec.spec.errors import IntegrityError  # noqa: E402
 
@@ -25,20 +24,6 @@ TARGET = "vllm-offload-connector"
 PLANT_EXAMPLES = 3000
 SCHEDULER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler:OffloadingConnectorScheduler"
 CPU = "vllm.v1.kv_offload.cpu.manager:CPUOffloadingManager"
-
-# replaces ``old`` by ``new`` (exactly once) in the source of "module:Class.method", in its module
-EDIT = """
-import inspect, textwrap
-module_name, _, where = {name!r}.partition(":")
-class_name, _, method = where.rpartition(".")
-module = importlib.import_module(module_name)
-owner = getattr(module, class_name)
-source = textwrap.dedent(inspect.getsource(getattr(owner, method)))
-assert source.count({old!r}) == 1, (method, {old!r})
-found = {{}}
-exec(compile(source.replace({old!r}, {new!r}), module.__file__, "exec"), module.__dict__, found)
-setattr(owner, method, found[method])
-"""
 
 # bugs of the tiers issue's classes, planted in vLLM's code: (the law that catches it, method, old, new)
 PLANTS = {
@@ -109,35 +94,11 @@ def engine(**fields: object) -> object:
     return made
 
 
-class Driven(PlannerMachine):
-    """The machine over one engine built here, its rules called by hand."""
+def Driven(target: object) -> DrivenPlanner:
+    """The planner machine over ``target``, its rules called by hand."""
+    from radixspec.fuzz.targets.vllm_offload_connector import TARGET as INFO
 
-    def __init__(self, target: object) -> None:
-        from radixspec.fuzz.targets.vllm_offload_connector import TARGET as INFO
-
-        super().__init__()
-        self.IMPLS = (INFO,)
-        self.configure(draw=0)
-        self.target, self.page_size = target, target.page_size  # type: ignore[assignment, attr-defined]
-
-    def serve(self, tokens: list[int], wanted: int = 1, late: bool = False) -> int:
-        """Submit one request and run plans until it finished; its hit (its first chunk's start)."""
-        self.submit(prompt=(16, 1.0, tokens, wanted))
-        name = f"r{self.serial}"
-        hit = None
-        for _ in range(32):
-            plan = self.target.plan()
-            for one in plan.passes:
-                if one.request == name and one.extend and hit is None:
-                    hit = one.start
-            self.run(plan, late=late)
-            for transfer in list(self.in_flight):
-                self.report_transfer(transfer, fail=False)
-            self.after_step()
-            if name not in self.requests:
-                assert hit is not None
-                return hit
-        raise AssertionError(f"{name} did not finish")
+    return DrivenPlanner(INFO, target)  # type: ignore[arg-type]
 
 
 def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
@@ -224,7 +185,7 @@ def test_with_two_workers_a_job_completes_at_the_second_report() -> None:
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
     law, name, old, new = PLANTS[plant]
-    assert_caught(TARGET, law, EDIT.format(name=name, old=old, new=new), tmp_path, examples=PLANT_EXAMPLES)
+    assert_caught(TARGET, law, edit(name, old, new), tmp_path, examples=PLANT_EXAMPLES)
 
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
