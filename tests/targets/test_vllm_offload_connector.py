@@ -240,3 +240,17 @@ def test_finding_23_a_reset_the_device_refuses_leaves_the_host_tier_published() 
         else:
             with pytest.raises(IntegrityError, match="host_events_replay_to_the_tier"):
                 machine.reset_busy(now=0)
+
+
+def test_a_host_slot_both_held_and_free_is_named() -> None:
+    """``host_slots_are_conserved``: the CPU manager's chunks and its free slots partition the tier (no campaign of
+    this target frees a slot to the list: its workers never fail a store, so the check is seen failing here)."""
+    target = engine()
+    machine = Driven(target)
+    machine.serve([*range(1, 13), 50])
+    machine.step(plans=2, late=False, report="all")  # the finished request's chunks stored
+    target.check_integrity(quiescent=False)  # type: ignore[attr-defined]
+    held = next(iter(target.chunks().values())).chunk_id  # type: ignore[attr-defined]
+    target.cpu._free_list.append(held)  # type: ignore[attr-defined]
+    with pytest.raises(IntegrityError, match="host_slots_are_conserved"):
+        target.check_integrity(quiescent=False)  # type: ignore[attr-defined]
