@@ -337,7 +337,7 @@ class PlannerMachine(RuleBasedStateMachine):
         self.plans_since_reset = 0
         if self.target.reset():
             STATS.rules["planner.reset[cleared]"] += 1
-            self.cleared()
+            self.cleared(("device", "host", "snapshot") if self.target.host_cleared else ("device", "snapshot"))
         self.after_step()
 
     @precondition(
@@ -349,8 +349,9 @@ class PlannerMachine(RuleBasedStateMachine):
     def reset_busy(self, now: int) -> None:
         """A reset while requests run and transfers are in flight, where the planner takes one (vLLM's
         ``reset_prefix_cache(reset_connector=True)``): its host tier is cleared whatever the device says (the
-        device refuses while a request holds a block). The loads in flight land first: their requests took their
-        hits before the reset, and the planner completes them before its next step."""
+        device refuses while a request holds a block), unless the planner says it kept it (``host_cleared``). The
+        loads in flight land first: their requests took their hits before the reset, and the planner completes them
+        before its next step."""
         if now:
             return
         STATS.record_rule("planner.reset[busy]")
@@ -358,9 +359,11 @@ class PlannerMachine(RuleBasedStateMachine):
         for transfer in self.in_flight:
             if transfer.kind in LANDS_BEFORE_FORWARD and transfer.op not in self.moved:
                 self.move(transfer, None)
-        device = self.target.reset()
+        device, host = self.target.reset(), self.target.host_cleared
         STATS.rules[f"planner.reset[busy, device {'cleared' if device else 'refused'}]"] += 1
-        self.cleared(("device", "host", "snapshot") if device else ("host",))
+        if not host:
+            STATS.rules["planner.reset[busy, host refused]"] += 1
+        self.cleared((("device", "snapshot") if device else ()) + (("host",) if host else ()))
         self.after_step()
 
     def cleared(self, tiers: tuple[str, ...] = ("device", "host", "snapshot")) -> None:

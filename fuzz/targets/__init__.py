@@ -60,6 +60,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         vllm_mamba,
         vllm_offload,
         vllm_offload_connector,
+        vllm_simple_offload,
     )
 
     def no_argument(info: TargetInfo) -> Callable[[str | None], TargetInfo]:
@@ -79,6 +80,7 @@ def builtin_targets() -> dict[str, Callable[[str | None], TargetInfo]]:
         "vllm-mamba": no_argument(vllm_mamba.TARGET),
         "vllm-offload": no_argument(vllm_offload.TARGET),
         "vllm-offload-connector": no_argument(vllm_offload_connector.TARGET),
+        "vllm-simple-offload": no_argument(vllm_simple_offload.TARGET),
         "minisgl": minisgl.target,
         "sglang-swa": sglang_unified_swa.target,
         "sglang-mamba": sglang_unified_mamba.target,

@@ -633,6 +633,9 @@ class PlannerTarget(Protocol):
     # it takes a reset while requests run and transfers are in flight, clearing its host tier whatever its device
     # says (vLLM's reset_prefix_cache(reset_connector=True)); False: a reset only when idle
     resets_busy: bool
+    # whether its last reset cleared its host tier: a planner may keep it while its transfers run (vLLM's
+    # SimpleCPUOffloadConnector refuses then, and its reset returns False), and it serves it on
+    host_cleared: bool
 
     def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None: ...
     def plan(self) -> Plan: ...

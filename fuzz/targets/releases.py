@@ -41,7 +41,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-hicache:rust",
         "sglang-hicache:both",
     ),
-    "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload", "vllm-offload-connector"),
+    "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload", "vllm-offload-connector", "vllm-simple-offload"),
     "dynamo": ("dynamo",),
     "tokenspeed": ("tokenspeed",),
 }

@@ -147,7 +147,7 @@ class TokenSpeedPlanner:
         # finding 19 (docs/findings.md): a retracted and restored request goes on storing blocks under a parent its
         # events removed at the restore, or never stored; only retraction reaches it
         self.orphans = retraction != "off"
-        self.publishes_hits, self.duplicates, self.resets_busy = True, False, False
+        self.publishes_hits, self.duplicates, self.resets_busy, self.host_cleared = True, False, False, True
         # finding 20: with retraction enabled, planning can fail an internal assertion (KNOWN_CRASH); the machine
         # counts it and goes on with a new scheduler. Tests turn it off to see the crash reported
         self.known_crashes = retraction != "off"

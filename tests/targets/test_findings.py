@@ -744,6 +744,119 @@ def test_vllm_offloading_connector_a_second_reset_before_a_step_fails_an_asserti
     assert seen == {"store_jobs": [0], "first_reset": "ok", "second_reset": "AssertionError at reset_cache"}
 
 
+# Finding 24, standalone: vLLM's own modules only (the KV cache manager and SimpleCPUOffloadScheduler). A request's
+# blocks stored to the CPU and published on both tiers; a reset while another request runs.
+VLLM_SIMPLE_RESET_CLEARS_EVERY_TIER = """import json, types
+from radixspec.fuzz.targets.vllm_simple_offload import import_simple
+
+s = import_simple()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+import torch
+from vllm.utils.hashing import sha256
+from vllm.v1.core import kv_cache_utils as utils
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import RequestStatus
+from vllm.v1.simple_kv_offload.manager import SimpleCPUOffloadScheduler
+from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
+
+P, BLOCKS, PAGE = 4, 9, 2 * 4 * 4  # 8 usable GPU blocks, K and V of one float32 head of size 1
+spec = FullAttentionSpec(block_size=P, num_kv_heads=1, head_size=1, dtype=torch.float32)
+tensor = KVCacheTensor(size=BLOCKS * PAGE, layers=["layer.0"], layer_stride=BLOCKS * PAGE, block_stride=PAGE)
+kv_config = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[tensor],
+                          kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+kvm = KVCacheManager(kv_config, max_model_len=4096, scheduler_block_size=P, hash_block_size=P,
+                     enable_kv_cache_events=True)
+utils.init_none_hash(sha256)
+engine = types.SimpleNamespace(  # the VllmConfig fields the connector's scheduler reads (KV events on, one rank)
+    kv_events_config=types.SimpleNamespace(enable_kv_cache_events=True),
+    parallel_config=types.SimpleNamespace(world_size=1, decode_context_parallel_size=1), speculative_config=None,
+    model_config=types.SimpleNamespace(max_model_len=4096), max_in_flight_tokens=4096,
+    num_prefill_lookahead_tokens=0, scheduler_config=types.SimpleNamespace(max_num_batched_tokens=64))
+connector = SimpleCPUOffloadScheduler(engine, kv_config, cpu_capacity_bytes=16 * PAGE, scheduler_block_size=P,
+                                      hash_block_size=P)  # eager mode, 16 CPU blocks
+connector.bind_gpu_block_pool(kvm.block_pool)
+
+
+def request(rid, tokens):  # what the scheduler, the manager and the connector read of a Request
+    r = types.SimpleNamespace(
+        request_id=rid, all_token_ids=list(tokens), num_prompt_tokens=len(tokens), num_tokens=len(tokens),
+        num_computed_tokens=0, block_hashes=[], mm_features=[], lora_request=None, cache_salt=None,
+        prompt_embeds=None, session_id=None, kv_transfer_params=None, kv_hints=None,
+        skip_reading_prefix_cache=False, shared_prefix_boundary=0, sampling_params=None, num_in_flight_tokens=0,
+        num_output_placeholders=0, spec_token_ids=[], status=RequestStatus.WAITING)
+    r.block_hashes.extend(utils.get_request_block_hasher(P, sha256)(r))
+    return r
+
+
+def admit(r):  # the scheduler's admission of a waiting request
+    blocks, local, _ = kvm.get_computed_blocks(r)
+    hit, _ = connector.get_num_new_matched_tokens(r, local)
+    kvm.allocate_slots(r, r.num_tokens - local, num_new_computed_tokens=local, new_computed_blocks=blocks)
+    connector.update_state_after_alloc(r, kvm.get_blocks(r.request_id), 0)
+    r.status = RequestStatus.RUNNING
+    return NewRequestData(r.request_id, r.all_token_ids, [], None, None, kvm.get_block_ids(r.request_id), local, None)
+
+
+def step(new, finished=()):
+    out = SchedulerOutput(
+        scheduled_new_reqs=new, scheduled_cached_reqs=CachedRequestData.make_empty(),
+        num_scheduled_tokens={n.req_id: len(n.prompt_token_ids) for n in new},
+        total_num_scheduled_tokens=sum(len(n.prompt_token_ids) for n in new), scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={}, finished_req_ids=set(finished), free_encoder_mm_hashes=[])
+    return connector.build_connector_meta(out)
+
+
+def events():
+    return [(type(e).__name__, getattr(e, "medium", None)) for e in kvm.take_events() + list(connector.take_events())]
+
+
+a = request("A", range(1, 9))  # A computes 8 tokens: two GPU blocks
+step([admit(a)])
+a.num_computed_tokens = 8
+# A finishes: its confirmed blocks are queued for the CPU; the scheduler frees them (they stay cached on the GPU)
+connector.request_finished_all_groups(a, kvm.get_block_ids_for_computed_tokens("A", 8))
+kvm.free(a)
+b = request("B", range(100, 104))  # B runs: it holds a GPU block
+meta = step([admit(b)], finished={"A"})
+# the worker copies A's two blocks and reports the store event
+connector.update_connector_output(KVConnectorOutput(
+    kv_connector_worker_meta=SimpleCPUOffloadWorkerMetadata(completed_store_events={meta.store_event: 1})))
+seen = {"store_event": meta.store_event, "published": events()}
+# Scheduler.reset_prefix_cache(reset_connector=True) while B runs: the GPU pool refuses, the connector resets
+seen["device_reset"] = kvm.reset_prefix_cache()
+seen["connector_reset"] = connector.reset()
+seen["events_after_reset"] = events()
+# the GPU still serves A's prefix: the consumer that applied AllBlocksCleared no longer knows those blocks
+seen["gpu_hit_after"] = kvm.get_computed_blocks(request("C", [*range(1, 9), 50]))[1]
+print(json.dumps(seen))
+"""
+
+
+@needs_vllm
+def test_vllm_simple_cpu_offload_a_reset_the_device_refuses_publishes_a_clear_of_every_tier() -> None:
+    """Finding 24 (the ``vllm-simple-offload`` campaign, seed 1, after 1.1 s): with a request running,
+    ``Scheduler.reset_prefix_cache(reset_connector=True)`` finds the GPU pool's reset refused and resets the
+    connector, whose CPU pool publishes ``AllBlocksCleared``. The event names no tier (it has no ``medium``): a
+    consumer drops the GPU's blocks too, while the GPU still serves them."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_SIMPLE_RESET_CLEARS_EVERY_TIER], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "store_event": 0,
+        "published": [["BlockStored", "GPU"], ["BlockStored", "GPU"], ["BlockStored", "CPU"], ["BlockStored", "CPU"]],
+        "device_reset": False,
+        "connector_reset": True,
+        "events_after_reset": [["AllBlocksCleared", None]],
+        "gpu_hit_after": 8,
+    }
+
+
 # ------------------------------------------------------------------ NVIDIA Dynamo 1.6.1's router index
 
 needs_dynamo = pytest.mark.skipif(importlib.util.find_spec("dynamo") is None, reason="Dynamo is not installed")
