@@ -732,13 +732,21 @@ class HostTier:
 
 
 def target(argument: str | None) -> TargetInfo:
-    """``sglang-hicache`` (the Python tree core), ``sglang-hicache:rust``, ``sglang-hicache:both``."""
-    if argument not in CORES:
-        raise TargetError(f"sglang-hicache takes rust, python or both, got {argument!r}")
-    cores = ("python",) if argument is None else CORES[argument]
+    """``sglang-hicache`` (the Python tree core), ``sglang-hicache:rust``, ``sglang-hicache:both``; a write policy
+    after the core or alone pins it (``sglang-hicache:write_back``, ``sglang-hicache:both,write_through``), else each
+    example draws one."""
+    parts = [] if argument is None else argument.split(",")
+    core = next((part for part in parts if part in CORES), None)
+    pinned = next((part for part in parts if part in WRITE_POLICIES), None)
+    if len(parts) != (core is not None) + (pinned is not None):
+        raise TargetError(
+            f"sglang-hicache takes a core (rust, python or both), a write policy ({', '.join(WRITE_POLICIES)}) or"
+            f" both (core,policy), got {argument!r}"
+        )
+    cores = ("python",) if core is None else CORES[core]
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
-        policy = WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
+        policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
         ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
         storage = STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
         drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
@@ -753,7 +761,8 @@ def target(argument: str | None) -> TargetInfo:
 
     return TargetInfo(
         name="sglang-hicache" if argument is None else f"sglang-hicache:{argument}",
-        description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core",
+        description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core"
+        + (f", {pinned}" if pinned else ""),
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         executes=True,

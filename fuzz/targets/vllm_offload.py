@@ -25,14 +25,14 @@ from __future__ import annotations
 import hashlib
 import sys
 import types
-from collections.abc import Sequence
-from typing import Literal, Protocol
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal, Protocol, TypeVar, cast
 
 from radixspec.spec import offload as of
 from radixspec.spec.errors import IntegrityError
 from radixspec.spec.prefix_cache import PageKey
 
-from .api import Profile, StoreOutput, TargetInfo
+from .api import Profile, StoreOutput, TargetError, TargetInfo
 from .shims import Never, bare, install, package_root, register, stub
 
 VERSION = "0.33.0"
@@ -79,13 +79,47 @@ class ChunkStatus(Protocol):
     ref_cnt: int
 
 
+# a chunk's key (the adapter's bytes, the connector's offload keys)
+K = TypeVar("K", bound=Hashable)
+
+
+class CPUManager(Protocol):
+    """What the adapters read of a ``CPUOffloadingManager``: its policy (LRU's or ARC's) and its counters."""
+
+    _policy: object
+    _num_write_pending_chunks: int
+    _num_evictable_cache_chunks: int
+
+
+def policy_chunks(manager: CPUManager) -> dict[Hashable, ChunkStatus]:
+    """Every chunk a ``CPUOffloadingManager``'s policy holds (LRU: one map; ARC: its two resident lists)."""
+    policy = manager._policy
+    if hasattr(policy, "chunks"):
+        return dict(policy.chunks)
+    return {**getattr(policy, "t1"), **getattr(policy, "t2")}  # noqa: B009
+
+
+def check_counts(manager: CPUManager, chunks: Mapping[K, ChunkStatus]) -> set[K]:
+    """``manager_counts_its_chunks``: its counters of write-pending and evictable chunks are its chunks'; the idle
+    ones."""
+    pending = sum(chunk.ref_cnt == of.PENDING for chunk in chunks.values())
+    idle = {key for key, chunk in chunks.items() if chunk.ref_cnt == 0}
+    counted = (manager._num_write_pending_chunks, manager._num_evictable_cache_chunks)
+    if counted != (pending, len(idle)):
+        raise IntegrityError(
+            f"manager_counts_its_chunks: counts {counted} (write pending, evictable), chunks {(pending, len(idle))}"
+        )
+    return idle
+
+
 class VllmOffloadStore:
     """``CPUOffloadingManager`` as an ``OffloadTarget``: page keys as chained offload keys, requests as contexts."""
 
-    def __init__(self, capacity: int, draw: int) -> None:
+    def __init__(self, capacity: int, draw: int, policy: str | None = None) -> None:
         vllm = import_offload()
         self.base = vllm.base
-        policy = POLICIES[draw % len(POLICIES)]
+        # the policy: the one the target names (vllm-offload:arc), else drawn
+        policy = policy or POLICIES[draw % len(POLICIES)]
         # store_threshold (1: every offer stored; the connector's default), and a tracker small enough to forget
         self.threshold = THRESHOLDS[draw // len(POLICIES) % len(THRESHOLDS)]
         self.tracker_size = TRACKERS[draw // len(POLICIES) // len(THRESHOLDS) % len(TRACKERS)]
@@ -183,11 +217,7 @@ class VllmOffloadStore:
     # ------------------------------------------------------------ what the laws read
 
     def chunks(self) -> dict[bytes, ChunkStatus]:
-        """Every chunk its policy holds (LRU: one map; ARC: its two resident lists)."""
-        policy = self.manager._policy
-        if hasattr(policy, "chunks"):
-            return dict(policy.chunks)
-        return {**policy.t1, **policy.t2}
+        return cast(dict[bytes, ChunkStatus], policy_chunks(self.manager))
 
     def view(self) -> of.OffloadView:
         held = {
@@ -201,14 +231,7 @@ class VllmOffloadStore:
 
     def check_integrity(self) -> None:
         """The manager's counters and its policy's evictable set agree with its chunks."""
-        chunks = self.chunks()
-        pending = sum(chunk.ref_cnt == of.PENDING for chunk in chunks.values())
-        idle = {key for key, chunk in chunks.items() if chunk.ref_cnt == 0}
-        counted = (self.manager._num_write_pending_chunks, self.manager._num_evictable_cache_chunks)
-        if counted != (pending, len(idle)):
-            raise IntegrityError(
-                f"manager_counts_its_chunks: counts {counted} (write pending, evictable), chunks {(pending, len(idle))}"
-            )
+        idle = check_counts(self.manager, self.chunks())
         evictable = getattr(self.manager._policy, "_evictable", None)
         if evictable is not None and set(evictable) != idle:
             raise IntegrityError(
@@ -227,19 +250,27 @@ PROFILE = Profile(
 )
 
 
-def factory(capacity: int, draw: int) -> VllmOffloadStore:
-    return VllmOffloadStore(capacity, draw)
+def target(argument: str | None) -> TargetInfo:
+    """``vllm-offload`` (each example draws its policy), ``vllm-offload:lru``, ``vllm-offload:arc``."""
+    if argument is not None and argument not in POLICIES:
+        raise TargetError(f"vllm-offload takes a policy ({', '.join(POLICIES)}), got {argument!r}")
+
+    def factory(capacity: int, draw: int) -> VllmOffloadStore:
+        return VllmOffloadStore(capacity, draw, argument)
+
+    return TargetInfo(
+        name="vllm-offload" if argument is None else f"vllm-offload:{argument}",
+        description=f"vLLM {VERSION} KV offloading: CPUOffloadingManager ({argument or 'lru, arc'}) as its connector's"
+        " scheduler drives it",
+        requires=(
+            ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
+            ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
+        ),
+        offload_factory=factory,
+        profile=PROFILE,
+        how="the offload machine: the scheduler's calls and the workers' completions, late, out of order, failed",
+        probe=import_offload,
+    )
 
 
-TARGET = TargetInfo(
-    name="vllm-offload",
-    description=f"vLLM {VERSION} KV offloading: CPUOffloadingManager (lru, arc) as its connector's scheduler drives it",
-    requires=(
-        ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
-        ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
-    ),
-    offload_factory=factory,
-    profile=PROFILE,
-    how="the offload machine: the scheduler's calls and the workers' completions, late, out of order, failed",
-    probe=import_offload,
-)
+TARGET = target(None)

@@ -58,10 +58,10 @@ from typing import NamedTuple, Protocol, cast
 from radixspec.spec.errors import IntegrityError
 
 from ..stats import STATS
-from .api import BlockEvent, Pass, Plan, Profile, TargetInfo, Transfer, choose_from, draw_choosing
+from .api import BlockEvent, Pass, Plan, Profile, TargetError, TargetInfo, Transfer, choose_from, draw_choosing
 from .shims import Never, bare, install, never, package_root, register, stub
 from .vllm import VERSION, import_vllm
-from .vllm_offload import ChunkStatus, import_offload
+from .vllm_offload import ChunkStatus, check_counts, import_offload, policy_chunks
 
 PAGE_SIZES = (1, 2, 4, 8, 16)
 DEVICE_BLOCKS = (8, 12, 16, 24, 48)
@@ -754,9 +754,10 @@ class VllmOffloadEngine(ConnectorEngine):
     """vLLM's KV cache manager and offloading connector (scheduler side) under a replay of vLLM's scheduler, behind
     the planner layer's protocol."""
 
-    def __init__(self, draw: int) -> None:
+    def __init__(self, draw: int, policy: str | None = None) -> None:
         v = import_connector()
-        config = self.choice = choose(draw)
+        # the policy: the one the target names (vllm-offload-connector:arc), else drawn
+        config = self.choice = choose(draw)._replace(policy=policy or choose(draw).policy)
         super().__init__(v, config.page_size, config.device_blocks, config.caching, config.workers)
         p = config.page_size
         self.host_chunks = max(2, int(config.device_blocks * config.host_ratio) // config.blocks_per_chunk)
@@ -857,22 +858,14 @@ class VllmOffloadEngine(ConnectorEngine):
             if chunk.ref_cnt != -1
         )
 
-    def chunks(self) -> dict[object, ChunkStatus]:
-        """Every chunk the CPU manager's policy holds (LRU: one map; ARC: its two resident lists)."""
-        policy = self.cpu._policy
-        return dict(policy.chunks) if hasattr(policy, "chunks") else {**policy.t1, **policy.t2}
+    def chunks(self) -> dict[Hashable, ChunkStatus]:
+        return policy_chunks(self.cpu)
 
     def check_integrity(self, quiescent: bool) -> None:
         """The CPU manager's counts of its chunks; with nothing live and nothing in flight, nothing held anywhere."""
         cpu = self.cpu
         chunks = self.chunks()
-        pending = sum(chunk.ref_cnt == -1 for chunk in chunks.values())
-        idle = sum(chunk.ref_cnt == 0 for chunk in chunks.values())
-        counted = (cpu._num_write_pending_chunks, cpu._num_evictable_cache_chunks)
-        if counted != (pending, idle):
-            raise IntegrityError(
-                f"manager_counts_its_chunks: counts {counted} (write pending, evictable), chunks {(pending, idle)}"
-            )
+        check_counts(cpu, chunks)
         held = [int(chunk.chunk_id) for chunk in chunks.values()]
         free = [*map(int, cpu._free_list), *range(cpu._num_allocated_chunks, self.host_chunks)]
         if sorted(held + free) != list(range(self.host_chunks)):
@@ -930,17 +923,30 @@ PROFILE = Profile(
 )
 
 
-TARGET = TargetInfo(
-    name="vllm-offload-connector",
-    description=f"vLLM {VERSION} KV offloading: KVCacheManager + OffloadingConnectorScheduler + CPUOffloadingManager",
-    requires=(
-        ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
-        ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
-        ("msgspec", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
-        ("zmq", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
-    ),
-    planner_factory=VllmOffloadEngine,
-    profile=PROFILE,
-    how="the planner machine: vLLM's scheduler replayed, the connector's jobs run as its worker does (late, flushed)",
-    probe=import_connector,
-)
+def target(argument: str | None) -> TargetInfo:
+    """``vllm-offload-connector`` (each example draws its policy), ``vllm-offload-connector:lru``, ``...:arc``."""
+    if argument is not None and argument not in POLICIES:
+        raise TargetError(f"vllm-offload-connector takes a policy ({', '.join(POLICIES)}), got {argument!r}")
+
+    def factory(draw: int) -> VllmOffloadEngine:
+        return VllmOffloadEngine(draw, argument)
+
+    return TargetInfo(
+        name="vllm-offload-connector" if argument is None else f"vllm-offload-connector:{argument}",
+        description=f"vLLM {VERSION} KV offloading: KVCacheManager + OffloadingConnectorScheduler +"
+        f" CPUOffloadingManager ({argument or 'lru, arc'})",
+        requires=(
+            ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
+            ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
+            ("msgspec", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
+            ("zmq", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
+        ),
+        planner_factory=factory,
+        profile=PROFILE,
+        how="the planner machine: vLLM's scheduler replayed, the connector's jobs run as its worker does (late,"
+        " flushed)",
+        probe=import_connector,
+    )
+
+
+TARGET = target(None)

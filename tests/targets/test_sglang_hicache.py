@@ -442,3 +442,27 @@ def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
     done = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path), examples=150))
     assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+PINNED = """
+from radixspec.fuzz.targets import resolve
+info = resolve({name!r})
+managers = [info.hybrid_factory(4, (None,), 16 + n) for n in range(6)]
+print(" ".join(sorted({{manager.tiers.policy for manager in managers}})))
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "policies"),
+    [
+        ("sglang-hicache:write_back", "write_back"),
+        ("sglang-hicache:rust,write_through_selective", "write_through_selective"),
+        ("sglang-hicache", "write_back write_through write_through_selective"),
+    ],
+)
+def test_a_write_policy_named_after_the_target_is_every_examples(name: str, policies: str) -> None:
+    """``sglang-hicache:write_back`` pins the write policy (a ten-minute campaign per policy), after a core or alone;
+    without it each example draws one."""
+    out = run(PINNED.format(name=name))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == policies, out.stdout

@@ -142,3 +142,16 @@ def test_a_lookup_answer_outside_the_spec_is_named() -> None:
     store.manager.lookup = lambda offload_key, context: store.base.LookupResult.RETRY
     with pytest.raises(IntegrityError, match="lookup_answers"):
         store.lookup(0, key)
+
+
+def test_a_policy_named_after_the_target_is_every_examples() -> None:
+    """``vllm-offload:arc`` pins the policy (a ten-minute campaign per policy); without it each example draws one."""
+    from radixspec.fuzz.targets import resolve
+
+    for policy in ("lru", "arc"):
+        factory = resolve(f"vllm-offload:{policy}").offload_factory
+        assert factory is not None
+        assert {factory(8, draw).config.split(",")[0] for draw in range(8)} == {policy}
+    drawn = resolve("vllm-offload").offload_factory
+    assert drawn is not None
+    assert {drawn(8, draw).config.split(",")[0] for draw in range(8)} == {"lru", "arc"}

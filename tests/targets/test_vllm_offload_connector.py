@@ -254,3 +254,16 @@ def test_a_host_slot_both_held_and_free_is_named() -> None:
     target.cpu._free_list.append(held)  # type: ignore[attr-defined]
     with pytest.raises(IntegrityError, match="host_slots_are_conserved"):
         target.check_integrity(quiescent=False)  # type: ignore[attr-defined]
+
+
+def test_a_policy_named_after_the_target_is_every_examples() -> None:
+    """``vllm-offload-connector:arc`` pins the policy; without it each example draws one."""
+    from radixspec.fuzz.targets import resolve
+
+    for policy in ("lru", "arc"):
+        factory = resolve(f"vllm-offload-connector:{policy}").planner_factory
+        assert factory is not None
+        assert {factory(draw).choice.policy for draw in range(12)} == {policy}  # type: ignore[attr-defined]
+    drawn = resolve("vllm-offload-connector").planner_factory
+    assert drawn is not None
+    assert {drawn(draw).choice.policy for draw in range(12)} == {"lru", "arc"}  # type: ignore[attr-defined]
