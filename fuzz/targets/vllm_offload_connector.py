@@ -742,6 +742,16 @@ class ConnectorEngine:
                 f" {sum(ready.values())} ready, {sum((ready - self.host_published).values())} of them not published"
             )
 
+    def check_quiescent(self, held: Mapping[str, int]) -> None:
+        """``offload_quiescent_holds_nothing``: with no request live and no transfer in flight, no device block in
+        use, no request left, and nothing of ``held`` (the connector's own)."""
+        busy = {"device blocks in use": self.device_in_use(), **held, "requests live": len(self.requests)}
+        left = {what: n for what, n in busy.items() if n}
+        if left:
+            raise IntegrityError(
+                f"offload_quiescent_holds_nothing: with no request live and no transfer in flight it holds {left}"
+            )
+
     def device_in_use(self) -> int:
         return int(self.device_blocks - 1 - self.kvm.block_pool.get_num_free_blocks())
 
@@ -876,18 +886,13 @@ class VllmOffloadEngine(ConnectorEngine):
         self.check_host_events()
         if not quiescent:
             return
-        busy = {
-            "device blocks in use": self.device_in_use(),
-            "host chunks pinned or pending": sum(chunk.ref_cnt != 0 for chunk in chunks.values()),
-            "connector jobs": len(self.offloading._jobs),
-            "connector requests": len(self.offloading._req_status),
-            "requests live": len(self.requests),
-        }
-        left = {what: n for what, n in busy.items() if n}
-        if left:
-            raise IntegrityError(
-                f"offload_quiescent_holds_nothing: with no request live and no transfer in flight it holds {left}"
-            )
+        self.check_quiescent(
+            {
+                "host chunks pinned or pending": sum(chunk.ref_cnt != 0 for chunk in chunks.values()),
+                "connector jobs": len(self.offloading._jobs),
+                "connector requests": len(self.offloading._req_status),
+            }
+        )
 
     def reach(self) -> Mapping[str, int]:
         return {**super().reach(), "host blocks cached": len(self.chunks()) * self.bpc}
@@ -923,6 +928,15 @@ PROFILE = Profile(
 )
 
 
+# what vLLM's connector targets import: vLLM's wheel, its metrics, and what its KV events need
+REQUIRES = (
+    ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
+    ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
+    ("msgspec", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
+    ("zmq", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
+)
+
+
 def target(argument: str | None) -> TargetInfo:
     """``vllm-offload-connector`` (each example draws its policy), ``vllm-offload-connector:lru``, ``...:arc``."""
     if argument is not None and argument not in POLICIES:
@@ -935,12 +949,7 @@ def target(argument: str | None) -> TargetInfo:
         name="vllm-offload-connector" if argument is None else f"vllm-offload-connector:{argument}",
         description=f"vLLM {VERSION} KV offloading: KVCacheManager + OffloadingConnectorScheduler +"
         f" CPUOffloadingManager ({argument or 'lru, arc'})",
-        requires=(
-            ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
-            ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
-            ("msgspec", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
-            ("zmq", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
-        ),
+        requires=REQUIRES,
         planner_factory=factory,
         profile=PROFILE,
         how="the planner machine: vLLM's scheduler replayed, the connector's jobs run as its worker does (late,"

@@ -47,7 +47,14 @@ from ..stats import STATS
 from .api import BlockEvent, Profile, TargetInfo, Transfer, choose_from, draw_choosing
 from .shims import register
 from .vllm import VERSION
-from .vllm_offload_connector import MAX_MODEL_LEN, ConnectorEngine, Request, VllmScheduler, import_connector
+from .vllm_offload_connector import (
+    MAX_MODEL_LEN,
+    REQUIRES,
+    ConnectorEngine,
+    Request,
+    VllmScheduler,
+    import_connector,
+)
 
 PAGE_SIZES = (1, 2, 4, 8, 16)
 DEVICE_BLOCKS = (8, 12, 16, 24, 48)
@@ -323,20 +330,15 @@ class VllmSimpleOffloadEngine(ConnectorEngine):
         if not quiescent:
             return
         c = self.manager
-        busy = {
-            "device blocks in use": self.device_in_use(),
-            "CPU blocks pinned": sum(cpu_pins.values()),
-            "events in flight": self.worker.in_flight() + len(self.late),
-            "stores queued": c.has_pending_stores(),
-            "loads tracked": len(c._reqs_to_load) + len(c._abandoned_reqs_to_load),
-            "stores tracked": len(c._reqs_to_store),
-            "requests live": len(self.requests),
-        }
-        left = {what: n for what, n in busy.items() if n}
-        if left:
-            raise IntegrityError(
-                f"offload_quiescent_holds_nothing: with no request live and no transfer in flight it holds {left}"
-            )
+        self.check_quiescent(
+            {
+                "CPU blocks pinned": sum(cpu_pins.values()),
+                "events in flight": self.worker.in_flight() + len(self.late),
+                "stores queued": int(c.has_pending_stores()),
+                "loads tracked": len(c._reqs_to_load) + len(c._abandoned_reqs_to_load),
+                "stores tracked": len(c._reqs_to_store),
+            }
+        )
 
     def reach(self) -> Mapping[str, int]:
         cached = sum(1 for block in self.cpu_pool.blocks[1:] if block.block_hash is not None)
@@ -360,12 +362,7 @@ PROFILE = Profile(
 TARGET = TargetInfo(
     name="vllm-simple-offload",
     description=f"vLLM {VERSION} SimpleCPUOffloadConnector: KVCacheManager + SimpleCPUOffloadScheduler",
-    requires=(
-        ("vllm", f"radixspec targets install vllm  (pip install --no-deps vllm=={VERSION} prometheus_client)"),
-        ("prometheus_client", "radixspec targets install vllm  (pip install prometheus_client)"),
-        ("msgspec", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
-        ("zmq", "radixspec targets install vllm  (pip install msgspec pyzmq: the device's KV events)"),
-    ),
+    requires=REQUIRES,
     planner_factory=VllmSimpleOffloadEngine,
     profile=PROFILE,
     how="the planner machine: vLLM's scheduler replayed, the connector's events run as its worker does (in order)",

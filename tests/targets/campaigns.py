@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from radixspec.fuzz.planner_machine import PlannerMachine
+from radixspec.fuzz.stats import STATS
 from radixspec.fuzz.targets.api import PlannerTarget, TargetInfo
 
 CAMPAIGN = """
@@ -92,3 +93,22 @@ class DrivenPlanner(PlannerMachine):
                 assert hit is not None
                 return hit
         raise AssertionError(f"{name} did not finish")
+
+
+def driven(name: str, target: object) -> DrivenPlanner:
+    """The planner machine over ``target``, a planner of the target named ``name``, its rules called by hand."""
+    from radixspec.fuzz.targets import resolve
+
+    return DrivenPlanner(resolve(name, check=False), target)  # type: ignore[arg-type]
+
+
+def load_after_eviction(machine: DrivenPlanner) -> tuple[int, int, int, int]:
+    """A prefix of 12 tokens served twice, evicted from the device by a longer prompt, then served again: the three
+    hits, and how many loads the last one took (its KV checked at the forward)."""
+    shared = list(range(1, 13))
+    first, second = machine.serve([*shared, 50]), machine.serve([*shared, 60])
+    machine.serve(list(range(200, 230)))
+    loads = STATS.rules["planner.transfer[load]"]
+    third = machine.serve([*shared, 70])
+    machine.teardown()
+    return first, second, third, STATS.rules["planner.transfer[load]"] - loads

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .campaigns import DrivenPlanner, assert_caught, assert_clean, edit
+from .campaigns import DrivenPlanner, assert_caught, assert_clean, driven, edit, load_after_eviction
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None or importlib.util.find_spec("msgspec") is None,
@@ -94,22 +94,12 @@ def engine(**fields: object) -> object:
 
 
 def Driven(target: object) -> DrivenPlanner:
-    """The planner machine over ``target``, its rules called by hand."""
-    from radixspec.fuzz.targets.vllm_simple_offload import TARGET as INFO
-
-    return DrivenPlanner(INFO, target)  # type: ignore[arg-type]
+    return driven(TARGET, target)
 
 
 def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
-    machine = Driven(engine())
-    shared = list(range(1, 13))
-    assert machine.serve([*shared, 50]) == 0
-    assert machine.serve([*shared, 60]) == 12  # a device hit
-    machine.serve(list(range(200, 230)))  # evicts the shared prefix from the device
-    loads = STATS.rules["planner.transfer[load]"]
-    assert machine.serve([*shared, 70]) == 12  # loaded from the host, its KV checked at the forward
-    assert STATS.rules["planner.transfer[load]"] == loads + 1
-    machine.teardown()
+    # no hit, a device hit, then (the prefix evicted from the device) a hit loaded from the host
+    assert load_after_eviction(Driven(engine())) == (0, 12, 12, 1)
 
 
 def test_in_lazy_mode_the_free_queues_blocks_are_stored_before_they_are_evicted() -> None:
