@@ -337,7 +337,7 @@ class PlannerMachine(RuleBasedStateMachine):
         self.plans_since_reset = 0
         if self.target.reset():
             STATS.rules["planner.reset[cleared]"] += 1
-            self.cleared(("device", "host", "snapshot") if self.target.host_cleared else ("device", "snapshot"))
+            self.reset_took(device=True)
         self.after_step()
 
     @precondition(
@@ -359,12 +359,17 @@ class PlannerMachine(RuleBasedStateMachine):
         for transfer in self.in_flight:
             if transfer.kind in LANDS_BEFORE_FORWARD and transfer.op not in self.moved:
                 self.move(transfer, None)
-        device, host = self.target.reset(), self.target.host_cleared
+        device = self.target.reset()
         STATS.rules[f"planner.reset[busy, device {'cleared' if device else 'refused'}]"] += 1
-        if not host:
-            STATS.rules["planner.reset[busy, host refused]"] += 1
-        self.cleared((("device", "snapshot") if device else ()) + (("host",) if host else ()))
+        self.reset_took(device)
         self.after_step()
+
+    def reset_took(self, device: bool) -> None:
+        """A reset the planner took: the device (and its snapshots) cleared when it says so, the host tier unless
+        the planner kept it (``host_cleared``)."""
+        if not self.target.host_cleared:
+            STATS.rules["planner.reset[host refused]"] += 1
+        self.cleared((("device", "snapshot") if device else ()) + (("host",) if self.target.host_cleared else ()))
 
     def cleared(self, tiers: tuple[str, ...] = ("device", "host", "snapshot")) -> None:
         """The planner cleared ``tiers``: no copy made before in them may be served, and (the device cleared) its

@@ -722,9 +722,10 @@ class ConnectorEngine:
             for block in getattr(event, "block_hashes", ()):
                 if kind == "BlockStored":
                     self.host_published[block] += 1
-                elif self.host_published[block] > 0:
+                elif self.host_published[block] > 1:
                     self.host_published[block] -= 1
-                    self.host_published += Counter()  # drops the zero
+                elif block in self.host_published:
+                    del self.host_published[block]
                 else:
                     raise IntegrityError(f"host_events_replay_to_the_tier: CPU block {block!r} removed, not published")
         return said

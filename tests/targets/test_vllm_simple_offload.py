@@ -138,10 +138,10 @@ def test_a_reset_with_a_store_in_flight_keeps_the_host_tier_and_says_so() -> Non
     machine.serve([*range(1, 13), 50])
     machine.step(plans=1, late=True, report="none")  # the finished request's store launched, not copied
     assert target.connector._store_event_to_blocks  # type: ignore[attr-defined]
-    refused = STATS.rules["planner.reset[busy, host refused]"]
+    refused = STATS.rules["planner.reset[host refused]"]
     machine.reset_busy(now=0)
     assert not target.host_cleared  # type: ignore[attr-defined]
-    assert STATS.rules["planner.reset[busy, host refused]"] == refused + 1
+    assert STATS.rules["planner.reset[host refused]"] == refused + 1
     machine.step(plans=2, late=False, report="all")
     assert not target.connector.has_pending_stores()  # type: ignore[attr-defined]
     machine.teardown()
