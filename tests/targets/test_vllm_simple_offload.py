@@ -197,3 +197,15 @@ def test_finding_24_a_host_reset_the_device_refused_is_counted_where_the_profile
         else:
             with pytest.raises(IntegrityError, match="device_hits_are_published|events_replay_to_the_cache"):
                 machine.serve([*range(1, 13), 60])
+
+
+def test_a_store_queued_at_a_finish_is_held_until_the_next_step() -> None:
+    """``offload_quiescent_holds_nothing``: a finished request's blocks queued for the CPU are held until the next
+    step's metadata sends them; after it, and the worker's report, nothing is."""
+    target = engine()
+    machine = Driven(target)
+    machine.serve([*range(1, 13), 50])
+    with pytest.raises(IntegrityError, match="offload_quiescent_holds_nothing.*stores queued"):
+        target.check_integrity(quiescent=True)  # type: ignore[attr-defined]
+    machine.step(plans=2, late=False, report="all")
+    target.check_integrity(quiescent=True)  # type: ignore[attr-defined]
