@@ -53,6 +53,7 @@ from .registry import IMPLEMENTATIONS, machines_for
 from .report import print_summary, write_json, write_junit
 from .stats import CampaignStats
 from .summary import CampaignSummary, FailureSummary, MachineSummary, versions
+from .targets.releases import installed_release
 
 __all__ = [
     "EXIT_BROKEN",
@@ -398,7 +399,10 @@ class Campaign:
         elif len(self.targets) == 1 and foreign:
             target = foreign[0]
             mode = self.args.lru or target.profile.default_lru
-            what = f"target {target.name} (profile: {target.profile.name}; LRU mode: {mode})"
+            # the profile names the release it was written for; the engine that runs may be another it supports
+            engine = next(iter(target.requires), None)
+            running = "" if engine is None else f"; running {engine[0]} {installed_release(engine[0])}"
+            what = f"target {target.name} (profile: {target.profile.name}; LRU mode: {mode}{running})"
         else:
             what = f"targets {', '.join(self.targets)} (the spec is the oracle of cache and manager)"
         budget = f"{self.budget_s:.0f} s" if self.budget_s else f"{self.args.examples} examples per machine"

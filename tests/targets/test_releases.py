@@ -74,6 +74,22 @@ def test_a_campaign_on_an_unsupported_release_exits_2_before_it_starts(
     assert "support 0.5.22 and 0.5.23" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
+def test_the_campaign_header_names_the_release_that_runs_beside_the_profile_written_for_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    # the sglang profile is written for 0.5.23; a campaign on 0.5.22 says which release it runs
+    monkeypatch.setattr(campaign, "installed_release", lambda package: "0.5.22" if package == "sglang" else None)
+    out = io.StringIO()
+    args = campaign.parse_args(["--target", "sglang", "--examples", "1", "--steps", "5", "--workers", "0"])
+    assert campaign.run(args, out=out) == 0
+    header = out.getvalue().splitlines()[0]
+    assert "profile: sglang 0.5.23 UnifiedRadixCache FULL" in header
+    assert "; running sglang 0.5.22)" in header
+
+
 def test_install_takes_the_wheel_without_its_dependencies_and_the_light_packages_with_theirs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
