@@ -57,15 +57,15 @@ import atexit
 import importlib
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 import types
 import weakref
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
-from radixspec.spec import events as ev
 from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError
@@ -75,9 +75,10 @@ from ..stats import STATS
 from .api import TargetError, TargetInfo
 from .releases import installed_release
 from .sglang import VERSION
+from .sglang_hicache_events import HostEvents
 from .sglang_hicache_storage import PREFETCH_POLICIES, StorageLane
-from .sglang_modules import import_unified_cache
-from .sglang_unified import CORES, BothCores, MatchView, Record, SGLangUnifiedManager, unified_profile
+from .sglang_modules import import_unified_cache, mapping_pool
+from .sglang_unified import CORES, BothCores, MatchView, Record, SGLangUnifiedManager, SlidingWindow, unified_profile
 from .shims import install, never, register, stub, stub_any
 from .streams import Executor, Lane
 
@@ -92,8 +93,11 @@ PAGE_SIZES = (2, 4, 8, 16)
 # the storage tier (SGLang's file backend) by its prefetch policy; None: none
 STORAGE = (None, *PREFETCH_POLICIES)
 LAYERS = 2
-# the host tier's slots in the KV shadow (fuzz/lifecycle.py): pool 1
+# the pools of the KV shadow (fuzz/lifecycle.py): the device's full pool 0, its host tier 1, the storage 2
+# (sglang_hicache_storage.py); with SWA, the device's SWA pool 3 and its host tier 4
 HOST_POOL = 1
+SWA_DEVICE_POOL, SWA_HOST_POOL = 3, 4
+POOL_NAMES = {0: "device", HOST_POOL: "host", SWA_DEVICE_POOL: "device SWA", SWA_HOST_POOL: "host SWA"}
 # the process's streams: SGLang's controller binds its device module once, when it is imported
 EXECUTOR = Executor()
 # SGLang's --hicache-* arguments as its runtime context gives them (set before each cache is built)
@@ -118,6 +122,27 @@ PROFILE = unified_profile(
 )
 
 
+SWA_PROFILE = unified_profile(
+    "FULL + SWA",
+    hit=(
+        "the device hit (a window whose SWA KV is on the host only counts), then the host hit and the window's"
+        " SWA KV loaded back whole (init_load_back) when the pages fit; the hit reported is the device hit plus"
+        " what was loaded"
+    ),
+    window=(
+        "SWA tombstones on each tier: a device tombstone with a host copy of its window is a match boundary the"
+        " load back heals; one full pool and a smaller SWA pool, each with a host pool"
+    ),
+)
+
+
+def swa_window(windows: tuple[hy.Window, ...], num_pages: int) -> SlidingWindow:
+    """The SWA component with the machine's drawn window (as ``sglang-swa`` takes it), its pool sized against
+    ``num_pages`` full pages, freeing out-of-window slots at checkpoints (SGLang's default) or not, drawn."""
+    window = max(2, next((w for w in windows if isinstance(w, int)), 4))
+    return SlidingWindow.sized(window, num_pages, (num_pages // 4) % 2 == 0)
+
+
 class CacheParams(Protocol):
     """What ``attach`` reads of SGLang's ``CacheInitParams``."""
 
@@ -125,21 +150,63 @@ class CacheParams(Protocol):
     page_size: int
 
 
-class FullComponent(Protocol):
+class Component(Protocol):
+    """A component's host pool as ``_apply_stack_result`` sets it (FULL's, or SWA's)."""
+
     _full_kv_pool_host: object
+    _swa_kv_pool_host: object
 
 
 class UnifiedCache(Protocol):
-    """What ``attach`` sets on SGLang's ``UnifiedRadixCache``."""
+    """What ``attach`` sets on SGLang's ``UnifiedRadixCache``, and calls for the SWA pool's reclaim."""
 
     host_pool_group: object
     cache_controller: object
     full_kv_pool_host: object
-    components: Mapping[object, FullComponent]
+    swa_kv_pool_host: object
+    components: Mapping[object, Component]
+
+    def evict_host(self, num_tokens: int, component_type: object) -> int: ...
+
+    def evict_for_alloc(self, params: object) -> object: ...
+
+
+class SwaAllocator(Protocol):
+    """What the SWA host pool's entry takes of SGLang's ``SWATokenToKVPoolAllocator``."""
+
+    swa_attn_allocator: PagedAllocator
+
+    def swa_available_size(self) -> int: ...
+
+
+class PagedAllocator(Protocol):
+    def alloc(self, need_size: int) -> object: ...
+
+    def free(self, free_index: object) -> None: ...
+
+
+class HostPages(Protocol):
+    """What the checks read of a SGLang host pool: its free slots, those queued for release, its free size."""
+
+    free_slots: torch.Tensor
+    release_slots: list[torch.Tensor]
+
+    def available_size(self) -> int: ...
 
 
 class Allocator(Protocol):
-    def get_kvcache(self) -> DevicePool: ...
+    def get_kvcache(self) -> DeviceKV: ...
+
+
+class DeviceKV(Protocol):
+    """The allocator's KV pool as ``attach`` reads it: a ``DevicePool``, or with SWA the mapping pool of
+    ``sglang_modules.mapping_pool`` over two of them."""
+
+    tier: HostTier | None
+    full_kv_pool: DevicePool | None
+    swa_kv_pool: DevicePool | None
+
+    def register_layer_transfer_counter(self, counter: object) -> None: ...
 
 
 class KernelModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -170,13 +237,13 @@ def transfer_kv_direct(
     stream runs them. The tier that owns the destination hears of each copy (``HostTier.copied``)."""
     tier = HostTier.owner(dst_layers[0]) or HostTier.owner(src_layers[0])
     lane = EXECUTOR.current
-    epoch = -1 if tier is None else tier.submitted(dst_layers[0], src_indices, dst_indices)
+    epoch = -1 if tier is None else tier.submitted(src_layers[0], dst_layers[0], src_indices, dst_indices)
 
     def run() -> None:
         for source, target in zip(src_layers, dst_layers, strict=True):
             target[dst_indices] = source[src_indices]
         if tier is not None:
-            tier.copied(dst_layers[0], src_indices, dst_indices, epoch)
+            tier.copied(src_layers[0], dst_layers[0], src_indices, dst_indices, epoch)
 
     lane.enqueue(run)
 
@@ -242,6 +309,9 @@ def import_hicache() -> types.ModuleType:
     }
     install(context, **getters)
     stub_any("sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler", attach_hybrid_pool_to_unified_cache=attach)
+    # a host pool no larger than its device pool is drawn on purpose (half the device pool and up): its warning on
+    # every cache built is set to errors
+    logging.getLogger("sglang.srt.mem_cache.pool_host.base").setLevel(logging.ERROR)
     mha = importlib.import_module("sglang.srt.mem_cache.pool_host.mha")
     install(mha, transfer_kv_direct=transfer_kv_direct)
     controller = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
@@ -327,39 +397,83 @@ def attach(
     storage_extra_config: dict[str, object] | None = None,
     storage_prefetch_threshold: int = 256,
 ) -> None:
-    """``attach_hybrid_pool_to_unified_cache`` for a flat MHA pool and the FULL component: SGLang's kv-only
-    strategy (one anchor host pool, the controller) and ``_apply_stack_result`` (the FULL component's host
-    pool, the device pool's layer counter)."""
+    """``attach_hybrid_pool_to_unified_cache`` for our device pools, as SGLang's strategies build the host pools:
+    for a flat MHA pool and the FULL component the kv-only one (``build_kv_only_stack``: one anchor host pool);
+    for an SWA pool and FULL + SWA ``_SwaStrategy`` (``build_hybrid_swa_group``: the anchor over the full pool, an
+    SWA host pool beside it, reclaimed by evicting the SWA component on either tier, its device slots from the SWA
+    allocator; transfer layers numbered full first, then SWA). Then the controller and ``_apply_stack_result``
+    (each component's host pool, the device pool's layer counter)."""
     m = import_hicache()
-    kvcache = params.token_to_kv_pool_allocator.get_kvcache()
+    allocator = params.token_to_kv_pool_allocator
+    kvcache = allocator.get_kvcache()
     tier = kvcache.tier
     assert tier is not None, "the device pool of a HiCache target names its tier"
-    host = m.mha.MHATokenToKVPoolHost(
-        kvcache.get_device_pool_infos()[0].buffer_info,
-        MEMORY.hicache_ratio,
-        0,
-        params.page_size,
-        MEMORY.hicache_mem_layout,
-        pin_memory=False,
-        device_capacity_tokens=kvcache.size,
-        start_layer=kvcache.start_layer,
-        end_layer=kvcache.end_layer,
-        host_token_capacity=tier.host_pages * params.page_size,
-    )
-    layers = {layer: layer for layer in range(kvcache.layer_num)}
-    group = m.group.HostPoolGroup(
-        [
+    names, components = m.storage.PoolName, m.v.components
+
+    def host_pool(device: DevicePool, pages: int, label: str) -> object:
+        return m.mha.MHATokenToKVPoolHost(
+            device.get_device_pool_infos()[0].buffer_info,
+            MEMORY.hicache_ratio,
+            0,
+            params.page_size,
+            MEMORY.hicache_mem_layout,
+            pin_memory=False,
+            device_capacity_tokens=device.size,
+            start_layer=device.start_layer,
+            end_layer=device.end_layer,
+            pool_label=label,
+            host_token_capacity=pages * params.page_size,
+        )
+
+    def mapper(layers: dict[int, int], bound: int) -> Callable[[int], int | None]:
+        return lambda layer: layers.get(layer) if 0 <= layer < bound else None
+
+    full, swa = kvcache.full_kv_pool, kvcache.swa_kv_pool
+    if swa is None:
+        device = cast(DevicePool, kvcache)
+        bound = LAYERS
+        entries = [
             m.group.PoolEntry(
-                name=m.storage.PoolName.KV,
-                host_pool=host,
-                device_pool=kvcache,
-                layer_mapper=lambda layer: layers.get(layer),
+                name=names.KV,
+                host_pool=host_pool(device, tier.host_pages, "kv"),
+                device_pool=device,
+                layer_mapper=mapper({layer: layer for layer in range(LAYERS)}, bound),
                 is_primary_index_anchor=True,
             )
         ]
-    )
+    else:
+        assert full is not None, "an SWA pool has a full pool beside it"
+        bound = 2 * LAYERS
+        swa_allocator = cast(SwaAllocator, allocator).swa_attn_allocator
+
+        def device_evict(size: int) -> None:
+            # _evict_swa_for_device_alloc: the SWA shortfall evicted from the device
+            shortfall = size - int(cast(SwaAllocator, allocator).swa_available_size())
+            if shortfall > 0:
+                cache.evict_for_alloc(m.v.base.EvictParams(swa_num_tokens=shortfall))
+
+        entries = [
+            m.group.PoolEntry(
+                name=names.KV,
+                host_pool=host_pool(full, tier.host_pages, "full"),
+                device_pool=full,
+                layer_mapper=mapper({layer: layer for layer in range(LAYERS)}, bound),
+                is_primary_index_anchor=True,
+            ),
+            m.group.PoolEntry(
+                name=names.SWA,
+                host_pool=host_pool(swa, tier.swa_host_pages, "swa"),
+                device_pool=swa,
+                layer_mapper=mapper({LAYERS + layer: layer for layer in range(LAYERS)}, bound),
+                host_evict_fn=lambda size: cache.evict_host(size, components.SWA),
+                device_evict_fn=device_evict,
+                device_alloc_fn=swa_allocator.alloc,
+                device_free_fn=swa_allocator.free,
+            ),
+        ]
+    group = m.group.HostPoolGroup(entries)
     controller = m.controller.HybridCacheController(
-        params.token_to_kv_pool_allocator,
+        allocator,
         group,
         params.page_size,
         None,
@@ -368,12 +482,15 @@ def attach(
         io_backend=MEMORY.hicache_io_backend,
         storage_backend=storage_backend,
         prefetch_threshold=storage_prefetch_threshold,
-        transfer_layer_id_max=len(layers),
+        transfer_layer_id_max=bound,
         host_memory_mode=MEMORY.hicache_host_memory_mode,
     )
-    host_pool = group.get_pool(m.storage.PoolName.KV)
-    cache.host_pool_group, cache.cache_controller, cache.full_kv_pool_host = group, controller, host_pool
-    cache.components[m.v.components.FULL]._full_kv_pool_host = host_pool
+    cache.host_pool_group, cache.cache_controller = group, controller
+    cache.full_kv_pool_host = group.get_pool(names.KV)
+    cache.components[components.FULL]._full_kv_pool_host = cache.full_kv_pool_host
+    if swa is not None:
+        cache.swa_kv_pool_host = group.get_pool(names.SWA)
+        cache.components[components.SWA]._swa_kv_pool_host = cache.swa_kv_pool_host
     kvcache.register_layer_transfer_counter(controller.layer_done_counter)
 
 
@@ -390,7 +507,7 @@ class HostTier:
         # the storage tier's prefetch policy (None: no storage tier), and the tier once attached
         self.storage_policy = storage
         self.storage: StorageLane | None = None
-        self.host_pages = 0
+        self.host_pages = self.swa_host_pages = 0
         self.lanes: list[Lane | StorageLane] = []
         self.copies: list[KVCopy] = []
         # slots (pool * SLOTS_PER_POOL + slot) that copies in flight read or write, with how many copies
@@ -398,11 +515,8 @@ class HostTier:
         self.writing: Counter[int] = Counter()
         # flushes so far: a copy in flight at a flush is orphaned (its slots no longer the cache's)
         self.epoch = 0
-        # every page hash the events stored (either tier), its key: a host page's parent may be on the device only
-        self.keys: dict[object, pc.PageKey] = {}
-        # the host pages the events hold, by hash (the host tier need not be prefix-closed: write-back backs up
-        # the leaf it evicts, not its parent)
-        self.host_held: dict[object, pc.PageKey] = {}
+        # the host tier's events as a consumer replays them
+        self.events = HostEvents()
         self.loads = 0
 
     @classmethod
@@ -422,12 +536,24 @@ class HostTier:
 
     # ------------------------------------------------------------ building
 
-    def device_pool(self, m: SGLangUnifiedManager) -> DevicePool:
+    def device_pool(self, m: SGLangUnifiedManager) -> object:
+        """The device KV pool of the cache's allocator: one ``DevicePool``; with SWA, a full and an SWA one under
+        the SWA allocator's mapping pool. Each host pool holds ``ratio`` times its device pool's pages."""
+        p = m.page_size
         self.host_pages = max(1, int(m.num_pages * self.ratio))
-        self.device = DevicePool(m.num_pages * m.page_size, m.page_size)
+        self.device = DevicePool(m.num_pages * p, p)
         self.register((*self.device.k, *self.device.v), 0)
         self.device.tier = self
-        return self.device
+        if m.swa is None:
+            return self.device
+        self.swa_host_pages = max(1, int(m.swa.pages * self.ratio))
+        self.swa_device = DevicePool(m.swa.pages * p, p)
+        self.register((*self.swa_device.k, *self.swa_device.v), SWA_DEVICE_POOL)
+        return mapping_pool(m.v, self.device, self.swa_device, self)
+
+    def kv_pools(self, windows: tuple[hy.Window, ...]) -> tuple[int, ...]:
+        """The shadow's pool of each group: full attention the device's pool 0, a window the SWA pool."""
+        return tuple(0 if window is None else SWA_DEVICE_POOL for window in windows)
 
     def attach(self, m: SGLangUnifiedManager, params: object) -> None:
         import_hicache()
@@ -442,25 +568,33 @@ class HostTier:
         if self.storage_policy is not None:
             self.storage = StorageLane(self.storage_policy, self.copies, m, import_hicache())
             self.lanes.append(self.storage)
-        host = m.cache.cache_controller.mem_pool_host.get_pool(import_hicache().storage.PoolName.KV)
+        if m.swa is not None:
+            self.events.follow(m)
+        names = import_hicache().storage.PoolName
+        host = m.cache.cache_controller.mem_pool_host.get_pool(names.KV)
         self.register((*host.k_data_refs, *host.v_data_refs), HOST_POOL)
         self.host = host
+        if m.swa is not None:
+            swa = m.cache.cache_controller.mem_pool_host.get_pool(names.SWA)
+            self.register((*swa.k_data_refs, *swa.v_data_refs), SWA_HOST_POOL)
+            self.swa_host = swa
 
     # ------------------------------------------------------------ the copies
 
-    def submitted(self, target: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> int:
-        """A copy put on a stream: its slots are in flight until it runs. Returns the reset epoch it belongs to."""
-        into = self.pool_of(target)
-        source_pool = HOST_POOL - into
+    def submitted(self, read: torch.Tensor, written: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> int:
+        """A copy put on a stream (from tensor ``read`` to ``written``): its slots are in flight until it runs.
+        Returns the reset epoch it belongs to."""
+        into, source_pool = self.pool_of(written), self.pool_of(read)
         for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
             self.reading[source_pool * SLOTS_PER_POOL + source] += 1
             self.writing[into * SLOTS_PER_POOL + slot] += 1
         return self.epoch
 
-    def copied(self, target: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, epoch: int) -> None:
+    def copied(
+        self, read: torch.Tensor, written: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor, epoch: int
+    ) -> None:
         """A copy ran: the shadow follows it; its slots leave the flight (unless a reset orphaned it)."""
-        into = self.pool_of(target)
-        source_pool = HOST_POOL - into
+        into, source_pool = self.pool_of(written), self.pool_of(read)
         for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
             self.copies.append(KVCopy(into, source, slot, 1, source_pool))
             if epoch == self.epoch:
@@ -495,41 +629,12 @@ class HostTier:
             self.storage.arrive(m, req)
 
     def device_events(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]:
-        """The device tier's events, for the manager's replay; the host tier's (``medium`` CPU) kept here, as a set
-        of pages (``host_events_are_coherent``: a host page stored while held, or removed while not, breaks it)."""
-        device = []
-        for raw in events:
-            host = "CPU" in str(getattr(raw, "medium", ""))
-            if not host:
-                device.append(raw)
-            for event in ev.from_block_events([raw], lambda salt: m.salts.get(salt) if salt else None):
-                if isinstance(event, ev.PageStored):
-                    parent = self.keys.get(event.parent_hash)
-                    if event.parent_hash is not None and parent is None:
-                        raise IntegrityError(
-                            f"host_events_are_coherent: a page is stored under {ev.describe_hash(event.parent_hash)},"
-                            " which no event stored"
-                        )
-                    key = (event.namespace, pc.Prefix.extend(None if parent is None else parent[1], event.tokens))
-                    self.keys[event.page_hash] = key
-                    if host:
-                        if event.page_hash in self.host_held:
-                            raise IntegrityError(f"host_events_are_coherent: host page {key} stored twice")
-                        self.host_held[event.page_hash] = key
-                elif isinstance(event, ev.PagesRemoved) and host:
-                    for page_hash in event.page_hashes:
-                        if self.host_held.pop(page_hash, None) is None:
-                            raise IntegrityError(
-                                f"host_events_are_coherent: host page {ev.describe_hash(page_hash)} removed, not held"
-                            )
-                elif isinstance(event, ev.AllCleared):
-                    self.host_held.clear()
-            STATS.events_replayed += host
-        return device
+        """The device tier's events, for the manager's replay; the host tier's replayed here (``HostEvents``)."""
+        return self.events.replay(m, events)
 
     def host_pages_held(self, m: SGLangUnifiedManager) -> set[pc.PageKey]:
         m.cached_pages()
-        return set(self.host_held.values())
+        return set(self.events.host_held.values())
 
     def load_back(
         self, m: SGLangUnifiedManager, req: HybridReq, record: Record, result: MatchView
@@ -538,8 +643,13 @@ class HostTier:
         loaded back whole or not at all, and the load started (``ready_to_load_host_cache``)."""
         v, hit, host_hit = m.v, int(result.device_prefix_len), int(result.host_hit_length)
         last = result.last_device_node
-        if not host_hit:
+        # with SWA, the device hit may end in a window whose SWA KV is on the host only: loaded back the same way
+        # (the scheduler's needs_host_load_back)
+        record.swa_host_hit_length = int(result.swa_host_hit_length) if m.swa is not None else 0
+        if not host_hit and not record.swa_host_hit_length:
             return hit, last
+        if not host_hit:
+            STATS.record_rule("sglang-hicache.match[SWA host hit only]")
         held = self.host_pages_held(m)
         prefixes = pc.compute_page_prefixes(req.input_ids[:-1], m.page_size)
         missing = [
@@ -648,11 +758,13 @@ class HostTier:
             self.storage.check_idle()
         device_left = int(m.cache.full_evictable_size() + m.cache.full_protected_size()) // p
         host_left, host_free = len(self.host_pages_held(m)), int(self.host.available_size()) // p
-        if device_left or host_left or host_free != self.host_pages:
+        swa_free = self.swa_host_pages if m.swa is None else int(self.swa_host.available_size()) // p
+        if device_left or host_left or host_free != self.host_pages or swa_free != self.swa_host_pages:
             raise IntegrityError(
                 f"idle_tiers_drain: with no request running and every copy acknowledged, evicting both tiers whole"
                 f" left {device_left} device pages and {host_left} host pages cached; the host pool has {host_free}"
                 f" of {self.host_pages} pages free"
+                + ("" if m.swa is None else f", the SWA host pool {swa_free} of {self.swa_host_pages}")
             )
         STATS.record_rule("sglang-hicache.drain")
 
@@ -679,6 +791,11 @@ class HostTier:
         prefetching = 0 if self.storage is None else self.storage.holding()
         return queued + releasing + prefetching + sum(int(ack.num_tokens) for ack in controller.ack_write_queue)
 
+    @staticmethod
+    def free_host_slots(host: HostPages) -> list[int]:
+        """A host pool's free slots: its free list and the slots queued for release."""
+        return host.free_slots.tolist() + [slot for part in host.release_slots for slot in part.tolist()]
+
     def pool(self, m: SGLangUnifiedManager) -> Pool:
         p = m.page_size
         held = self.host_pages_held(m)
@@ -688,38 +805,57 @@ class HostTier:
     def check(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> None:
         p = m.page_size
         held = self.host_pages_held(m)
-        free_host = self.host.free_slots.tolist() + [s for part in self.host.release_slots for s in part.tolist()]
-        free_device = m.alloc.get_all_free_pages().tolist()
-        for name, slots in (("the allocator's free pages", free_device), ("the host pool's free slots", free_host)):
+        names = import_hicache().storage.PoolName
+        # per pool of the shadow, its free slots: the allocators' free pages, the host pools' free slots
+        alloc = getattr(m.alloc, "full_attn_allocator", m.alloc)
+        free_lists = {0: [s for page in alloc.get_all_free_pages().tolist() for s in range(page * p, page * p + p)]}
+        free_lists[HOST_POOL] = free_host = self.free_host_slots(self.host)
+        # the pools a queued copy names (the anchor's, and each side pool's by its name)
+        pools = {names.KV: (0, HOST_POOL)}
+        if m.swa is not None:
+            swa = m.alloc.swa_attn_allocator.get_all_free_pages().tolist()
+            free_lists[SWA_DEVICE_POOL] = [s for page in swa for s in range(page * p, page * p + p)]
+            free_lists[SWA_HOST_POOL] = self.free_host_slots(self.swa_host)
+            pools[names.SWA] = (SWA_DEVICE_POOL, SWA_HOST_POOL)
+        for pool, slots in free_lists.items():
             twice = [slot for slot, count in Counter(slots).items() if count > 1]
             if twice:
-                raise IntegrityError(f"free_lists_hold_no_page_twice: {name} hold {twice[0]} twice")
+                raise IntegrityError(
+                    f"free_lists_hold_no_page_twice: the {POOL_NAMES[pool]} pool's free slots hold {twice[0]} twice"
+                )
         # a copy in flight reads or writes the tree's pages: none of them free, none a request's own
-        free = {slot: "free" for page in free_device for slot in range(page * p, page * p + p)}
-        free |= {HOST_POOL * SLOTS_PER_POOL + slot: "free" for slot in free_host}
+        free = {pool * SLOTS_PER_POOL + slot: "free" for pool, slots in free_lists.items() for slot in slots}
         for req in live_reqs:
             kv = m.records[req.uid].kv
-            for slot in m.row(m.records[req.uid], kv.kv_allocated_len)[kv.cache_protected_len :]:
+            own = m.row(m.records[req.uid], kv.kv_allocated_len)[kv.cache_protected_len :]
+            for slot in own:
                 free[slot] = f"request {req.uid}'s own"
+            if m.swa is not None:
+                for swa_slot in m.swa.column(m, own):
+                    if swa_slot is not None:
+                        free[SWA_DEVICE_POOL * SLOTS_PER_POOL + swa_slot] = f"request {req.uid}'s own"
         reading, writing = set(self.reading), set(self.writing)
         # and the copies SGLang queued but has not put on a stream yet (``write_queue``, ``load_queue``)
         controller = m.cache.cache_controller
-        for queue, (source, target) in (
-            (controller.write_queue, (0, HOST_POOL)),
-            (controller.load_queue, (HOST_POOL, 0)),
-        ):
+        for queue, to_host in ((controller.write_queue, True), (controller.load_queue, False)):
             for op in queue:
-                device, host = op.device_indices.tolist(), op.host_indices.tolist()
-                sources, targets = (device, host) if source == 0 else (host, device)
-                reading |= {source * SLOTS_PER_POOL + slot for slot in sources}
-                writing |= {target * SLOTS_PER_POOL + slot for slot in targets}
-        for what, slots in (("reads", reading), ("writes", writing)):
-            busy = sorted(slots & free.keys())
+                parts = [(names.KV, op.device_indices, op.host_indices)]
+                parts += [(t.name, t.device_indices, t.host_indices) for t in op.pool_transfers or ()]
+                for name, device, host in parts:
+                    if device is None or host is None:
+                        continue
+                    device_pool, host_pool = pools[name]
+                    device_slots = {device_pool * SLOTS_PER_POOL + slot for slot in device.tolist()}
+                    host_slots = {host_pool * SLOTS_PER_POOL + slot for slot in host.tolist()}
+                    reading |= device_slots if to_host else host_slots
+                    writing |= host_slots if to_host else device_slots
+        for what, ends in (("reads", reading), ("writes", writing)):
+            busy = sorted(ends & free.keys())
             if busy:
                 pool, slot = divmod(busy[0], SLOTS_PER_POOL)
                 raise IntegrityError(
-                    f"transfers_hold_both_ends: a copy in flight or queued {what} {'host' if pool else 'device'}"
-                    f" slot {slot}, which is {free[busy[0]]}"
+                    f"transfers_hold_both_ends: a copy in flight or queued {what} {POOL_NAMES[pool]} slot {slot},"
+                    f" which is {free[busy[0]]}"
                 )
         unacked = self.writing_tokens(m)
         if len(held) * p + len(free_host) + unacked != self.host_pages * p:
@@ -738,22 +874,39 @@ def target(argument: str | None) -> TargetInfo:
     parts = [] if argument is None else argument.split(",")
     core = next((part for part in parts if part in CORES), None)
     pinned = next((part for part in parts if part in WRITE_POLICIES), None)
-    if len(parts) != (core is not None) + (pinned is not None):
+    swa = "swa" in parts
+    if len(parts) != (core is not None) + (pinned is not None) + swa:
         raise TargetError(
-            f"sglang-hicache takes a core (rust, python or both), a write policy ({', '.join(WRITE_POLICIES)}) or"
-            f" both (core,policy), got {argument!r}"
+            f"sglang-hicache takes a core (rust, python or both), a write policy ({', '.join(WRITE_POLICIES)}),"
+            f" swa (FULL + SWA), or several (core,swa,policy), got {argument!r}"
         )
     cores = ("python",) if core is None else CORES[core]
+    if swa and cores != ("python",):
+        raise TargetError(
+            "sglang-hicache:swa runs the Python tree core only: the host events of finding 25 are told from the others"
+            " by the nodes' host values, which the Rust core's adapter does not show"
+        )
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
         ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
-        storage = STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        # no storage tier under SWA: its SWA prefetch path is not driven (docs/targets.md)
+        storage = None if swa else STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        window = swa_window(windows, 2 * num_pages) if swa else None
         drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
+        if window is not None:
+            drawn += f",W{'<=' if window.window <= page_size else '>'}P"
+            drawn += ",free out of window" if window.out_of_window else ""
         STATS.record_rule(f"sglang-hicache.config[{drawn}]")
         managers = [
             SGLangUnifiedManager(
-                page_size, 2 * num_pages, core, "lru", tiers=HostTier(policy, ratio, storage), profile=PROFILE
+                page_size,
+                2 * num_pages,
+                core,
+                "lru",
+                swa=window,
+                tiers=HostTier(policy, ratio, storage),
+                profile=SWA_PROFILE if swa else PROFILE,
             )
             for core in cores
         ]
@@ -762,11 +915,12 @@ def target(argument: str | None) -> TargetInfo:
     return TargetInfo(
         name="sglang-hicache" if argument is None else f"sglang-hicache:{argument}",
         description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core"
+        + (", FULL + SWA" if swa else "")
         + (f", {pinned}" if pinned else ""),
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         executes=True,
-        profile=PROFILE,
+        profile=SWA_PROFILE if swa else PROFILE,
         page_sizes=PAGE_SIZES,
         how="the hybrid machine with the executor: requests as SGLang's scheduler drives HiCache; the tiers' laws",
         probe=import_hicache,

@@ -133,20 +133,29 @@ def import_unified_cache() -> types.ModuleType:
     )
 
 
-def mapping_pool(modules: types.ModuleType) -> object:
-    """A KV pool with no tensors: only the full-to-SWA mapping hooks the allocator calls."""
+def mapping_pool(modules: types.ModuleType, full: object = None, swa: object = None, tier: object = None) -> object:
+    """A KV pool with no tensors: only the full-to-SWA mapping hooks the allocator calls. With HiCache, SGLang's
+    ``SWAKVPool`` as the host tier reads it: its full and SWA pools (``full``, ``swa``: ``sglang_hicache.DevicePool``
+    each), the tier that built them, the layer counter it registers."""
 
     # SGLang's abstract pool, known only once its module loads: mypy cannot check a subclass of it
     base: Any = modules.swa_pool.BaseSWAKVPool
 
     class MappingOnlyPool(base):  # type: ignore[misc]
-        full_kv_pool = None
-        swa_kv_pool = None
         # no per-request SWA ring: the paged SWA pool
         swa_req_ring_size = None
+        host_capacity_tokens = None
+        device = "cpu"
 
         def __init__(self) -> None:
+            self.full_kv_pool, self.swa_kv_pool, self.tier = full, swa, tier
             self.full_to_swa_index_mapping: torch.Tensor | None = None
+            self.layer_transfer_counter: object = None
+            # SWAKVPool's: the full layers and the SWA layers
+            self.layer_num = sum(getattr(pool, "layer_num", 0) for pool in (full, swa))
+
+        def register_layer_transfer_counter(self, counter: object) -> None:
+            self.layer_transfer_counter = counter
 
         def register_mapping(self, mapping: torch.Tensor) -> None:
             self.full_to_swa_index_mapping = mapping

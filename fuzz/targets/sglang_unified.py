@@ -165,7 +165,7 @@ class Record:
     mamba_branching_seqlen: int | None = None
     # where the last extend ended: the tokens whose KV is computed
     extend_end: int = 0
-    # the match's host hits of the components beside FULL (init_load_back reads them; HiCache: FULL only)
+    # the match's host hits of the components beside FULL (init_load_back reads them; HiCache: FULL and SWA)
     swa_host_hit_length: int = 0
     mamba_host_hit_length: int = 0
 
@@ -207,7 +207,7 @@ class SlidingWindow:
     def sized(window: int, num_pages: int, out_of_window: bool) -> SlidingWindow:
         return SlidingWindow(window, max(2, (3 * num_pages) // 4), out_of_window)
 
-    def allocator(self, m: SGLangUnifiedManager) -> Any:
+    def allocator(self, m: SGLangUnifiedManager, kvcache: object) -> Any:
         p = m.page_size
         return m.v.swa.SWATokenToKVPoolAllocator(
             size=m.num_pages * p,
@@ -215,7 +215,7 @@ class SlidingWindow:
             page_size=p,
             dtype=m.torch.float16,
             device="cpu",
-            kvcache=mapping_pool(m.v),
+            kvcache=kvcache,
             need_sort=False,
             req_to_token_pool=m.table,
         )
@@ -335,6 +335,7 @@ class MatchView(Protocol):
 
     device_prefix_len: int
     host_hit_length: int
+    swa_host_hit_length: int
     last_device_node: object
     best_match_node: object
 
@@ -345,6 +346,9 @@ class TierComponent(Protocol):
     wait for the loads, the host tier's events, checks and pool; the copies it made and has in flight."""
 
     def device_pool(self, m: SGLangUnifiedManager) -> object: ...
+
+    def kv_pools(self, windows: tuple[hy.Window, ...]) -> tuple[int, ...]:
+        """The KV shadow's pool of each group (fuzz/lifecycle.py; without a tier, each group's own)."""
 
     def attach(self, m: SGLangUnifiedManager, params: object) -> None: ...
 
@@ -418,6 +422,7 @@ class SGLangUnifiedManager:
         kinds: tuple[hy.Window, ...] = (None,) if swa is None else (None, swa.window)
         self.windows: tuple[hy.Window, ...] = kinds if mamba is None else (*kinds, hr.STATE)
         self.page_size, self.num_pages, self.core = page_size, num_pages, core
+        self.kv_pools = None if tiers is None else tiers.kv_pools(self.windows)
         # the tree's keys are bigrams: EAGLE's (``is_eagle``), but raw with a MAMBA component (unified_tree_core.py,
         # the Rust adapter)
         self.eagle = eagle and mamba is None
@@ -448,16 +453,17 @@ class SGLangUnifiedManager:
         return RequestTable(self.torch.zeros((ROWS, ROW_TOKENS), dtype=self.torch.int64), list(range(ROWS)))
 
     def make_allocator(self) -> Any:
-        """SGLang's paged allocator over the pool (a mapping-only KV pool: no tensors); with SWA, its SWA one."""
+        """SGLang's paged allocator over a mapping-only KV pool (HiCache: the tier's); with SWA, its SWA one."""
+        kvcache = mapping_pool(self.v) if self.tiers is None else self.tiers.device_pool(self)
         if self.swa is not None:
-            return self.swa.allocator(self)
+            return self.swa.allocator(self, kvcache)
         paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
         return paged.PagedTokenToKVPoolAllocator(
             size=self.num_pages * self.page_size,
             page_size=self.page_size,
             dtype=self.torch.float16,
             device="cpu",
-            kvcache=mapping_pool(self.v) if self.tiers is None else self.tiers.device_pool(self),
+            kvcache=kvcache,
             need_sort=False,
         )
 
@@ -743,10 +749,7 @@ class SGLangUnifiedManager:
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
         free = self.alloc.available_size() if self.swa is None else self.alloc.full_available_size()
         found = [Pool("full", free // p, tree // p, private, self.num_pages)]
-        if self.swa is not None:
-            found.append(self.swa.pool(self, live_reqs))
-        if self.mamba is not None:
-            found.append(self.mamba.pool(self, live_reqs))
+        found += [component.pool(self, live_reqs) for component in (self.swa, self.mamba) if component is not None]
         if self.tiers is not None:
             found.append(self.tiers.pool(self))
         return found

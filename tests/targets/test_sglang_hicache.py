@@ -438,10 +438,71 @@ def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
     assert time.monotonic() - began < 120
 
 
-@pytest.mark.parametrize("target", ["sglang-hicache", "sglang-hicache:rust"])
+@pytest.mark.parametrize("target", ["sglang-hicache", "sglang-hicache:rust", "sglang-hicache:swa"])
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
     done = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path), examples=150))
     assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+# bugs planted in SGLang's SWA component and controller, each in the path one check guards under FULL + SWA
+SWA_PLANTS = {
+    # a load back restores the window's SWA KV from its host pages in reverse order
+    "attended_kv_is_the_requests": """
+swa = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.swa")
+build = swa.SWAComponent.build_hicache_transfers
+def reversed_window(self, node, phase, **kwargs):
+    transfers = build(self, node, phase, **kwargs)
+    if transfers and phase == swa.CacheTransferPhase.LOAD_BACK:
+        transfers[0].host_indices = transfers[0].host_indices.flip(0)
+    return transfers
+swa.SWAComponent.build_hicache_transfers = reversed_window
+""",
+    # a load's SWA device slots given back to the SWA allocator as it starts: the copy lands on slots the SWA
+    # allocator hands out again (the forward waits for the load before the next check: the SWA pool's partition
+    # names it)
+    "pages_are_partitioned": """
+ctl = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
+load = ctl.HybridCacheController.load
+def early_free(self, *args, **kwargs):
+    device_indices = load(self, *args, **kwargs)
+    if device_indices is not None and self.load_queue:
+        for transfer in self.load_queue[-1].pool_transfers or ():
+            if transfer.name.value == "swa" and transfer.device_indices is not None:
+                self.mem_pool_device_allocator.swa_attn_allocator.free(transfer.device_indices)
+    return device_indices
+ctl.HybridCacheController.load = early_free
+""",
+    # the SWA host values of evicted host nodes never given back to the SWA host pool
+    "idle_tiers_drain": """
+swa = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.swa")
+swa.SWAComponent.free_host_values = lambda self, host_values: None
+""",
+}
+
+
+@pytest.mark.parametrize("law", sorted(SWA_PLANTS))
+def test_each_check_catches_its_planted_bug_under_swa(law: str, tmp_path: Path) -> None:
+    began = time.monotonic()
+    done = run(CAMPAIGN.format(plant=SWA_PLANTS[law], target="sglang-hicache:swa", out=str(tmp_path), examples=400))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law + ":" in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 120
+
+
+def test_finding_25_an_swa_backups_ack_announces_host_pages_the_host_does_not_hold(tmp_path: Path) -> None:
+    """Finding 25 (docs/findings.md): under FULL + SWA, a backup's ack announces on the host every node its SWA
+    transfer covered, some with their full KV on the device only. The target counts those announcements; without
+    its follower the host events hold pages the host pool does not (or a later removal of a page never stored)."""
+    unfollowed = (
+        "from radixspec.fuzz.targets.sglang_hicache_events import HostEvents\nHostEvents.follow = lambda self, m: None"
+    )
+    # seed 2: its first 50 examples announce such a page at a check (seed 0's 400 examples do not)
+    campaign = CAMPAIGN.replace('"--seed", "0"', '"--seed", "2"')
+    done = run(campaign.format(plant=unfollowed, target="sglang-hicache:swa", out=str(tmp_path), examples=400))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "host_events_replay_to_the_pool:" in done.stdout + done.stderr or "host_events_are_coherent:" in (
+        done.stdout + done.stderr
+    ), done.stdout[-3000:]
 
 
 PINNED = """
