@@ -12,6 +12,7 @@ kept apart: the host pool's partition and the host hits are checked against the 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -24,6 +25,10 @@ from .sglang_unified import SGLangUnifiedManager
 
 FINDING_25 = "an SWA backup's ack announces a host page whose full KV is on the device only (finding 25)"
 REPEAT = "an SWA backup's ack announces a host page again"
+
+
+class BlockStored(Protocol):
+    block_hashes: list[object]
 
 
 class SGLangNode(Protocol):
@@ -45,9 +50,10 @@ class HostEvents:
         # the host pages the events hold, by hash (the host tier need not be prefix-closed: write-back backs up
         # the leaf it evicts, not its parent)
         self.host_held: dict[object, pc.PageKey] = {}
-        # finding 25: the host events SGLang made for pages whose full KV is on the device only (by id, held until
-        # replayed), and the pages they announced (a consumer holds them on the host until a removal)
-        self.unbacked: dict[int, object] = {}
+        # finding 25: the pages (by hash) SGLang announced on the host with their full KV on the device only, not
+        # yet replayed (by hash: its recorder merges a page's event into the one before it), and those replayed
+        # (a consumer holds them on the host until a removal)
+        self.unbacked: Counter[object] = Counter()
         self.phantoms: set[object] = set()
 
     def follow(self, m: SGLangUnifiedManager) -> None:
@@ -56,11 +62,15 @@ class HostEvents:
         recorder, full = m.cache.tree_core.kv_events, m.v.components.FULL
         record, enqueue = recorder.record_store, recorder.enqueue
 
+        def noted(event: BlockStored) -> None:
+            self.unbacked.update(event.block_hashes)
+            enqueue(event)
+
         def record_store(node: SGLangNode, medium: object = None, **options: object) -> None:
             if "CPU" not in str(medium) or node.component_data[full].host_value is not None:
                 record(node, medium, **options)
                 return
-            recorder.enqueue = lambda event: (self.unbacked.update({id(event): event}), enqueue(event))
+            recorder.enqueue = noted
             try:
                 record(node, medium, **options)
             finally:
@@ -86,7 +96,8 @@ class HostEvents:
                         )
                     key = (event.namespace, pc.Prefix.extend(None if parent is None else parent[1], event.tokens))
                     self.keys[event.page_hash] = key
-                    if host and self.unbacked.pop(id(raw), None) is raw:
+                    if host and self.unbacked[event.page_hash] > 0:
+                        self.unbacked[event.page_hash] -= 1
                         self.phantoms.add(event.page_hash)
                         STATS.rules[f"sglang-hicache.known: {FINDING_25}"] += 1
                     elif host:

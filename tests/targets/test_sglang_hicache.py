@@ -527,3 +527,45 @@ def test_a_write_policy_named_after_the_target_is_every_examples(name: str, poli
     out = run(PINNED.format(name=name))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.split("\n")[-2] == policies, out.stdout
+
+
+# a program of a ten-minute campaign (seed 88) in which SGLang's event recorder merged a page announced on the host
+# with its full KV on the device only into the event before it: the follower notes pages, not events
+MERGED = """
+import sys
+from radixspec.fuzz.regression import build_machine
+from radixspec.fuzz.stats import STATS
+from radixspec.fuzz.targets import sglang_hicache_events
+if sys.argv[1:] == ["unfollowed"]:
+    sglang_hicache_events.HostEvents.follow = lambda self, m: None
+state = build_machine("hybrid", targets=("sglang-hicache:swa",), lru=None, device="cpu", shallow=True)()
+s0, s1, s2 = state.setup(windows=[None, (2, 32), None], page_size=10, num_pages=95,
+                         first=[([5, 1, 0, 0, 6], []), ([3], [3, 3, 0]), ([2, 6, 5, 0, 0], [2])])
+state.prefix_of(base=s0, cut=14)
+state.new_request(extra=[3, 1, 0], namespace=None, tokens=s1)
+s4 = state.long_seq(base=s0, salt=4, tokens=64)
+state.execute(count=1, lane=2)
+state.cache_req(finished=False, which=44)
+state.new_request(extra=[1], namespace=("lora", 1), tokens=s2)
+s5 = state.long_seq(base=s4, salt=5, tokens=512)
+state.admit_batch(base=s5, cuts=[36], evict=2, namespace=None)
+state.long_seq(base=s2, salt=0, tokens=256)
+state.new_request(extra=[], namespace=None, tokens=s5)
+state.cache_req(finished=True, which=12)
+state.admit_batch(base=s2, cuts=[206, 109, 154], evict=1, namespace=("lora", 1))
+state.managers_keep_the_laws()
+state.teardown()
+print(sum(n for rule, n in STATS.rules.items() if "finding 25" in rule))
+"""
+
+
+@pytest.mark.parametrize("follower", ["followed", "unfollowed"])
+def test_finding_25_pages_announced_in_a_merged_event_are_told_apart(follower: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", MERGED, follower], capture_output=True, text=True, timeout=300, check=False
+    )
+    if follower == "followed":
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        assert int(out.stdout.split()[-1]) >= 10, out.stdout  # the node's ten pages
+    else:
+        assert "host_events_replay_to_the_pool:" in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
