@@ -428,22 +428,21 @@ def attach(
     def mapper(layers: dict[int, int], bound: int) -> Callable[[int], int | None]:
         return lambda layer: layers.get(layer) if 0 <= layer < bound else None
 
-    full, swa = kvcache.full_kv_pool, kvcache.swa_kv_pool
-    if swa is None:
-        device = cast(DevicePool, kvcache)
-        bound = LAYERS
-        entries = [
-            m.group.PoolEntry(
-                name=names.KV,
-                host_pool=host_pool(device, tier.host_pages, "kv"),
-                device_pool=device,
-                layer_mapper=mapper({layer: layer for layer in range(LAYERS)}, bound),
-                is_primary_index_anchor=True,
-            )
-        ]
-    else:
-        assert full is not None, "an SWA pool has a full pool beside it"
-        bound = 2 * LAYERS
+    swa = kvcache.swa_kv_pool
+    # the anchor: the flat pool, or with SWA the full one (labelled as SGLang labels each)
+    anchor = cast(DevicePool, kvcache) if swa is None else kvcache.full_kv_pool
+    assert anchor is not None, "an SWA pool has a full pool beside it"
+    bound = LAYERS if swa is None else 2 * LAYERS
+    entries = [
+        m.group.PoolEntry(
+            name=names.KV,
+            host_pool=host_pool(anchor, tier.host_pages, "kv" if swa is None else "full"),
+            device_pool=anchor,
+            layer_mapper=mapper({layer: layer for layer in range(LAYERS)}, bound),
+            is_primary_index_anchor=True,
+        )
+    ]
+    if swa is not None:
         swa_allocator = cast(SwaAllocator, allocator).swa_attn_allocator
 
         def device_evict(size: int) -> None:
@@ -452,14 +451,7 @@ def attach(
             if shortfall > 0:
                 cache.evict_for_alloc(m.v.base.EvictParams(swa_num_tokens=shortfall))
 
-        entries = [
-            m.group.PoolEntry(
-                name=names.KV,
-                host_pool=host_pool(full, tier.host_pages, "full"),
-                device_pool=full,
-                layer_mapper=mapper({layer: layer for layer in range(LAYERS)}, bound),
-                is_primary_index_anchor=True,
-            ),
+        entries.append(
             m.group.PoolEntry(
                 name=names.SWA,
                 host_pool=host_pool(swa, tier.swa_host_pages, "swa"),
@@ -469,8 +461,8 @@ def attach(
                 device_evict_fn=device_evict,
                 device_alloc_fn=swa_allocator.alloc,
                 device_free_fn=swa_allocator.free,
-            ),
-        ]
+            )
+        )
     group = m.group.HostPoolGroup(entries)
     controller = m.controller.HybridCacheController(
         allocator,
