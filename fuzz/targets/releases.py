@@ -40,6 +40,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-hicache",
         "sglang-hicache:rust",
         "sglang-hicache:both",
+        "sglang-hicache:swa",
     ),
     "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload", "vllm-offload-connector", "vllm-simple-offload"),
     "dynamo": ("dynamo",),

@@ -519,6 +519,7 @@ print(" ".join(sorted({{manager.tiers.policy for manager in managers}})))
         ("sglang-hicache:write_back", "write_back"),
         ("sglang-hicache:rust,write_through_selective", "write_through_selective"),
         ("sglang-hicache", "write_back write_through write_through_selective"),
+        ("sglang-hicache:swa,write_back", "write_back"),
     ],
 )
 def test_a_write_policy_named_after_the_target_is_every_examples(name: str, policies: str) -> None:
@@ -569,3 +570,12 @@ def test_finding_25_pages_announced_in_a_merged_event_are_told_apart(follower: s
         assert int(out.stdout.split()[-1]) >= 10, out.stdout  # the node's ten pages
     else:
         assert "host_events_replay_to_the_pool:" in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_swa_runs_on_the_python_core_only_and_a_bad_argument_names_the_choices() -> None:
+    from radixspec.fuzz.targets import TargetError, resolve
+
+    with pytest.raises(TargetError, match="Python tree core only"):
+        resolve("sglang-hicache:both,swa", check=False)
+    with pytest.raises(TargetError, match=r"swa \(FULL \+ SWA\)"):
+        resolve("sglang-hicache:swa,window", check=False)
