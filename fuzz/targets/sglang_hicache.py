@@ -873,11 +873,6 @@ def target(argument: str | None) -> TargetInfo:
             f" swa (FULL + SWA), or several (core,swa,policy), got {argument!r}"
         )
     cores = ("python",) if core is None else CORES[core]
-    if swa and cores != ("python",):
-        raise TargetError(
-            "sglang-hicache:swa runs the Python tree core only: the host events of finding 25 are told from the others"
-            " by the nodes' host values, which the Rust core's adapter does not show"
-        )
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]

@@ -6,15 +6,11 @@ Two announcements SGLang makes under FULL + SWA are told from the rest and count
 a backup's ack announces on the host every node its SWA transfer covered (``_backup_publish_node_ids``), so a node
 whose full KV is already announced there is announced again (the same page: a repeat a set-keeping consumer
 ignores), and a node whose full KV is on the device only is announced too (a page the host does not hold). The
-second kind is told by the node SGLang's event recorder describes (``follow``), and the pages it announced are
-kept apart: the host pool's partition and the host hits are checked against the pages the host does hold.
+second kind is told apart at the ack (``follow``: the node's full KV has no host copy), and the pages it announced
+are kept apart: the host pool's partition and the host hits are checked against the pages the host does hold.
 """
 
 from __future__ import annotations
-
-from collections import Counter
-from collections.abc import Mapping
-from typing import Protocol
 
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
@@ -27,20 +23,6 @@ FINDING_25 = "an SWA backup's ack announces a host page whose full KV is on the 
 REPEAT = "an SWA backup's ack announces a host page again"
 
 
-class BlockStored(Protocol):
-    block_hashes: list[object]
-
-
-class SGLangNode(Protocol):
-    """What the follower reads of a node of SGLang's tree: its components' data."""
-
-    component_data: Mapping[object, ComponentData]
-
-
-class ComponentData(Protocol):
-    host_value: object
-
-
 class HostEvents:
     """The host tier's events replayed for one manager."""
 
@@ -50,39 +32,41 @@ class HostEvents:
         # the host pages the events hold, by hash (the host tier need not be prefix-closed: write-back backs up
         # the leaf it evicts, not its parent)
         self.host_held: dict[object, pc.PageKey] = {}
-        # finding 25: the pages (by hash) SGLang announced on the host with their full KV on the device only, not
-        # yet replayed (by hash: its recorder merges a page's event into the one before it), and those replayed
-        # (a consumer holds them on the host until a removal)
-        self.unbacked: Counter[object] = Counter()
+        # events taken from the tree core's queue at an ack (in order), not yet replayed; of them, those of
+        # finding 25 (by id, the events held here), and the pages they announced (a consumer holds them on the host
+        # until a removal)
+        self.taken: list[object] = []
+        self.unbacked: dict[int, object] = {}
         self.phantoms: set[object] = set()
 
     def follow(self, m: SGLangUnifiedManager) -> None:
-        """With SWA: each host announcement SGLang's event recorder makes of a node whose full KV is not on the host
-        is noted as it is made (finding 25)."""
-        recorder, full = m.cache.tree_core.kv_events, m.v.components.FULL
-        record, enqueue = recorder.record_store, recorder.enqueue
+        """With SWA: each node a backup's ack announces on the host while its full KV is not there (finding 25;
+        ``is_backuped``: the full KV has a host copy) is acknowledged on its own, and the events of its announcement
+        taken from the tree core's queue then (with those queued before them, in order): they reach ``replay`` first,
+        told apart. Each node of an ack is acknowledged alone, as SGLang's loop over them does (Python and Rust
+        cores alike)."""
+        core = m.cache.tree_core
+        finish, take = core.finish_write_through, core.take_events
 
-        def noted(event: BlockStored) -> None:
-            self.unbacked.update(event.block_hashes)
-            enqueue(event)
+        def finish_write_through(node_ids: list[int], ack_id: int) -> None:
+            for node_id in node_ids:
+                if core.is_backuped(node_id):
+                    finish([node_id], ack_id)
+                    continue
+                self.taken.extend(take())
+                finish([node_id], ack_id)
+                announced = take()
+                self.unbacked.update((id(event), event) for event in announced)
+                self.taken.extend(announced)
 
-        def record_store(node: SGLangNode, medium: object = None, **options: object) -> None:
-            if "CPU" not in str(medium) or node.component_data[full].host_value is not None:
-                record(node, medium, **options)
-                return
-            recorder.enqueue = noted
-            try:
-                record(node, medium, **options)
-            finally:
-                recorder.enqueue = enqueue
-
-        recorder.record_store = record_store
+        core.finish_write_through = finish_write_through
 
     def replay(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]:
         """The device tier's events, for the manager's replay; the host tier's (``medium`` CPU) kept here, as a set
         of pages (``host_events_are_coherent``: a host page stored while held, or removed while not, breaks it)."""
         device = []
-        for raw in events:
+        taken, self.taken = self.taken, []
+        for raw in taken + events:
             host = "CPU" in str(getattr(raw, "medium", ""))
             if not host:
                 device.append(raw)
@@ -96,8 +80,7 @@ class HostEvents:
                         )
                     key = (event.namespace, pc.Prefix.extend(None if parent is None else parent[1], event.tokens))
                     self.keys[event.page_hash] = key
-                    if host and self.unbacked[event.page_hash] > 0:
-                        self.unbacked[event.page_hash] -= 1
+                    if host and id(raw) in self.unbacked:
                         self.phantoms.add(event.page_hash)
                         STATS.rules[f"sglang-hicache.known: {FINDING_25}"] += 1
                     elif host:
@@ -115,6 +98,7 @@ class HostEvents:
                 elif isinstance(event, ev.AllCleared):
                     self.host_held.clear()
                     self.phantoms.clear()
+            self.unbacked.pop(id(raw), None)
             STATS.events_replayed += host
         return device
 
