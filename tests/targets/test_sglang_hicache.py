@@ -533,7 +533,8 @@ def test_a_write_policy_named_after_the_target_is_every_examples(name: str, poli
 
 
 # a program of a ten-minute campaign (seed 88) in which SGLang's event recorder merged a page announced on the host
-# with its full KV on the device only into the event before it: the follower notes pages, not events
+# with its full KV on the device only into the event before it: the follower takes such a node's events from the
+# queue at the ack, before they can merge
 MERGED = """
 import sys
 from radixspec.fuzz.regression import build_machine
