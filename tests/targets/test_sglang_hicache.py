@@ -586,42 +586,23 @@ def test_swa_runs_on_either_core_and_a_bad_argument_names_the_choices() -> None:
 # FULL + SWA, write-through: a prompt served, then extended (its node now internal), then the shared prefix's SWA KV
 # evicted from the device (tombstones; the host keeps its copy, the device its full KV); the prompt again: its window
 # is loaded back from the host and the KV shadow checks what the request attends
-WINDOW_FROM_HOST = """
+WINDOW_FROM_HOST = (
+    """
 import importlib
 from array import array
-from radixspec.fuzz.targets.sglang_hicache import HostTier, import_hicache
+from radixspec.fuzz.targets.sglang_hicache import import_hicache
 import_hicache()
 {bug}
-from radixspec.fuzz.lifecycle import laws_for
-from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager, SlidingWindow
-from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.fuzz.targets.sglang_unified import SlidingWindow
 window = SlidingWindow.sized(4, 24, False)
-m = SGLangUnifiedManager(2, 24, "python", "lru", swa=window, tiers=HostTier("write_through", 2.0))
-laws = laws_for(m)[0]
-def run(uid, prompt):
-    req = HybridReq(uid, list(prompt), None)
-    m.match_req(req)
-    laws.copied()
-    hit = req.computed
-    m.allocate_paged(req, len(prompt))
-    begin, slots = req.computed, laws.slots(req)
-    m.store(req, len(prompt) - req.computed)
-    laws.copied()
-    laws.stored(req, begin, slots)
-    m.check_integrity([req])
-    laws.check([req])
-    m.cache_req(req, True)
-    laws.copied()
-    laws.finished(uid, True)
-    m.check_integrity([])
-    laws.check([])
-    m.tiers.step(m)          # the next step submits the backups it queued; the executor runs them
-    m.execute(0, 10)
-    laws.copied()
-    m.tiers.step(m)
-    return hit
+"""
+    + SETUP.replace(
+        'SGLangUnifiedManager(2, 12, {core!r}, "lru",', 'SGLangUnifiedManager(2, 24, {core!r}, "lru", swa=window,'
+    )
+    + """
 a = list(range(100, 121))
 first, second = run(0, a), run(1, a + list(range(200, 212)))
+m.tiers.step(m)          # the backups acknowledged
 m.cache.evict(m.v.base.EvictParams(swa_num_tokens=len(a)))
 holes = window.holes(m, m.v.radix.RadixKey(array("q", a[:-1]), None), len(a) - 1)
 try:
@@ -629,11 +610,12 @@ try:
 except Exception as error:
     print(str(error).split(":")[0])
 """
+)
 
 
 @pytest.mark.parametrize("bug", ["", SWA_PLANTS["attended_kv_is_the_requests"]])
 def test_a_window_evicted_from_the_device_is_loaded_back_from_the_host(bug: str) -> None:
-    out = run(WINDOW_FROM_HOST.format(bug=bug))
+    out = run(WINDOW_FROM_HOST.format(bug=bug, core="python", policy="write_through"))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     if not bug:
         assert out.stdout.split() == ["0", "20", "True", "20", "1"], out.stdout
