@@ -145,7 +145,9 @@ class StateShadow:
         """``slot`` holds the state of ``tokens`` under ``namespace``, else ``law`` is broken (``who`` reads it)."""
         held = self.states.get(slot)
         if held != (namespace, tokens):
-            what = "no state" if held is None else f"the state of {len(held[1])} tokens in {held[0]!r}"
+            other = held is not None and len(held[1]) == len(tokens) and held[0] == namespace
+            what = "no state" if held is None else f"the state of {'another prefix of ' * other}{len(held[1])} tokens"
+            what += "" if held is None or held[0] == namespace else f" in {held[0]!r}"
             raise IntegrityError(
                 f"{law}: {who} reads state slot {slot}, which holds {what}, not the state of its first {len(tokens)}"
                 " tokens"

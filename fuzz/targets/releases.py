@@ -41,6 +41,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-hicache:rust",
         "sglang-hicache:both",
         "sglang-hicache:swa",
+        "sglang-hicache:mamba",
     ),
     "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload", "vllm-offload-connector", "vllm-simple-offload"),
     "dynamo": ("dynamo",),

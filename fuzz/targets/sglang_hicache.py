@@ -10,7 +10,9 @@ flushed); a match's host hit pinned and loaded back (``init_load_back`` under th
 all of the hit or none, then ``ready_to_load_host_cache``); the forward waiting for the loads. Drawn per example:
 the write policy (``write_through``, ``write_through_selective``: a backup after two hits, ``write_back``: on
 eviction), the host tier's size (half the device pool to four times it), the page size, and a storage tier behind
-the host (SGLang's file backend, by prefetch policy; ``sglang_hicache_storage.py``) or none.
+the host (SGLang's file backend, by prefetch policy; ``sglang_hicache_storage.py``) or none. ``:swa`` adds the SWA
+component (an SWA host pool beside the anchor's), ``:mamba`` the MAMBA component (a host pool of recurrent states:
+``sglang_hicache_mamba.py``).
 
 **The executor.** SGLang submits each transfer on a stream and polls its finish event. Here the streams are
 ``streams.Lane``s: a copy runs only when the machine's ``execute`` rule runs its stream (in stream order, the
@@ -72,13 +74,12 @@ from radixspec.spec.errors import IntegrityError
 
 from ..lifecycle import SLOTS_PER_POOL, KVCopy, Pool
 from ..stats import STATS
-from .api import TargetError, TargetInfo
 from .releases import installed_release
 from .sglang import VERSION
 from .sglang_hicache_events import HostEvents
 from .sglang_hicache_storage import PREFETCH_POLICIES, StorageLane
 from .sglang_modules import import_unified_cache, mapping_pool
-from .sglang_unified import CORES, BothCores, MatchView, Record, SGLangUnifiedManager, SlidingWindow, unified_profile
+from .sglang_unified import MatchView, Record, SGLangUnifiedManager
 from .shims import install, never, register, stub, stub_any
 from .streams import Executor, Lane
 
@@ -94,10 +95,19 @@ PAGE_SIZES = (2, 4, 8, 16)
 STORAGE = (None, *PREFETCH_POLICIES)
 LAYERS = 2
 # the pools of the KV shadow (fuzz/lifecycle.py): the device's full pool 0, its host tier 1, the storage 2
-# (sglang_hicache_storage.py); with SWA, the device's SWA pool 3 and its host tier 4
+# (sglang_hicache_storage.py); with SWA, the device's SWA pool 3 and its host tier 4; with MAMBA, the state slots:
+# the device's 5 and the host's 6 (sglang_hicache_mamba.py)
 HOST_POOL = 1
 SWA_DEVICE_POOL, SWA_HOST_POOL = 3, 4
-POOL_NAMES = {0: "device", HOST_POOL: "host", SWA_DEVICE_POOL: "device SWA", SWA_HOST_POOL: "host SWA"}
+MAMBA_DEVICE_POOL, MAMBA_HOST_POOL = 5, 6
+POOL_NAMES = {
+    0: "device",
+    HOST_POOL: "host",
+    SWA_DEVICE_POOL: "device SWA",
+    SWA_HOST_POOL: "host SWA",
+    MAMBA_DEVICE_POOL: "device state",
+    MAMBA_HOST_POOL: "host state",
+}
 # the process's streams: SGLang's controller binds its device module once, when it is imported
 EXECUTOR = Executor()
 # SGLang's --hicache-* arguments as its runtime context gives them (set before each cache is built)
@@ -112,35 +122,6 @@ MEMORY = types.SimpleNamespace(
     hicache_ratio=2.0,
     hicache_size=0,
 )
-
-PROFILE = unified_profile(
-    "FULL",
-    hit=(
-        "the device hit, then the host hit loaded back whole (init_load_back) when the pages fit; the hit"
-        " reported is the device hit plus what was loaded"
-    ),
-)
-
-
-SWA_PROFILE = unified_profile(
-    "FULL + SWA",
-    hit=(
-        "the device hit (a window whose SWA KV is on the host only counts), then the host hit and the window's"
-        " SWA KV loaded back whole (init_load_back) when the pages fit; the hit reported is the device hit plus"
-        " what was loaded"
-    ),
-    window=(
-        "SWA tombstones on each tier: a device tombstone with a host copy of its window is a match boundary the"
-        " load back heals; one full pool and a smaller SWA pool, each with a host pool"
-    ),
-)
-
-
-def swa_window(windows: tuple[hy.Window, ...], num_pages: int) -> SlidingWindow:
-    """The SWA component with the machine's drawn window (as ``sglang-swa`` takes it), its pool sized against
-    ``num_pages`` full pages, freeing out-of-window slots at checkpoints (SGLang's default) or not, drawn."""
-    window = max(2, next((w for w in windows if isinstance(w, int)), 4))
-    return SlidingWindow.sized(window, num_pages, (num_pages // 4) % 2 == 0)
 
 
 class CacheParams(Protocol):
@@ -432,7 +413,9 @@ def attach(
     # the anchor: the flat pool, or with SWA the full one (labelled as SGLang labels each)
     anchor = cast(DevicePool, kvcache) if swa is None else kvcache.full_kv_pool
     assert anchor is not None, "an SWA pool has a full pool beside it"
+    # transfer layers: full attention first, then SWA's or the state layer
     bound = LAYERS if swa is None else 2 * LAYERS
+    bound += tier.states is not None
     entries = [
         m.group.PoolEntry(
             name=names.KV,
@@ -463,6 +446,8 @@ def attach(
                 device_free_fn=swa_allocator.free,
             )
         )
+    if tier.states is not None:
+        entries.append(tier.states.entry(cache, params, bound))
     group = m.group.HostPoolGroup(entries)
     controller = m.controller.HybridCacheController(
         allocator,
@@ -483,7 +468,21 @@ def attach(
     if swa is not None:
         cache.swa_kv_pool_host = group.get_pool(names.SWA)
         cache.components[components.SWA]._swa_kv_pool_host = cache.swa_kv_pool_host
+    if tier.states is not None:
+        tier.states.attach(cache, params, controller)
     kvcache.register_layer_transfer_counter(controller.layer_done_counter)
+
+
+class StateTier(Protocol):
+    """The MAMBA component's host tier as ``HostTier`` calls it (``sglang_hicache_mamba.HostStates``)."""
+
+    # the state host pool's slots
+    slots: int
+
+    def entry(self, cache: object, params: object, bound: int) -> object: ...
+    def attach(self, cache: object, params: object, controller: object) -> None: ...
+    def free_lists(self, m: SGLangUnifiedManager) -> dict[int, list[int]]: ...
+    def host_free(self) -> int: ...
 
 
 class HostTier:
@@ -510,6 +509,8 @@ class HostTier:
         # the host tier's events as a consumer replays them
         self.events = HostEvents()
         self.loads = 0
+        # with a MAMBA component, its host tier (sglang_hicache_mamba.py: set by the target)
+        self.states: StateTier | None = None
 
     @classmethod
     def owner(cls, tensor: torch.Tensor) -> HostTier | None:
@@ -576,10 +577,7 @@ class HostTier:
     def submitted(self, read: torch.Tensor, written: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor) -> int:
         """A copy put on a stream (from tensor ``read`` to ``written``): its slots are in flight until it runs.
         Returns the reset epoch it belongs to."""
-        into, source_pool = self.pool_of(written), self.pool_of(read)
-        for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
-            self.reading[source_pool * SLOTS_PER_POOL + source] += 1
-            self.writing[into * SLOTS_PER_POOL + slot] += 1
+        self.flight(self.pool_of(read), self.pool_of(written), sources, targets, 1)
         return self.epoch
 
     def copied(
@@ -589,9 +587,15 @@ class HostTier:
         into, source_pool = self.pool_of(written), self.pool_of(read)
         for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
             self.copies.append(KVCopy(into, source, slot, 1, source_pool))
-            if epoch == self.epoch:
-                self.reading[source_pool * SLOTS_PER_POOL + source] -= 1
-                self.writing[into * SLOTS_PER_POOL + slot] -= 1
+        if epoch == self.epoch:
+            self.flight(source_pool, into, sources, targets, -1)
+
+    def flight(self, source_pool: int, into: int, sources: torch.Tensor, targets: torch.Tensor, sign: int) -> None:
+        """A copy's slots (``sources`` of pool ``source_pool``, ``targets`` of ``into``) enter the flight (``sign``
+        1) or leave it (-1)."""
+        for source, slot in zip(sources.tolist(), targets.tolist(), strict=True):
+            self.reading[source_pool * SLOTS_PER_POOL + source] += sign
+            self.writing[into * SLOTS_PER_POOL + slot] += sign
         self.reading, self.writing = +self.reading, +self.writing
 
     def take_kv_copies(self) -> list[KVCopy]:
@@ -610,9 +614,13 @@ class HostTier:
 
     # ------------------------------------------------------------ the scheduler's part
 
-    def step(self, m: SGLangUnifiedManager, req: HybridReq | None = None) -> None:
+    def step(self, m: SGLangUnifiedManager, req: HybridReq | None = None, release: bool = False) -> None:
         """The scheduler's per-step poll: acks of finished writes and loads, backups still queued submitted; before a
-        request's match, with a storage tier, its prefetch (``StorageLane.arrive``)."""
+        request's match, with a storage tier, its prefetch (``StorageLane.arrive``). With MAMBA, before a request's
+        release its batch's forward ran, which waited for its loads: one may write the request's own state slot (a
+        KV load writes the tree's pages, under the load's own lock, and may still be in flight then)."""
+        if release and self.states is not None:
+            self.forward(m)
         m.cache.check_hicache_events()
         STATS.record_reach(most_transfers_in_flight=sum(lane.pending for lane in self.lanes))
         if self.storage is not None:
@@ -638,10 +646,13 @@ class HostTier:
         # with SWA, the device hit may end in a window whose SWA KV is on the host only: loaded back the same way
         # (the scheduler's needs_host_load_back)
         record.swa_host_hit_length = int(result.swa_host_hit_length) if m.swa is not None else 0
-        if not host_hit and not record.swa_host_hit_length:
+        # with MAMBA, likewise a device hit whose state is on the host only
+        record.mamba_host_hit_length = int(result.mamba_host_hit_length) if m.mamba is not None else 0
+        if not host_hit and not record.swa_host_hit_length and not record.mamba_host_hit_length:
             return hit, last
         if not host_hit:
-            STATS.record_rule("sglang-hicache.match[SWA host hit only]")
+            only = "SWA" if record.swa_host_hit_length else "state"
+            STATS.record_rule(f"sglang-hicache.match[{only} host hit only]")
         held = self.host_pages_held(m)
         prefixes = pc.compute_page_prefixes(req.input_ids[:-1], m.page_size)
         missing = [
@@ -751,12 +762,14 @@ class HostTier:
         device_left = int(m.cache.full_evictable_size() + m.cache.full_protected_size()) // p
         host_left, host_free = len(self.host_pages_held(m)), int(self.host.available_size()) // p
         swa_free = self.swa_host_pages if m.swa is None else int(self.swa_host.available_size()) // p
-        if device_left or host_left or host_free != self.host_pages or swa_free != self.swa_host_pages:
+        states_held = 0 if self.states is None else self.states.slots - self.states.host_free()
+        if device_left or host_left or host_free != self.host_pages or swa_free != self.swa_host_pages or states_held:
             raise IntegrityError(
                 f"idle_tiers_drain: with no request running and every copy acknowledged, evicting both tiers whole"
                 f" left {device_left} device pages and {host_left} host pages cached; the host pool has {host_free}"
                 f" of {self.host_pages} pages free"
                 + ("" if m.swa is None else f", the SWA host pool {swa_free} of {self.swa_host_pages}")
+                + ("" if self.states is None else f", the state host pool {states_held} slots held")
             )
         STATS.record_rule("sglang-hicache.drain")
 
@@ -809,6 +822,9 @@ class HostTier:
             free_lists[SWA_DEVICE_POOL] = [s for page in swa for s in range(page * p, page * p + p)]
             free_lists[SWA_HOST_POOL] = self.free_host_slots(self.swa_host)
             pools[names.SWA] = (SWA_DEVICE_POOL, SWA_HOST_POOL)
+        if self.states is not None:
+            free_lists.update(self.states.free_lists(m))
+            pools[names.MAMBA] = (MAMBA_DEVICE_POOL, MAMBA_HOST_POOL)
         for pool, slots in free_lists.items():
             twice = [slot for slot, count in Counter(slots).items() if count > 1]
             if twice:
@@ -857,58 +873,3 @@ class HostTier:
                 f" hold {unacked}, of {self.host_pages * p}"
             )
         STATS.record_reach(largest_host_pages=len(held))
-
-
-def target(argument: str | None) -> TargetInfo:
-    """``sglang-hicache`` (the Python tree core), ``sglang-hicache:rust``, ``sglang-hicache:both``; a write policy
-    after the core or alone pins it (``sglang-hicache:write_back``, ``sglang-hicache:both,write_through``), else each
-    example draws one."""
-    parts = [] if argument is None else argument.split(",")
-    core = next((part for part in parts if part in CORES), None)
-    pinned = next((part for part in parts if part in WRITE_POLICIES), None)
-    swa = "swa" in parts
-    if len(parts) != (core is not None) + (pinned is not None) + swa:
-        raise TargetError(
-            f"sglang-hicache takes a core (rust, python or both), a write policy ({', '.join(WRITE_POLICIES)}),"
-            f" swa (FULL + SWA), or several (core,swa,policy), got {argument!r}"
-        )
-    cores = ("python",) if core is None else CORES[core]
-
-    def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
-        policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
-        ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
-        # no storage tier under SWA: its SWA prefetch path is not driven (docs/targets.md)
-        storage = None if swa else STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
-        window = swa_window(windows, 2 * num_pages) if swa else None
-        drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
-        if window is not None:
-            drawn += f",W{'<=' if window.window <= page_size else '>'}P"
-            drawn += ",free out of window" if window.out_of_window else ""
-        STATS.record_rule(f"sglang-hicache.config[{drawn}]")
-        managers = [
-            SGLangUnifiedManager(
-                page_size,
-                2 * num_pages,
-                core,
-                "lru",
-                swa=window,
-                tiers=HostTier(policy, ratio, storage),
-                profile=SWA_PROFILE if swa else PROFILE,
-            )
-            for core in cores
-        ]
-        return managers[0] if len(managers) == 1 else BothCores(managers)
-
-    return TargetInfo(
-        name="sglang-hicache" if argument is None else f"sglang-hicache:{argument}",
-        description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core"
-        + (", FULL + SWA" if swa else "")
-        + (f", {pinned}" if pinned else ""),
-        requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
-        hybrid_factory=factory,
-        executes=True,
-        profile=SWA_PROFILE if swa else PROFILE,
-        page_sizes=PAGE_SIZES,
-        how="the hybrid machine with the executor: requests as SGLang's scheduler drives HiCache; the tiers' laws",
-        probe=import_hicache,
-    )

@@ -2,12 +2,13 @@
 hold on the host, each stored under a parent some event stored, stored only where none is held and removed only
 where one is (``host_events_are_coherent``). The device tier's events go on to the manager's replay.
 
-Two announcements SGLang makes under FULL + SWA are told from the rest and counted (docs/findings.md, finding 25):
+Announcements SGLang makes under FULL + SWA are told from the rest and counted (docs/findings.md, finding 25):
 a backup's ack announces on the host every node its SWA transfer covered (``_backup_publish_node_ids``), so a node
 whose full KV is already announced there is announced again (the same page: a repeat a set-keeping consumer
 ignores), and a node whose full KV is on the device only is announced too (a page the host does not hold). The
 second kind is told apart at the ack (``follow``: the node's full KV has no host copy), and the pages it announced
 are kept apart: the host pool's partition and the host hits are checked against the pages the host does hold.
+Under FULL + MAMBA a state backed up after its node's full KV is announced again likewise (a repeat, counted).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from ..stats import STATS
 from .sglang_unified import SGLangUnifiedManager
 
 FINDING_25 = "an SWA backup's ack announces a host page whose full KV is on the device only (finding 25)"
-REPEAT = "an SWA backup's ack announces a host page again"
+# a backup of a node whose full KV is on the host already, for a component's value (SWA's or a MAMBA state): its ack
+# announces the node again (the same page)
+REPEAT = "an {} backup's ack announces a host page again"
 
 
 class HostEvents:
@@ -104,8 +107,9 @@ class HostEvents:
 
     @staticmethod
     def repeated(m: SGLangUnifiedManager, key: pc.PageKey, held: pc.PageKey) -> None:
-        """A host page stored again while held: with SWA, the same page announced again by an SWA backup's ack
-        (counted); every other repeat breaks ``host_events_are_coherent``."""
-        if m.swa is None or key != held:
+        """A host page stored again while held: with SWA or MAMBA, the same page announced again by the ack of a
+        backup of that component's value alone (counted); every other repeat breaks ``host_events_are_coherent``."""
+        component = "SWA" if m.swa is not None else "MAMBA" if m.mamba is not None else None
+        if component is None or key != held:
             raise IntegrityError(f"host_events_are_coherent: host page {key} stored twice")
-        STATS.rules[f"sglang-hicache.known: {REPEAT}"] += 1
+        STATS.rules[f"sglang-hicache.known: {REPEAT.format(component)}"] += 1

@@ -329,6 +329,9 @@ class StateComponent(Protocol):
     def pool(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> Pool:
         """The state slots: free, cached, held by the live requests, size."""
 
+    def clear(self, m: SGLangUnifiedManager) -> None:
+        """Every state slot free (the request table cleared at a flush, no request running)."""
+
 
 class MatchView(Protocol):
     """What the lifecycle reads of SGLang's ``MatchResult``."""
@@ -336,6 +339,7 @@ class MatchView(Protocol):
     device_prefix_len: int
     host_hit_length: int
     swa_host_hit_length: int
+    mamba_host_hit_length: int
     last_device_node: object
     best_match_node: object
 
@@ -352,7 +356,8 @@ class TierComponent(Protocol):
 
     def attach(self, m: SGLangUnifiedManager, params: object) -> None: ...
 
-    def step(self, m: SGLangUnifiedManager, req: HybridReq | None = None) -> None: ...
+    def step(self, m: SGLangUnifiedManager, req: HybridReq | None = None, release: bool = False) -> None:
+        """The scheduler's poll; before a request's match (``req``), or before a request's release (``release``)."""
 
     def device_events(self, m: SGLangUnifiedManager, events: list[object]) -> list[object]: ...
 
@@ -555,6 +560,8 @@ class SGLangUnifiedManager:
         last = record.last_node = result.last_device_node
         if self.tiers is not None:
             hit, last = self.tiers.load_back(self, req, record, result)
+        if self.mamba is not None:
+            self.mamba.adopt(self, req, record, hit)
         record.lock, record.last_node = self.cache.lock(last), last
         record.kv.cache_protected_len = record.kv.kv_allocated_len = hit
         if hit:
@@ -575,8 +582,7 @@ class SGLangUnifiedManager:
         """The hit by the hit rule over what the cache holds, per group: the full pages the events say it holds,
         live SWA in the window (the tree core's tombstones), a state of exactly the prefix (Mamba). Without a
         window it is the longest valid match; with one, a valid match never longer (SGLang asks W live tokens
-        after a tombstone, one more than needed: shorter hits are counted). Then the components' part of the
-        match (Mamba: the state's copy)."""
+        after a tombstone, one more than needed: shorter hits are counted)."""
         tokens = len(req.input_ids) - 1
         full = event_pages(req, cached, self.page_size, self.eagle)
         holes = [] if self.swa is None else self.swa.holes(self, key, tokens)
@@ -597,8 +603,6 @@ class SGLangUnifiedManager:
         longest = hit_law(req.uid, hit, rule, is_cached, tokens, tokens, why, exact=self.swa is None)
         if hit < longest:
             STATS.record_rule("sglang-swa.hit_below_the_spec")
-        if self.mamba is not None:
-            self.mamba.adopt(self, req, record, hit)
 
     def allocate_paged(self, req: HybridReq, length: int) -> None:
         """alloc_paged_token_slots_extend for tokens up to ``length``: evict the shortfall, then alloc_extend."""
@@ -654,7 +658,7 @@ class SGLangUnifiedManager:
         """checkpoint_kv_cache after a chunk; release_kv_cache when the request finishes or is aborted (with
         SWA under this manager's out-of-window switch; with MAMBA, a checkpoint only with a state slot free)."""
         if self.tiers is not None:
-            self.tiers.step(self)
+            self.tiers.step(self, release=finished)
         if not finished and self.mamba is not None and not self.mamba.make_room(self):
             STATS.record_rule("sglang-mamba.checkpoint[no state slot: not called]")
             return
@@ -770,6 +774,8 @@ class SGLangUnifiedManager:
             self.tiers.before_reset(self)
         self.cache.reset()
         self.alloc.clear()
+        if self.mamba is not None:  # req_to_token_pool.clear(): HybridReqToTokenPool's frees every state slot
+            self.mamba.clear(self)
 
     def drain(self) -> None:
         """At idle: every transfer finished, both tiers evicted whole; nothing may stay (``HostTier.drain``)."""

@@ -102,6 +102,7 @@ class SlotAllocator(Protocol):
 
     def alloc(self, need_size: int) -> torch.Tensor | None: ...
     def available_size(self) -> int: ...
+    def clear(self) -> None: ...
 
 
 class StateRows(Protocol):
@@ -130,6 +131,11 @@ def state_table(base: type) -> type:
         mamba_ping_pong_track_buffer_size: int = 0
         mamba_initial_tracking_slots: int = 0
         req_index_to_mamba_ping_pong_track_buffer_mapping: Any = None
+        # HiCache's layer counter (the state copies on match wait on it in SGLang; here the forward's wait)
+        layer_transfer_counter: object = None
+
+        def register_layer_transfer_counter(self, counter: object) -> None:
+            self.layer_transfer_counter = counter
 
         def translate_mamba_indices(self, indices: torch.Tensor) -> torch.Tensor:
             return indices
@@ -228,6 +234,9 @@ class RecurrentState:
     ``mamba_max_states_per_path``), the extra buffer or none, and the prefixes of the states the tree held at the
     last match. One per manager (per tree core)."""
 
+    # state slots a request is admitted with beyond its own and its tracking slots
+    spare = 0
+
     def __init__(self, states: int, max_states_per_path: int, buffer: ExtraBuffer | None = None) -> None:
         self.states, self.max_states_per_path, self.buffer = states, max_states_per_path, buffer
         self.tree_states: set[StateOf] = set()
@@ -316,8 +325,8 @@ class RecurrentState:
 
     def admit(self, m: SGLangUnifiedManager, req: HybridReq) -> None:
         """Admitted only with a state slot free, and the extra buffer's tracking slots (nothing changes when
-        they cannot be made)."""
-        if not self.make_room(m, 1 + (0 if self.buffer is None else self.buffer.tracking_slots)):
+        they cannot be made); ``spare`` more for a state loaded back (HiCache)."""
+        if not self.make_room(m, 1 + self.spare + (0 if self.buffer is None else self.buffer.tracking_slots)):
             STATS.record_rule("sglang-mamba.match[no state slot: not admitted]")
             raise OutOfPagesError(f"request {req.uid}: no free state slot")
 
@@ -331,7 +340,8 @@ class RecurrentState:
         return (req.namespace, tuple(req.input_ids[:end])) in self.tree_states
 
     def adopt(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, hit: int) -> None:
-        """The request's state after the match: the hit's, copied (checked), or a cleared one."""
+        """The request's state after the match: the hit's, copied (checked); a cleared one (the state of no tokens)
+        when nothing was copied and it holds no slot; else (a load back took its slot) what the load writes."""
         tokens, shadow = req.input_ids[:-1], self.state_pool(m).shadow
         source = record.kv.mamba_cow_src_index
         if source is not None:
@@ -340,12 +350,13 @@ class RecurrentState:
             shadow.expect("the_copied_state_is_the_hits", who, int(source), req.namespace, tuple(tokens[:hit]))
             STATS.record_rule("sglang-mamba.copy_on_match")
             record.kv.mamba_cow_src_index = None
+            shadow.write(record.kv.state_slot(), req.namespace, tuple(tokens[:hit]))
         elif not record.kv.holds_mamba:
             # HybridReqToTokenPool.alloc: a cleared state for a request with no state hit
             slot = self.slots(m).alloc(1)
             assert slot is not None, "make_room left a slot"
             record.kv.mamba_pool_idx = slot[0]
-        shadow.write(record.kv.state_slot(), req.namespace, tuple(tokens[:hit]))
+            shadow.write(record.kv.state_slot(), req.namespace, ())
         if self.buffer is not None:
             # HybridReqToTokenPool.alloc: the tracking slots, nothing written in them yet
             self.rows(m).alloc_tracking_slots(record)
@@ -364,8 +375,12 @@ class RecurrentState:
         return end
 
     def stored(self, m: SGLangUnifiedManager, req: HybridReq, record: Record, begin: int) -> None:
-        """The request's state is that of what it computed; the extra buffer's snapshot of the forward."""
+        """The request's state is that of what it computed; the extra buffer's snapshot of the forward. The
+        forward read the state it advanced: that of what the request had computed (with HiCache, what a load back
+        wrote, landed before the forward)."""
         shadow = self.state_pool(m).shadow
+        who, before = f"request {req.uid}'s forward from {begin}", tuple(req.input_ids[:begin])
+        shadow.expect("the_requests_state_is_its_own", who, record.kv.state_slot(), req.namespace, before)
         shadow.write(record.kv.state_slot(), req.namespace, tuple(req.input_ids[: req.computed]))
         if self.buffer is not None:
             self.track(m, req, record, begin, req.computed)
@@ -417,6 +432,9 @@ class RecurrentState:
             who = f"request {req.uid}'s latest snapshot (tracked length {length})"
             shadow.expect("the_latest_snapshot_is_of_its_length", who, slot, req.namespace, computed[:length])
 
+    def clear(self, m: SGLangUnifiedManager) -> None:
+        self.slots(m).clear()
+
     def pool(self, m: SGLangUnifiedManager, live_reqs: list[HybridReq]) -> Pool:
         cached = int(m.cache.mamba_evictable_size() + m.cache.mamba_protected_size())
         held = len(self.request_slots(m))
@@ -442,6 +460,21 @@ def mamba_manager(
     return SGLangUnifiedManager(page_size, num_pages, core, policy, eagle, swa=swa, mamba=mamba, profile=PROFILE)
 
 
+def drawn_state(page_size: int, num_pages: int) -> tuple[tuple[int, int, ExtraBuffer | None], str]:
+    """The MAMBA component a configuration draws: its state slots, ``mamba_max_states_per_path`` and its extra
+    buffer (``RecurrentState``'s arguments), and how the summary names them."""
+    per_path = 2 if (num_pages // len(POLICIES)) % 2 else -1
+    # the extra buffer: always with pages above 1; at page size 1 in two thirds (the overlap scheduler's
+    # default), else no buffer (SGLang's choice with the overlap scheduler off)
+    bits, buffer = mix(num_pages), None
+    if page_size > 1 or bits % 3:
+        buffer = ExtraBuffer(1 + (bits >> 4) % 2, 1 << (bits >> 6) % 3, page_size * (1 + (bits >> 9) % 2))
+    # state slots: a request holds its own and, with the buffer, its tracking slots
+    states = (4 + num_pages // 4) * (1 + (0 if buffer is None else buffer.tracking_slots))
+    mode = "no buffer" if buffer is None else f"extra buffer x{buffer.tracking_slots}"
+    return (states, per_path, buffer), f"{mode},states per path {per_path}"
+
+
 def target(argument: str | None) -> TargetInfo:
     """``sglang-mamba`` (Rust core), ``sglang-mamba:python``, ``sglang-mamba:both``."""
     if argument not in CORES:
@@ -450,24 +483,14 @@ def target(argument: str | None) -> TargetInfo:
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = POLICIES[num_pages % len(POLICIES)]
-        per_path = 2 if (num_pages // len(POLICIES)) % 2 else -1
         # FULL + SWA + MAMBA in half the configurations, with the drawn window
         window = max(2, next((w for w in windows if isinstance(w, int)), 4)) if (num_pages // 4) % 2 else None
-        # the extra buffer: always with pages above 1; at page size 1 in two thirds (the overlap scheduler's
-        # default), else no buffer (SGLang's choice with the overlap scheduler off)
-        bits, buffer = mix(num_pages), None
-        if page_size > 1 or bits % 3:
-            buffer = ExtraBuffer(1 + (bits >> 4) % 2, 1 << (bits >> 6) % 3, page_size * (1 + (bits >> 9) % 2))
-        # state slots: a request holds its own and, with the buffer, its tracking slots
-        states = (4 + num_pages // 4) * (1 + (0 if buffer is None else buffer.tracking_slots))
+        (states, per_path, buffer), drawn = drawn_state(page_size, num_pages)
         swa = "" if window is None else f",SWA W={'<=8' if window <= 8 else '>8'}"
-        mode = "no buffer" if buffer is None else f"extra buffer x{buffer.tracking_slots}"
         # the server runs EAGLE (MTP) in half: SGLang keeps raw keys with a MAMBA component, so the cache is
         # the same (what EAGLE changes is the scheduler's speculative tracking, not driven)
-        eagle = bool((bits >> 11) % 2)
-        STATS.record_rule(
-            f"sglang-mamba.config[P={page_size},{mode},{policy},states per path {per_path}{swa}{',eagle' * eagle}]"
-        )
+        eagle = bool((mix(num_pages) >> 11) % 2)
+        STATS.record_rule(f"sglang-mamba.config[P={page_size},{drawn},{policy}{swa}{',eagle' * eagle}]")
         managers = [
             mamba_manager(2 * num_pages, core, policy, states, per_path, page_size, buffer, eagle, window)
             for core in cores

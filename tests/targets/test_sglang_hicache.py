@@ -439,7 +439,15 @@ def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "target", ["sglang-hicache", "sglang-hicache:rust", "sglang-hicache:swa", "sglang-hicache:rust,swa"]
+    "target",
+    [
+        "sglang-hicache",
+        "sglang-hicache:rust",
+        "sglang-hicache:swa",
+        "sglang-hicache:rust,swa",
+        "sglang-hicache:mamba",
+        "sglang-hicache:rust,mamba",
+    ],
 )
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
     done = run(CAMPAIGN.format(plant="", target=target, out=str(tmp_path), examples=150))
@@ -480,15 +488,6 @@ swa = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.swa
 swa.SWAComponent.free_host_values = lambda self, host_values: None
 """,
 }
-
-
-@pytest.mark.parametrize("law", sorted(SWA_PLANTS))
-def test_each_check_catches_its_planted_bug_under_swa(law: str, tmp_path: Path) -> None:
-    began = time.monotonic()
-    done = run(CAMPAIGN.format(plant=SWA_PLANTS[law], target="sglang-hicache:swa", out=str(tmp_path), examples=400))
-    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
-    assert law + ":" in done.stdout + done.stderr, done.stdout[-3000:]
-    assert time.monotonic() - began < 120
 
 
 def test_finding_25_an_swa_backups_ack_announces_host_pages_the_host_does_not_hold(tmp_path: Path) -> None:
@@ -579,8 +578,10 @@ def test_swa_runs_on_either_core_and_a_bad_argument_names_the_choices() -> None:
     from radixspec.fuzz.targets import TargetError, resolve
 
     assert resolve("sglang-hicache:both,swa", check=False).description.endswith("rust and python tree core, FULL + SWA")
-    with pytest.raises(TargetError, match=r"swa \(FULL \+ SWA\)"):
-        resolve("sglang-hicache:swa,window", check=False)
+    assert resolve("sglang-hicache:rust,mamba", check=False).description.endswith("rust tree core, FULL + MAMBA")
+    for bad in ("swa,window", "swa,mamba"):
+        with pytest.raises(TargetError, match=r"swa: FULL \+ SWA, mamba: FULL \+ MAMBA"):
+            resolve(f"sglang-hicache:{bad}", check=False)
 
 
 # FULL + SWA, write-through: a prompt served, then extended (its node now internal), then the shared prefix's SWA KV
@@ -621,3 +622,176 @@ def test_a_window_evicted_from_the_device_is_loaded_back_from_the_host(bug: str)
         assert out.stdout.split() == ["0", "20", "True", "20", "1"], out.stdout
     else:  # the window restored from its host pages in reverse order
         assert out.stdout.split() == ["attended_kv_is_the_requests"], out.stdout
+
+
+# bugs planted in SGLang's MAMBA component and controller, each in the path one check guards under FULL + MAMBA
+MAMBA_PLANTS = {
+    # a load back restores the state from the host slot after the node's own
+    "the_requests_state_is_its_own": """
+mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+build = mamba.MambaComponent.build_hicache_transfers
+def shifted(self, node, phase, **kwargs):
+    transfers = build(self, node, phase, **kwargs)
+    if transfers and phase == mamba.CacheTransferPhase.LOAD_BACK:
+        for transfer in transfers:
+            transfer.host_indices = (transfer.host_indices + 1) % self._mamba_pool_host.size
+    return transfers
+mamba.MambaComponent.build_hicache_transfers = shifted
+""",
+    # a load's device state slots given back to the allocator as it starts (the request frees its own again at its
+    # release)
+    "free_lists_hold_no_page_twice": """
+ctl = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
+load = ctl.HybridCacheController.load
+def early_free(self, *args, **kwargs):
+    device_indices = load(self, *args, **kwargs)
+    if device_indices is not None and self.load_queue:
+        for transfer in self.load_queue[-1].pool_transfers or ():
+            if transfer.name.value == "mamba" and transfer.device_indices is not None:
+                self.mem_pool_host.entry_map[transfer.name].device_free_fn(transfer.device_indices)
+    return device_indices
+ctl.HybridCacheController.load = early_free
+""",
+    # the MAMBA host values of evicted host nodes never given back to the state host pool
+    "idle_tiers_drain": """
+mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+mamba.MambaComponent.free_host_values = lambda self, host_values: None
+""",
+}
+
+
+@pytest.mark.parametrize(
+    ("target", "law"),
+    [("sglang-hicache:swa", law) for law in sorted(SWA_PLANTS)]
+    + [("sglang-hicache:mamba", law) for law in sorted(MAMBA_PLANTS)],
+)
+def test_each_check_catches_its_planted_bug_under_a_component(target: str, law: str, tmp_path: Path) -> None:
+    plant = (SWA_PLANTS if target.endswith("swa") else MAMBA_PLANTS)[law]
+    began = time.monotonic()
+    done = run(CAMPAIGN.format(plant=plant, target=target, out=str(tmp_path), examples=400))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert law + ":" in done.stdout + done.stderr, done.stdout[-3000:]
+    assert time.monotonic() - began < 120
+
+
+# FULL + MAMBA (the extra buffer: a snapshot every two tokens), write-through: SETUP's three prompts, the third
+# evicting the first from the device; the first again: its KV and its state (of 12 tokens) are loaded back from the
+# host, and its forward reads the state the load wrote into its own slot
+STATE_FROM_HOST = (
+    """
+import importlib
+from radixspec.fuzz.targets.sglang_hicache import import_hicache
+import_hicache()
+{bug}
+from radixspec.fuzz.targets.sglang_hicache_mamba import TieredState
+from radixspec.fuzz.targets.sglang_hicache_target import tier
+from radixspec.fuzz.targets.sglang_unified_mamba import ExtraBuffer
+state = TieredState(8, -1, ExtraBuffer(1, 2, 2))
+"""
+    + SETUP.replace(
+        '"lru", tiers=HostTier({policy!r}, 2.0))', '"lru", mamba=state, tiers=tier({policy!r}, 2.0, None, True))'
+    )
+    + """
+try:
+    print(run(0, a), run(1, range(200, 213)), run(2, range(300, 313)), run(3, a), m.tiers.loads)
+except Exception as error:
+    print(str(error).split(" reads")[0])
+"""
+)
+
+
+@pytest.mark.parametrize("bug", ["", MAMBA_PLANTS["the_requests_state_is_its_own"]])
+def test_a_state_evicted_from_the_device_is_loaded_back_from_the_host(bug: str) -> None:
+    out = run(STATE_FROM_HOST.format(bug=bug, core="python", policy="write_through"))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    if not bug:
+        assert out.stdout.split() == ["0", "0", "0", "12", "1"], out.stdout
+    else:  # the state loaded from the host slot after its own: the forward reads it (the check waits for the load)
+        assert out.stdout.strip() == "the_requests_state_is_its_own: request 3's forward from 12", out.stdout
+
+
+def test_finding_26_a_declined_load_back_leaves_a_device_hit_with_a_cleared_state(tmp_path: Path) -> None:
+    """Finding 26 (docs/findings.md): under FULL + MAMBA, a match whose best node holds its state on the host only
+    copies no state; when its load back is declined, the request keeps its device hit and SGLang clears its state.
+    The target counts it; uncounted, the request's forward reads a cleared state for a prefix of its hit."""
+    uncounted = (
+        "from radixspec.fuzz.targets.sglang_hicache_mamba import TieredState\nTieredState.known_cleared_state = False"
+    )
+    done = run(CAMPAIGN.format(plant=uncounted, target="sglang-hicache:mamba", out=str(tmp_path), examples=150))
+    assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "the_requests_state_is_its_own:" in done.stdout + done.stderr, done.stdout[-3000:]
+    assert "which holds the state of 0 tokens" in done.stdout + done.stderr, done.stdout[-3000:]
+
+
+# finding 26 on the engine's own path (write-back): a chain X -> Z -> Y, each with a state; Z and Y evicted to the
+# host (backed up first). A's prompt covers Y: its load back brings Z and Y back and pins them until its ack. B's
+# prompt leaves the chain after Z: its device hit is X (Z's state is on the host only), its best node Z, whose load
+# back SGLang rejects (the spec names Z, pinned by A's load in flight: an empty spec). B keeps X's 12 tokens and its
+# state is cleared
+PINNED_LOAD = """
+import sys
+from radixspec.fuzz.targets.sglang_hicache import import_hicache
+import_hicache()
+from radixspec.fuzz.lifecycle import laws_for
+from radixspec.fuzz.stats import STATS
+from radixspec.fuzz.targets.sglang_hicache_mamba import FINDING_26, TieredState
+from radixspec.fuzz.targets.sglang_hicache_target import tier
+from radixspec.fuzz.targets.sglang_unified import SGLangUnifiedManager
+from radixspec.fuzz.targets.sglang_unified_mamba import ExtraBuffer
+from radixspec.reference.hybrid_manager import HybridReq
+TieredState.known_cleared_state = sys.argv[1] == "counted"
+state = TieredState(16, -1, ExtraBuffer(1, 2, 2))
+m = SGLangUnifiedManager(2, 40, sys.argv[2], "lru", mamba=state, tiers=tier("write_back", 2.0, None, True))
+laws = laws_for(m)[0]
+def match(uid, prompt):
+    req = HybridReq(uid, list(prompt), None)
+    m.match_req(req)
+    laws.copied()
+    return req
+def finish(req):
+    m.allocate_paged(req, len(req.input_ids))
+    begin, slots = req.computed, laws.slots(req)
+    m.store(req, len(req.input_ids) - req.computed)
+    laws.copied()
+    laws.stored(req, begin, slots)
+    m.check_integrity([req])
+    laws.check([req])
+    m.cache_req(req, True)
+    laws.copied()
+    laws.finished(req.uid, True)
+def run(uid, prompt):
+    req = match(uid, prompt)
+    hit = req.computed
+    finish(req)
+    return hit
+X, Z, Y = list(range(100, 112)), list(range(200, 212)), list(range(300, 312))
+print(run(0, X + [1]), run(1, X + Z + [1]), run(2, X + Z + Y + [1]), end=" ")
+m.cache.evict(m.v.base.EvictParams(num_tokens=len(Z) + len(Y)))
+m.tiers.step(m)
+a = match(3, X + Z + Y + [7, 7])
+b = match(4, X + Z + [9, 9, 9])
+print(a.computed, b.computed, m.tiers.loads, end=" ")
+try:
+    finish(b)
+    print(STATS.rules["sglang-hicache.known: " + FINDING_26])
+except Exception as error:
+    print(str(error).split(" reads")[0])
+"""
+
+
+@pytest.mark.parametrize("core", ["python", "rust"])
+@pytest.mark.parametrize("counted", ["counted", "uncounted"])
+def test_finding_26_a_load_back_rejected_for_a_node_another_load_pins_leaves_a_cleared_state(
+    counted: str, core: str
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", PINNED_LOAD, counted, core], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    # the chain's three prompts hit 0, 12, 24; A loads Z and Y back (36), B's load is rejected (its hit stays 12)
+    said = out.stdout.strip().split(maxsplit=6)
+    assert said[:6] == ["0", "12", "24", "36", "12", "1"], out.stdout
+    if counted == "counted":
+        assert said[6] == "1", out.stdout
+    else:  # B's forward reads a cleared state for its 12-token prefix
+        assert said[6] == "the_requests_state_is_its_own: request 4's forward from 12", out.stdout
