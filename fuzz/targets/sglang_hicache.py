@@ -654,6 +654,10 @@ class HostTier:
             only = "SWA" if record.swa_host_hit_length else "state"
             STATS.record_rule(f"sglang-hicache.match[{only} host hit only]")
         held = self.host_pages_held(m)
+        if m.mamba is not None:
+            # the host hit of a state on the host only covers its node's full KV wherever it lies: on the device too
+            # (SGLang's scheduler: "a load can expose resident FULL behind host-only aux state")
+            held |= set(m.cached_pages())
         prefixes = pc.compute_page_prefixes(req.input_ids[:-1], m.page_size)
         missing = [
             end
@@ -661,9 +665,10 @@ class HostTier:
             if end // m.page_size > len(prefixes) or (req.namespace, prefixes[end // m.page_size - 1]) not in held
         ]
         if missing:
+            where = "a host copy" if m.mamba is None else "a copy on either tier"
             raise IntegrityError(
                 f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the host,"
-                f" but the events hold no host copy of the page ending at {missing[0]}"
+                f" but the events hold no {where} of the page ending at {missing[0]}"
             )
         STATS.record_rule("sglang-hicache.match[host hit]")
         best = result.best_match_node
