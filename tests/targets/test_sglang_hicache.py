@@ -795,3 +795,29 @@ def test_finding_26_a_load_back_rejected_for_a_node_another_load_pins_leaves_a_c
         assert said[6] == "1", out.stdout
     else:  # B's forward reads a cleared state for its 12-token prefix
         assert said[6] == "the_requests_state_is_its_own: request 4's forward from 12", out.stdout
+
+
+# a program of a ten-minute campaign (seed 90, shrunk) in which a request's host hit is a state on the host only over
+# its node's full KV on the device (SGLang counts that KV in the host hit: "a load can expose resident FULL behind
+# host-only aux state"); host_hit_is_held once read it as a host copy the events must announce
+RESIDENT = """
+from radixspec.fuzz.regression import build_machine
+state = build_machine("hybrid", targets=("sglang-hicache:mamba",), lru=None, device="cpu")()
+s0, s1 = state.setup(page_size=4, num_pages=14, windows=[None], first=[([0], []), ([], [])])
+s2 = state.long_seq(base=s1, salt=0, tokens=64)
+state.flush(wait=0)
+s3 = state.new_seq(base=s0, keep=True, pages=[0], tail=[])
+state.admit_batch(base=s3, cuts=[0], evict=0, namespace=None)
+s7 = state.new_seq(base=state.prefix_of(base=s3, cut=0), keep=False, pages=[0, 0], tail=[])
+state.new_request(extra=[0], namespace=None, tokens=s7)
+state.admit_batch(base=s2, cuts=[4, 53], evict=0, namespace=None)
+state.new_request(extra=[], namespace=None, tokens=s2)
+state.teardown()
+print("clean")
+"""
+
+
+def test_a_states_host_hit_over_its_nodes_kv_on_the_device_is_held() -> None:
+    out = run(RESIDENT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == ["clean"], out.stdout
