@@ -42,6 +42,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-hicache:both",
         "sglang-hicache:swa",
         "sglang-hicache:mamba",
+        "sglang-hicache:eagle",
     ),
     "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload", "vllm-offload-connector", "vllm-simple-offload"),
     "dynamo": ("dynamo",),

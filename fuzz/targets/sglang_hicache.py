@@ -72,14 +72,14 @@ from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError
 
-from ..lifecycle import SLOTS_PER_POOL, KVCopy, Pool
+from ..lifecycle import SLOTS_PER_POOL, KVCopy, Pool, StateShadow
 from ..stats import STATS
 from .releases import installed_release
 from .sglang import VERSION
 from .sglang_hicache_events import HostEvents
 from .sglang_hicache_storage import PREFETCH_POLICIES, StorageLane
 from .sglang_modules import import_unified_cache, mapping_pool
-from .sglang_unified import MatchView, Record, SGLangUnifiedManager
+from .sglang_unified import MatchView, Record, SGLangUnifiedManager, page_keys
 from .shims import install, never, register, stub, stub_any
 from .streams import Executor, Lane
 
@@ -476,13 +476,28 @@ def attach(
 class StateTier(Protocol):
     """The MAMBA component's host tier as ``HostTier`` calls it (``sglang_hicache_mamba.HostStates``)."""
 
-    # the state host pool's slots
+    # the state host pool's slots, the pool, and the shadow of what each slot's state is of
     slots: int
+    host: object
+    shadow: StateShadow
 
     def entry(self, cache: object, params: object, bound: int) -> object: ...
     def attach(self, cache: object, params: object, controller: object) -> None: ...
     def free_lists(self, m: SGLangUnifiedManager) -> dict[int, list[int]]: ...
     def host_free(self) -> int: ...
+
+
+def storage_pools(m: SGLangUnifiedManager, states: StateTier | None) -> list[tuple[object, int | StateTier]]:
+    """The host pools whose pages the storage tier writes to files and reads back, each with its pool in the KV
+    shadow (the full KV's; SWA's) or, for the states, the MAMBA component's host tier."""
+    group = m.cache.cache_controller.mem_pool_host
+    names = import_hicache().storage.PoolName
+    pools: list[tuple[object, int | StateTier]] = [(m.cache.cache_controller.storage_host_pool, HOST_POOL)]
+    if m.swa is not None:
+        pools.append((group.get_pool(names.SWA), SWA_HOST_POOL))
+    if states is not None:
+        pools.append((states.host, states))
+    return pools
 
 
 class HostTier:
@@ -559,7 +574,9 @@ class HostTier:
         engine = m.cache.cache_controller.l2_transfer_engine
         self.lanes = [engine.device_to_host_stream, engine.host_to_device_stream]
         if self.storage_policy is not None:
-            self.storage = StorageLane(self.storage_policy, self.copies, m, import_hicache())
+            self.storage = StorageLane(
+                self.storage_policy, self.copies, m, import_hicache(), storage_pools(m, self.states)
+            )
             self.lanes.append(self.storage)
         if m.swa is not None:
             self.events.follow(m)
@@ -658,11 +675,11 @@ class HostTier:
             # the host hit of a state on the host only covers its node's full KV wherever it lies: on the device too
             # (SGLang's scheduler: "a load can expose resident FULL behind host-only aux state")
             held |= set(m.cached_pages())
-        prefixes = pc.compute_page_prefixes(req.input_ids[:-1], m.page_size)
+        keys = page_keys(req, m.page_size, m.eagle)
         missing = [
             end
             for end in range(hit + m.page_size, hit + host_hit + 1, m.page_size)
-            if end // m.page_size > len(prefixes) or (req.namespace, prefixes[end // m.page_size - 1]) not in held
+            if end // m.page_size > len(keys) or keys[end // m.page_size - 1] not in held
         ]
         if missing:
             where = "a host copy" if m.mamba is None else "a copy on either tier"

@@ -9,15 +9,15 @@ runs their loop bodies, one queue item at a time, through SGLang's own per-item 
 ``execute`` rule runs it as a third stream, so backups to storage stay queued while requests come and go. The
 threads never read the tree, so one item at a time is a schedule they could run.
 
-**A request's prefetch** (``arrive``, the scheduler's ``_prefetch_kvcache`` at arrival and its admission check):
-the prompt is matched; if the host path's end is backed up (or the root), ``prefetch_from_storage`` is asked for
-the rest; then, before admission, the workers run a few items (a number fixed by the request's id: none to all),
-and ``check_prefetch_progress`` decides by the drawn policy (``best_effort`` ends the prefetch where it is,
+**A request's prefetch** (``arrive``, the scheduler's ``_prefetch_kvcache`` at arrival and its admission check): the
+prompt is matched; if the host path's end is backed up (or the root), ``prefetch_from_storage`` is asked for the rest;
+then, before admission, the workers run a few items (a number fixed by the request's id: none to all), and
+``check_prefetch_progress`` decides by the drawn policy (``best_effort`` ends the prefetch where it is,
 ``wait_complete`` waits for the workers); what came in is popped (``pop_prefetch_loaded_span``) and the match that
-follows finds it on the host, and the prefetch's queues are drained. One request in five is aborted before its
-admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host slots coming
-back at its last ack (``holding``); one in five more waits past its step, its prefetch running on while other
-requests come and go, and gives up some polls later (``poll``). Not yet drawn: a request admitted steps after its
+follows must find it on the host (``prefetch_is_served``), and the prefetch's queues are drained. One request in five is
+aborted before its admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host
+slots coming back at its last ack (``holding``); one in five more waits past its step, its prefetch running on while
+other requests come and go, and gives up some polls later (``poll``). Not yet drawn: a request admitted steps after its
 arrival, the ``timeout`` policy, failed keys.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -38,12 +39,14 @@ import threading
 import types
 import weakref
 from array import array
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
+from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
-from ..lifecycle import KVCopy
+from ..lifecycle import KVCopy, StateShadow
 from ..stats import STATS
 from .api import TargetError
 from .shims import install, register, stub
@@ -52,8 +55,15 @@ if TYPE_CHECKING:
     from .sglang_unified import SGLangUnifiedManager
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete")
-# the storage's slots in the KV shadow (fuzz/lifecycle.py): pool 2
-STORAGE_POOL = 2
+# the storage's slots in the KV shadow (fuzz/lifecycle.py): pool 2; the host's full KV pool 1
+STORAGE_POOL, HOST_POOL = 2, 1
+
+
+class HostStates(Protocol):
+    """The MAMBA component's host tier as the storage reads it (``sglang_hicache_mamba.HostStates``): the shadow of
+    its host slots."""
+
+    shadow: StateShadow
 
 
 class HostPages(Protocol):
@@ -101,6 +111,9 @@ def import_storage(m: types.ModuleType) -> types.ModuleType:
         "sglang.srt.mem_cache.deepseek_v4_memory_pool", DeepSeekV4TokenToKVPool=type("DeepSeekV4TokenToKVPool", (), {})
     )
     controller = importlib.import_module("sglang.srt.managers.cache_controller")
+    # a prefetch whose trailing state or SWA pages are not all in storage is discarded with a warning for each (the
+    # summary counts it among the prefetches that loaded nothing)
+    logging.getLogger(m.v.urc.__name__).setLevel(logging.ERROR)
     parallel = types.SimpleNamespace(
         attn_dcp_rank=0,
         attn_dcp_size=1,
@@ -130,13 +143,23 @@ class StorageLane:
     """SGLang's storage tier for one cache: the file backend in a folder of its own (removed with it), the workers
     run as a stream (``step``), the copies reported to the KV shadow."""
 
-    def __init__(self, policy: str, copies: list[KVCopy], m: SGLangUnifiedManager, hicache: types.ModuleType) -> None:
-        """Attached to ``m``'s cache as the scheduler attaches a backend at run time (``attach_storage_backend``)."""
+    def __init__(
+        self,
+        policy: str,
+        copies: list[KVCopy],
+        m: SGLangUnifiedManager,
+        hicache: types.ModuleType,
+        pools: Sequence[tuple[object, int | HostStates]],
+    ) -> None:
+        """Attached to ``m``'s cache as the scheduler attaches a backend at run time (``attach_storage_backend``);
+        ``pools``: the host pools whose pages it writes to files (``follow``)."""
         self.policy = policy
         # the host tier's list of copies: storage copies take their place among the host tier's, in order
         self.copies = copies
         # storage keys and the slot each has in the shadow's pool 2 (pages of P slots)
         self.keys: dict[str, int] = {}
+        # with MAMBA, the state each state file holds (None: written from a slot of no known state)
+        self.state_files: dict[str, tuple[Namespace, tuple[int, ...]] | None] = {}
         # requests waiting on their prefetch past the step they arrived in, with the polls left before they give up
         self.waiting: dict[object, int] = {}
         self.cache, self.page_size = m.cache, m.page_size
@@ -151,59 +174,83 @@ class StorageLane:
         if not ok:
             raise TargetError(f"sglang-hicache: SGLang's file storage backend did not attach: {message}")
         controller = m.cache.cache_controller
-        self.follow(controller.storage_backend, controller.storage_host_pool)
+        self.follow(controller.storage_backend, pools)
 
     # ------------------------------------------------------------ the copies
 
     def slot(self, key: str) -> int:
         return self.keys.setdefault(key, len(self.keys)) * self.page_size
 
-    def follow(self, backend: Files, pool: HostPages) -> None:
-        """The copies between the host pool and the files, at the lowest level SGLang's code reaches: a page read
-        from the host pool (``get_data_page``) and written to a file (the backend's ``set``, a key already stored
+    def follow(self, backend: Files, pools: Sequence[tuple[object, int | HostStates]]) -> None:
+        """The copies between the host pools and the files, at the lowest level SGLang's code reaches: a page read
+        from a host pool (``get_data_page``) and written to a file (the backend's ``set``, a key already stored
         skipped as the backend skips it); a file read (``get``) and written into a host slot
-        (``set_from_flat_data_page``). Each page's data object names where it came from."""
-        origins: dict[int, tuple[object, int | str]] = {}
-        read_page, write_page = pool.get_data_page, pool.set_from_flat_data_page
+        (``set_from_flat_data_page``). Each page's data object names where it came from. ``pools``: each host pool
+        with its pool in the KV shadow (the full KV's, SWA's), or the MAMBA component's ``HostStates``: a state's
+        file holds the state its host slot held when it was written (``state_files``), and a file read into a host
+        slot gives it that state (or none, if its writing was not seen)."""
+        # id(data) -> (data, the pool read, a host slot or a file's key)
+        origins: dict[int, tuple[object, int | HostStates | None, int | str]] = {}
         put, get, exists = backend.set, backend.get, backend.exists
         p = self.page_size
 
-        def get_data_page(index: int, *args: object, **kwargs: object) -> object:
-            data = read_page(index, *args, **kwargs)
-            origins[id(data)] = (data, int(index))
-            return data
+        def reader(read_page: Callable[..., object], pool: int | HostStates) -> Callable[..., object]:
+            def get_data_page(index: int, *args: object, **kwargs: object) -> object:
+                data = read_page(index, *args, **kwargs)
+                origins[id(data)] = (data, pool, int(index))
+                return data
+
+            return get_data_page
 
         def set_page(key: str, value: object = None, *args: object, **kwargs: object) -> bool:
             stored = exists(key)
             done = bool(put(key, value, *args, **kwargs))
-            origin = origins.pop(id(value), (None, None))[1]
-            if done and not stored:
-                source = origin if isinstance(origin, int) else -p
-                self.copies.append(KVCopy(STORAGE_POOL, source, self.slot(key), p, 1))
+            _, pool, origin = origins.pop(id(value), (None, None, -p))
+            if not done or stored:
+                return done
+            if pool is None or isinstance(pool, int):
+                self.copies.append(KVCopy(STORAGE_POOL, int(origin), self.slot(key), p, pool or HOST_POOL))
                 STATS.record_rule("sglang-hicache.storage[page backed up]")
                 STATS.record_reach(largest_storage_pages=len(self.keys))
+            else:
+                self.state_files[key] = pool.shadow.get(int(origin))
+                STATS.record_rule("sglang-hicache.storage[state backed up]")
             return done
 
         def get_page(key: str, target: object = None, *args: object, **kwargs: object) -> object:
             data = get(key, target, *args, **kwargs)
             if data is not None:
-                origins[id(data)] = (data, key)
+                origins[id(data)] = (data, None, key)
             return data
 
-        def set_from_flat_data_page(index: int, data: object, *args: object, **kwargs: object) -> object:
-            key = origins.pop(id(data), (None, None))[1]
-            # a page whose file the shadow never saw written holds nothing known
-            source = self.keys[key] * p if isinstance(key, str) and key in self.keys else -p
-            self.copies.append(KVCopy(1, source, int(index), p, STORAGE_POOL))
-            STATS.record_rule("sglang-hicache.storage[page prefetched]")
-            return write_page(index, data, *args, **kwargs)
+        def writer(write_page: Callable[..., object], pool: int | HostStates) -> Callable[..., object]:
+            def set_from_flat_data_page(index: int, data: object, *args: object, **kwargs: object) -> object:
+                key = origins.pop(id(data), (None, None, None))[2]
+                if isinstance(pool, int):
+                    # a page whose file the shadow never saw written holds nothing known
+                    source = self.keys[key] * p if isinstance(key, str) and key in self.keys else -p
+                    self.copies.append(KVCopy(pool, source, int(index), p, STORAGE_POOL))
+                    STATS.record_rule("sglang-hicache.storage[page prefetched]")
+                else:
+                    held = self.state_files.get(key) if isinstance(key, str) else None
+                    if held is None:
+                        pool.shadow.clear(int(index))
+                    else:
+                        pool.shadow.write(int(index), *held)
+                    STATS.record_rule("sglang-hicache.storage[state prefetched]")
+                return write_page(index, data, *args, **kwargs)
 
-        for owner, name, wrapper in (
+            return set_from_flat_data_page
+
+        followed: list[tuple[object, str, Callable[..., object]]] = [
             (backend, "set", set_page),
             (backend, "get", get_page),
-            (pool, "get_data_page", get_data_page),
-            (pool, "set_from_flat_data_page", set_from_flat_data_page),
-        ):
+        ]
+        for host, pool in pools:
+            pages = cast(HostPages, host)
+            followed.append((host, "get_data_page", reader(pages.get_data_page, pool)))
+            followed.append((host, "set_from_flat_data_page", writer(pages.set_from_flat_data_page, pool)))
+        for owner, name, wrapper in followed:
             setattr(owner, name, wrapper)
 
     # ------------------------------------------------------------ the workers
@@ -311,8 +358,17 @@ class StorageLane:
             self.cache.check_hicache_events()
         else:
             raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch did not finish ({self.policy})")
-        loaded, _ = self.cache.pop_prefetch_loaded_span(handle)
+        loaded, start = self.cache.pop_prefetch_loaded_span(handle)
         STATS.record_rule(f"sglang-hicache.storage[{self.policy}: {'loaded' if loaded else 'nothing'}]")
+        if loaded:
+            # what the prefetch reports loaded is on the host now: the request's match finds it
+            found = self.cache.match_prefix(base.MatchPrefixParams(key=key, req=None))
+            served = int(found.device_prefix_len) + int(found.host_hit_length)
+            if served < int(start or 0) + loaded:
+                raise IntegrityError(
+                    f"prefetch_is_served: request {req.uid}'s prefetch loaded {loaded} tokens from {start}, but its"
+                    f" match then finds {served} tokens on the device and the host"
+                )
         # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)
         while self.step(1) or not self.cache.cache_controller.ack_prefetch_queue.empty():
             self.cache.check_hicache_events()

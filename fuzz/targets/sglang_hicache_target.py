@@ -1,14 +1,14 @@
 """The ``sglang-hicache`` target's names: ``sglang-hicache`` (the Python tree core), ``:rust``, ``:both``, a write
-policy, and a component beside FULL (``:swa``, ``:mamba``); the profile of each, and the configurations an example
-draws (write policy, host tier size, storage tier, window, state pool). The cache, its tier and their checks are in
-``sglang_hicache.py`` (and ``sglang_hicache_mamba.py`` for the MAMBA component's host tier)."""
+policy, a component beside FULL (``:swa``, ``:mamba``), ``:eagle``; the profile of each, and the configurations an
+example draws (write policy, host tier size, storage tier, EAGLE, window, state pool). The cache, its tier and their
+checks are in ``sglang_hicache.py`` (and ``sglang_hicache_mamba.py`` for the MAMBA component's host tier)."""
 
 from __future__ import annotations
 
 from radixspec.spec import hybrid as hy
 
 from ..stats import STATS
-from .api import TargetError, TargetInfo
+from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
 from .sglang_hicache import HOST_RATIOS, PAGE_SIZES, STORAGE, WRITE_POLICIES, HostTier, import_hicache
 from .sglang_hicache_mamba import HostStates, TieredState
@@ -69,15 +69,23 @@ def tier(policy: str, ratio: float, storage: str | None, mamba: bool) -> HostTie
 def target(argument: str | None) -> TargetInfo:
     """``sglang-hicache`` (the Python tree core), ``sglang-hicache:rust``, ``sglang-hicache:both``; a write policy
     after the core or alone pins it (``sglang-hicache:write_back``, ``sglang-hicache:both,write_through``), else each
-    example draws one; ``swa`` or ``mamba`` adds that component (``sglang-hicache:both,mamba``)."""
+    example draws one; ``swa`` or ``mamba`` adds that component (``sglang-hicache:both,mamba``); ``eagle`` runs
+    EAGLE in every example (``sglang-hicache:swa,eagle``), else half draw it (not with MAMBA: SGLang keeps raw keys
+    there, so the cache is the same)."""
     parts = [] if argument is None else argument.split(",")
     core = next((part for part in parts if part in CORES), None)
     pinned = next((part for part in parts if part in WRITE_POLICIES), None)
-    swa, mamba = "swa" in parts, "mamba" in parts
-    if len(parts) != (core is not None) + (pinned is not None) + swa + mamba or (swa and mamba):
+    swa, mamba, eagle = "swa" in parts, "mamba" in parts, "eagle" in parts
+    if len(parts) != (core is not None) + (pinned is not None) + swa + mamba + eagle or (swa and mamba):
         raise TargetError(
             f"sglang-hicache takes a core (rust, python or both), a write policy ({', '.join(WRITE_POLICIES)}),"
-            f" a component (swa: FULL + SWA, mamba: FULL + MAMBA), or several (core,swa,policy), got {argument!r}"
+            f" a component (swa: FULL + SWA, mamba: FULL + MAMBA), eagle, or several (core,swa,eagle,policy), got"
+            f" {argument!r}"
+        )
+    if eagle and mamba:
+        raise TargetError(
+            "sglang-hicache: eagle and mamba do not combine: with a MAMBA component SGLang keys the tree by raw"
+            " tokens, so EAGLE changes nothing the cache does"
         )
     cores = ("python",) if core is None else CORES[core]
     profile = SWA_PROFILE if swa else MAMBA_PROFILE if mamba else PROFILE
@@ -85,10 +93,13 @@ def target(argument: str | None) -> TargetInfo:
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
         ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
-        # no storage tier under SWA or MAMBA: their prefetch paths are not driven (docs/targets.md)
-        storage = None if swa or mamba else STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        # the storage tier, in two examples of three (SWA's pages and the states go to files of their own)
+        storage = STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
         window = swa_window(windows, 2 * num_pages) if swa else None
+        # EAGLE: the tree keyed by bigrams (is_eagle), its host and storage keys too
+        bigrams = not mamba and (eagle or bool((mix(num_pages) >> 13) % 2))
         drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
+        drawn += ",eagle" if bigrams else ""
         if window is not None:
             drawn += f",W{'<=' if window.window <= page_size else '>'}P"
             drawn += ",free out of window" if window.out_of_window else ""
@@ -103,6 +114,7 @@ def target(argument: str | None) -> TargetInfo:
                 2 * num_pages,
                 core,
                 "lru",
+                bigrams,
                 swa=window,
                 mamba=None if state is None else TieredState(*state),
                 tiers=tier(policy, ratio, storage, mamba),
@@ -117,6 +129,7 @@ def target(argument: str | None) -> TargetInfo:
         description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core"
         + (", FULL + SWA" if swa else "")
         + (", FULL + MAMBA" if mamba else "")
+        + (", EAGLE" if eagle else "")
         + (f", {pinned}" if pinned else ""),
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,

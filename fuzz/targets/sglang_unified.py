@@ -386,12 +386,19 @@ class TierComponent(Protocol):
     def checkable(self, m: SGLangUnifiedManager) -> bool: ...
 
 
-def event_pages(req: HybridReq, cached: dict[pc.PageKey, int], page_size: int, eagle: bool) -> hr.IsCached:
-    """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
+def page_keys(req: HybridReq, page_size: int, eagle: bool) -> list[pc.PageKey]:
+    """The keys the events name the pages of the request's prompt by, the page ending at ``(i + 1) * page_size``
+    at ``i`` (EAGLE: keyed by bigrams, so a prompt's last token ends no page of its own)."""
     tokens = req.input_ids[:-1]
     units: list[Any] = list(itertools.pairwise(tokens)) if eagle else list(tokens)
-    prefixes = pc.compute_page_prefixes(units, page_size)  # once: keying each end anew is quadratic
-    return lambda group, end: (req.namespace, prefixes[end // page_size - 1]) in cached
+    # once: keying each end anew is quadratic
+    return [(req.namespace, prefix) for prefix in pc.compute_page_prefixes(units, page_size)]
+
+
+def event_pages(req: HybridReq, cached: dict[pc.PageKey, int], page_size: int, eagle: bool) -> hr.IsCached:
+    """Is the page of the request's prompt ending at ``end`` one the events hold (EAGLE: keyed by bigrams)."""
+    keys = page_keys(req, page_size, eagle)
+    return lambda group, end: keys[end // page_size - 1] in cached
 
 
 class SGLangUnifiedManager:

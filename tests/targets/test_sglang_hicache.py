@@ -263,9 +263,23 @@ def test_an_examples_cache_is_not_kept_alive() -> None:
     assert out.stdout.split() == ["gone"], out.stdout
 
 
+# a regression program replays the configuration it was found in; draws added since are undone for it: EAGLE
+# (drawn in half the examples since 2026-12-06) and the storage tier under SWA and MAMBA (drawn since then too)
+WITHOUT_EAGLE = """
+from radixspec.fuzz.targets import sglang_hicache_target
+sglang_hicache_target.mix = lambda n: 0
+"""
+WITHOUT_STORAGE = """
+from radixspec.fuzz.targets import sglang_hicache_target
+sglang_hicache_target.STORAGE = (None,)
+"""
+
+
 # a campaign's shrunk program (found with the storage tier new): a prefetch brings pages the tree already holds, which
 # SGLang queues for release at the next poll; the host pool's partition must count them (``writing_tokens``)
-QUEUED_FOR_RELEASE = """
+QUEUED_FOR_RELEASE = (
+    WITHOUT_EAGLE
+    + """
 from radixspec.fuzz.regression import build_machine
 state = build_machine("hybrid", targets=("sglang-hicache",), lru=None, device="cpu", shallow=True)()
 seq, = state.setup(page_size=4, num_pages=4, windows=[None], first=[([0], [0])])
@@ -277,6 +291,7 @@ state.managers_keep_the_laws()
 state.teardown()
 print("clean")
 """
+)
 
 
 def test_host_slots_queued_for_release_are_in_the_pools_partition() -> None:
@@ -447,6 +462,8 @@ def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
         "sglang-hicache:rust,swa",
         "sglang-hicache:mamba",
         "sglang-hicache:rust,mamba",
+        "sglang-hicache:eagle",
+        "sglang-hicache:rust,swa,eagle",
     ],
 )
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
@@ -486,6 +503,17 @@ ctl.HybridCacheController.load = early_free
     "idle_tiers_drain": """
 swa = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.swa")
 swa.SWAComponent.free_host_values = lambda self, host_values: None
+""",
+    # SWA pages written to storage under each other's keys (a node's trailing pages, keys reversed)
+    "attended_kv_is_the_requests storage": """
+swa = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.swa")
+build = swa.SWAComponent.build_hicache_transfers
+def reversed_keys(self, node, phase, **kwargs):
+    transfers = build(self, node, phase, **kwargs)
+    if transfers and phase == swa.CacheTransferPhase.BACKUP_STORAGE:
+        transfers[0].keys = transfers[0].keys[::-1]
+    return transfers
+swa.SWAComponent.build_hicache_transfers = reversed_keys
 """,
 }
 
@@ -534,7 +562,10 @@ def test_a_write_policy_named_after_the_target_is_every_examples(name: str, poli
 # a program of a ten-minute campaign (seed 88) in which SGLang's event recorder merged a page announced on the host
 # with its full KV on the device only into the event before it: the follower takes such a node's events from the
 # queue at the ack, before they can merge
-MERGED = """
+MERGED = (
+    WITHOUT_EAGLE
+    + WITHOUT_STORAGE
+    + """
 import sys
 from radixspec.fuzz.regression import build_machine
 from radixspec.fuzz.stats import STATS
@@ -560,6 +591,7 @@ state.managers_keep_the_laws()
 state.teardown()
 print(sum(n for rule, n in STATS.rules.items() if "finding 25" in rule))
 """
+)
 
 
 @pytest.mark.parametrize("follower", ["followed", "unfollowed"])
@@ -579,9 +611,12 @@ def test_swa_runs_on_either_core_and_a_bad_argument_names_the_choices() -> None:
 
     assert resolve("sglang-hicache:both,swa", check=False).description.endswith("rust and python tree core, FULL + SWA")
     assert resolve("sglang-hicache:rust,mamba", check=False).description.endswith("rust tree core, FULL + MAMBA")
-    for bad in ("swa,window", "swa,mamba"):
-        with pytest.raises(TargetError, match=r"swa: FULL \+ SWA, mamba: FULL \+ MAMBA"):
+    assert resolve("sglang-hicache:swa,eagle", check=False).description.endswith("FULL + SWA, EAGLE")
+    for bad in ("swa,window", "swa,mamba", "eagle,eagle"):
+        with pytest.raises(TargetError, match=r"swa: FULL \+ SWA, mamba: FULL \+ MAMBA\), eagle"):
             resolve(f"sglang-hicache:{bad}", check=False)
+    with pytest.raises(TargetError, match="eagle and mamba do not combine"):
+        resolve("sglang-hicache:mamba,eagle", check=False)
 
 
 # FULL + SWA, write-through: a prompt served, then extended (its node now internal), then the shared prefix's SWA KV
@@ -657,20 +692,47 @@ ctl.HybridCacheController.load = early_free
 mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
 mamba.MambaComponent.free_host_values = lambda self, host_values: None
 """,
+    # a node's state written to storage under its first page's key (the state of the whole node served for a prefix
+    # of it)
+    "hit_is_the_longest_valid_match storage": """
+mamba = importlib.import_module("sglang.srt.mem_cache.unified_cache.components.mamba")
+build = mamba.MambaComponent.build_hicache_transfers
+def first_key(self, node, phase, **kwargs):
+    transfers = build(self, node, phase, **kwargs)
+    if transfers and phase == mamba.CacheTransferPhase.BACKUP_STORAGE:
+        transfers[0].keys = [node.hash_value[0]]
+    return transfers
+mamba.MambaComponent.build_hicache_transfers = first_key
+""",
 }
+
+
+# a bug planted in SGLang's Python tree core, in the path one check guards under EAGLE (the tree keyed by bigrams)
+EAGLE_PLANTS = {
+    # a prefetched span inserted on the host under its raw tokens: the host holds it, no bigram match finds it
+    "prefetch_is_served": """
+utc = importlib.import_module("sglang.srt.mem_cache.unified_cache.unified_tree_core")
+insert_host = utc.UnifiedTreeCore.insert_host
+def raw_insert(self, node_id, key, host_value, hash_value):
+    raw = type(key)(key.raw_token_ids()[: len(key)], key.extra_key, is_bigram=False, cache_salt=key.cache_salt)
+    return insert_host(self, node_id, raw, host_value, hash_value)
+utc.UnifiedTreeCore.insert_host = raw_insert
+""",
+}
+COMPONENT_PLANTS = {"swa": SWA_PLANTS, "mamba": MAMBA_PLANTS, "eagle": EAGLE_PLANTS}
 
 
 @pytest.mark.parametrize(
     ("target", "law"),
-    [("sglang-hicache:swa", law) for law in sorted(SWA_PLANTS)]
-    + [("sglang-hicache:mamba", law) for law in sorted(MAMBA_PLANTS)],
+    [(f"sglang-hicache:{part}", law) for part, plants in COMPONENT_PLANTS.items() for law in sorted(plants)],
 )
 def test_each_check_catches_its_planted_bug_under_a_component(target: str, law: str, tmp_path: Path) -> None:
-    plant = (SWA_PLANTS if target.endswith("swa") else MAMBA_PLANTS)[law]
+    plant = COMPONENT_PLANTS[target.split(":")[1]][law]
     began = time.monotonic()
     done = run(CAMPAIGN.format(plant=plant, target=target, out=str(tmp_path), examples=400))
     assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
-    assert law + ":" in done.stdout + done.stderr, done.stdout[-3000:]
+    # the law's name (a key's second word only tells plants of one law apart)
+    assert law.split()[0] + ":" in done.stdout + done.stderr, done.stdout[-3000:]
     assert time.monotonic() - began < 120
 
 
@@ -714,7 +776,8 @@ def test_finding_26_a_declined_load_back_leaves_a_device_hit_with_a_cleared_stat
     """Finding 26 (docs/findings.md): under FULL + MAMBA, a match whose best node holds its state on the host only
     copies no state; when its load back is declined, the request keeps its device hit and SGLang clears its state.
     The target counts it; uncounted, the request's forward reads a cleared state for a prefix of its hit."""
-    uncounted = (
+    # the configuration the campaign was run in (no storage tier under MAMBA then)
+    uncounted = WITHOUT_STORAGE + (
         "from radixspec.fuzz.targets.sglang_hicache_mamba import TieredState\nTieredState.known_cleared_state = False"
     )
     done = run(CAMPAIGN.format(plant=uncounted, target="sglang-hicache:mamba", out=str(tmp_path), examples=150))
@@ -800,7 +863,9 @@ def test_finding_26_a_load_back_rejected_for_a_node_another_load_pins_leaves_a_c
 # a program of a ten-minute campaign (seed 90, shrunk) in which a request's host hit is a state on the host only over
 # its node's full KV on the device (SGLang counts that KV in the host hit: "a load can expose resident FULL behind
 # host-only aux state"); host_hit_is_held once read it as a host copy the events must announce
-RESIDENT = """
+RESIDENT = (
+    WITHOUT_STORAGE
+    + """
 from radixspec.fuzz.regression import build_machine
 state = build_machine("hybrid", targets=("sglang-hicache:mamba",), lru=None, device="cpu")()
 s0, s1 = state.setup(page_size=4, num_pages=14, windows=[None], first=[([0], []), ([], [])])
@@ -815,9 +880,42 @@ state.new_request(extra=[], namespace=None, tokens=s2)
 state.teardown()
 print("clean")
 """
+)
 
 
 def test_a_states_host_hit_over_its_nodes_kv_on_the_device_is_held() -> None:
     out = run(RESIDENT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert out.stdout.split() == ["clean"], out.stdout
+
+
+# a program of an EAGLE campaign (seed 1), shrunk: a prompt of two tokens cached in one namespace, then served in
+# another twice; the second's host hit is keyed by bigrams, which host_hit_is_held once read as tokens
+BIGRAMS = """
+import sys
+from radixspec.fuzz.regression import build_machine
+from radixspec.fuzz.targets import sglang_hicache
+if sys.argv[1:] == ["tokens"]:
+    keys = sglang_hicache.page_keys
+    sglang_hicache.page_keys = lambda req, page_size, eagle: keys(req, page_size, False)
+state = build_machine("hybrid", targets=("sglang-hicache:eagle",), lru=None, device="cpu", shallow=True)()
+s0, = state.setup(page_size=1, num_pages=41, windows=[None], first=[([0, 0], [])])
+state.new_request(extra=[], namespace=None, tokens=s0)
+state.admit_batch(base=s0, cuts=[0], evict=0, namespace=("lora", 1))
+state.admit_batch(base=s0, cuts=[0], evict=1, namespace=("lora", 1))
+state.managers_keep_the_laws()
+state.teardown()
+print("clean")
+"""
+
+
+@pytest.mark.parametrize("keyed", ["bigrams", "tokens"])
+def test_a_host_hit_under_eagle_is_keyed_by_bigrams(keyed: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", BIGRAMS, keyed], capture_output=True, text=True, timeout=300, check=False
+    )
+    if keyed == "bigrams":
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        assert out.stdout.split() == ["clean"], out.stdout
+    else:
+        assert "host_hit_is_held:" in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
