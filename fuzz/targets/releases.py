@@ -43,6 +43,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "sglang-hicache:swa",
         "sglang-hicache:mamba",
         "sglang-hicache:eagle",
+        "sglang-hicache:swa,mamba",
     ),
     "vllm": ("vllm", "vllm-hybrid", "vllm-mamba", "vllm-offload", "vllm-offload-connector", "vllm-simple-offload"),
     "dynamo": ("dynamo",),

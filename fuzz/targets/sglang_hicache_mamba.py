@@ -48,8 +48,10 @@ from .shims import install
 if TYPE_CHECKING:
     import torch
 
-# the state layer's model layer id: after the full attention layers
-STATE_LAYER = LAYERS
+
+# the state layer's model layer id: after the attention layers (full, then SWA's where the model has a window)
+def state_layer(m: SGLangUnifiedManager) -> int:
+    return LAYERS if m.swa is None else 2 * LAYERS
 
 
 FINDING_26 = "a declined load back leaves a device hit with a cleared state (finding 26)"
@@ -61,11 +63,11 @@ class StateBuffers(StatePool):
 
     host_capacity_tokens = None
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, layer: int) -> None:
         import torch
 
         super().__init__()
-        self.size = size
+        self.size, self.layer = size, layer
         self.temporal = torch.full((1, size + 1, 1), -1, dtype=torch.int64)
         self.conv = (torch.full((1, size + 1, 1), -1, dtype=torch.int64),)
 
@@ -75,7 +77,7 @@ class StateBuffers(StatePool):
         names = m.storage.PoolName
         return [
             m.info.DevicePoolInfo(
-                pool_name=names.MAMBA, indices_from_pool=names.MAMBA, layer_ids=(STATE_LAYER,), buffer_info=info
+                pool_name=names.MAMBA, indices_from_pool=names.MAMBA, layer_ids=(self.layer,), buffer_info=info
             )
         ]
 
@@ -183,7 +185,7 @@ class HostStates:
             name=m.storage.PoolName.MAMBA,
             host_pool=host,
             device_pool=device,
-            layer_mapper=lambda layer: 0 if layer == STATE_LAYER and 0 <= layer < bound else None,
+            layer_mapper=lambda layer: 0 if layer == device.layer and 0 <= layer < bound else None,
             host_evict_fn=lambda size: urc.evict_host(size, components.MAMBA),
             device_evict_fn=device_evict,
             device_alloc_fn=allocator.alloc,
@@ -272,7 +274,7 @@ class TieredState(RecurrentState):
 
     def table(self, m: SGLangUnifiedManager) -> RequestTable:
         table = super().table(m)
-        cast(types.SimpleNamespace, table).mamba_pool = StateBuffers(self.states)
+        cast(types.SimpleNamespace, table).mamba_pool = StateBuffers(self.states, state_layer(m))
         return table
 
     @staticmethod

@@ -51,6 +51,18 @@ SWA_PROFILE = unified_profile(
 )
 
 
+SWA_MAMBA_PROFILE = unified_profile(
+    "FULL + SWA + MAMBA",
+    hit=(
+        "the device hit (a window's SWA KV or a state on the host only counts), then the host hit, the window's SWA"
+        " KV and the state loaded back whole (init_load_back) when the pages fit; the hit reported is the device hit"
+        " plus what was loaded"
+    ),
+    window=SWA_PROFILE.window,
+    state=MAMBA_PROFILE.state,
+)
+
+
 def swa_window(windows: tuple[hy.Window, ...], num_pages: int) -> SlidingWindow:
     """The SWA component with the machine's drawn window (as ``sglang-swa`` takes it), its pool sized against
     ``num_pages`` full pages, freeing out-of-window slots at checkpoints (SGLang's default) or not, drawn."""
@@ -69,18 +81,19 @@ def tier(policy: str, ratio: float, storage: str | None, mamba: bool) -> HostTie
 def target(argument: str | None) -> TargetInfo:
     """``sglang-hicache`` (the Python tree core), ``sglang-hicache:rust``, ``sglang-hicache:both``; a write policy
     after the core or alone pins it (``sglang-hicache:write_back``, ``sglang-hicache:both,write_through``), else each
-    example draws one; ``swa`` or ``mamba`` adds that component (``sglang-hicache:both,mamba``); ``eagle`` runs
+    example draws one; ``swa`` or ``mamba`` adds that component (``sglang-hicache:both,mamba``), both FULL + SWA +
+    MAMBA (``sglang-hicache:swa,mamba``, as ``_MambaSwaStrategy`` builds it); ``eagle`` runs
     EAGLE in every example (``sglang-hicache:swa,eagle``), else half draw it (not with MAMBA: SGLang keeps raw keys
     there, so the cache is the same)."""
     parts = [] if argument is None else argument.split(",")
     core = next((part for part in parts if part in CORES), None)
     pinned = next((part for part in parts if part in WRITE_POLICIES), None)
     swa, mamba, eagle = "swa" in parts, "mamba" in parts, "eagle" in parts
-    if len(parts) != (core is not None) + (pinned is not None) + swa + mamba + eagle or (swa and mamba):
+    if len(parts) != (core is not None) + (pinned is not None) + swa + mamba + eagle:
         raise TargetError(
             f"sglang-hicache takes a core (rust, python or both), a write policy ({', '.join(WRITE_POLICIES)}),"
-            f" a component (swa: FULL + SWA, mamba: FULL + MAMBA), eagle, or several (core,swa,eagle,policy), got"
-            f" {argument!r}"
+            f" a component or both (swa: FULL + SWA, mamba: FULL + MAMBA), eagle, or several"
+            f" (core,swa,eagle,policy), got {argument!r}"
         )
     if eagle and mamba:
         raise TargetError(
@@ -88,7 +101,7 @@ def target(argument: str | None) -> TargetInfo:
             " tokens, so EAGLE changes nothing the cache does"
         )
     cores = ("python",) if core is None else CORES[core]
-    profile = SWA_PROFILE if swa else MAMBA_PROFILE if mamba else PROFILE
+    profile = SWA_MAMBA_PROFILE if swa and mamba else SWA_PROFILE if swa else MAMBA_PROFILE if mamba else PROFILE
 
     def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> SGLangUnifiedManager | BothCores:
         policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
@@ -127,8 +140,7 @@ def target(argument: str | None) -> TargetInfo:
     return TargetInfo(
         name="sglang-hicache" if argument is None else f"sglang-hicache:{argument}",
         description=f"SGLang {VERSION} UnifiedRadixCache with HiCache (host tier), {' and '.join(cores)} tree core"
-        + (", FULL + SWA" if swa else "")
-        + (", FULL + MAMBA" if mamba else "")
+        + (", FULL" + " + SWA" * swa + " + MAMBA" * mamba if swa or mamba else "")
         + (", EAGLE" if eagle else "")
         + (f", {pinned}" if pinned else ""),
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),

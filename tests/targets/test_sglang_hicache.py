@@ -464,6 +464,7 @@ def test_each_check_catches_its_planted_bug(law: str, tmp_path: Path) -> None:
         "sglang-hicache:rust,mamba",
         "sglang-hicache:eagle",
         "sglang-hicache:rust,swa,eagle",
+        "sglang-hicache:swa,mamba",
     ],
 )
 def test_a_clean_campaign_on_each_core(target: str, tmp_path: Path) -> None:
@@ -612,7 +613,8 @@ def test_swa_runs_on_either_core_and_a_bad_argument_names_the_choices() -> None:
     assert resolve("sglang-hicache:both,swa", check=False).description.endswith("rust and python tree core, FULL + SWA")
     assert resolve("sglang-hicache:rust,mamba", check=False).description.endswith("rust tree core, FULL + MAMBA")
     assert resolve("sglang-hicache:swa,eagle", check=False).description.endswith("FULL + SWA, EAGLE")
-    for bad in ("swa,window", "swa,mamba", "eagle,eagle"):
+    assert resolve("sglang-hicache:swa,mamba", check=False).description.endswith("FULL + SWA + MAMBA")
+    for bad in ("swa,window", "swa,swa", "eagle,eagle"):
         with pytest.raises(TargetError, match=r"swa: FULL \+ SWA, mamba: FULL \+ MAMBA\), eagle"):
             resolve(f"sglang-hicache:{bad}", check=False)
     with pytest.raises(TargetError, match="eagle and mamba do not combine"):
@@ -719,7 +721,16 @@ def raw_insert(self, node_id, key, host_value, hash_value):
 utc.UnifiedTreeCore.insert_host = raw_insert
 """,
 }
-COMPONENT_PLANTS = {"swa": SWA_PLANTS, "mamba": MAMBA_PLANTS, "eagle": EAGLE_PLANTS}
+COMPONENT_PLANTS = {
+    "swa": SWA_PLANTS,
+    "mamba": MAMBA_PLANTS,
+    "eagle": EAGLE_PLANTS,
+    # under FULL + SWA + MAMBA, a plant of each component's load back
+    "swa,mamba": {
+        "attended_kv_is_the_requests": SWA_PLANTS["attended_kv_is_the_requests"],
+        "the_requests_state_is_its_own": MAMBA_PLANTS["the_requests_state_is_its_own"],
+    },
+}
 
 
 @pytest.mark.parametrize(
