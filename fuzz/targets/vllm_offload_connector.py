@@ -28,7 +28,8 @@ must name exactly its ready chunks (``host_events_replay_to_the_tier``).
 
 Configurations drawn (``Config``): page size, device blocks, host chunks (0.5x to 4x), blocks per chunk (1 or 2),
 policy, store threshold, token budget per step (chunked prefill), prefix caching, ``offload_prompt_only``, a
-sync-load budget, one or two workers.
+sync-load budget, one or two workers, EAGLE (the device and the connector drop the volatile last block; two
+lookahead slots a step).
 
 What is shimmed, and why it cannot hide a bug of the connector or the KV cache manager (``import_connector``):
 the packages of ``import_vllm`` and ``import_offload`` (bare ``__init__`` files; the block pool's stubs); five
@@ -72,6 +73,8 @@ THRESHOLDS = (1, 2)
 BUDGETS = (8, 16, 32, 128)
 SYNC_BUDGETS = (0, 0, 256, 65536)
 WORKERS = (1, 2)
+# EAGLE's draft tokens a step allocates slots for (num_speculative_tokens)
+LOOKAHEAD = 2
 # requests running at once, at most (vLLM's max_num_seqs)
 MAX_RUNNING = 8
 MAX_MODEL_LEN = 4096
@@ -193,6 +196,10 @@ class Config(NamedTuple):
     sync_budget: int = 0
     # workers reporting each job (tensor parallel): with 2 the second reports a step after the first
     workers: int = 1
+    # EAGLE speculative decoding: the one group holds the drafter's layers too (``is_eagle_group``), the device hit
+    # drops its last block (``use_eagle``), the connector its volatile trailing chunk, and each step allocates
+    # lookahead slots for the draft tokens (none accepted: a step decodes one token)
+    eagle: bool = False
 
 
 CHOICES: tuple[tuple[object, ...], ...] = (
@@ -207,6 +214,7 @@ CHOICES: tuple[tuple[object, ...], ...] = (
     (True, False),
     SYNC_BUDGETS,
     WORKERS,
+    (False, True),
 )
 
 
@@ -396,8 +404,12 @@ class ConnectorScheduler(Connector, Protocol):
 class VllmScheduler:
     """vLLM's scheduler, replayed: its queues, and ``schedule`` over the KV cache manager and the connector."""
 
-    def __init__(self, v: types.ModuleType, kvm: CacheManager, connector: Connector, budget: int) -> None:
+    def __init__(
+        self, v: types.ModuleType, kvm: CacheManager, connector: Connector, budget: int, lookahead: int = 0
+    ) -> None:
         self.v, self.kvm, self.connector, self.budget = v, kvm, connector, budget
+        # slots allocated past the scheduled tokens for draft tokens (the scheduler's num_lookahead_tokens)
+        self.lookahead = lookahead
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         # requests whose load was reported, not yet scheduled again (the scheduler's finished_recving_kv_req_ids)
@@ -427,7 +439,7 @@ class VllmScheduler:
             count = min(request.num_tokens - request.num_computed_tokens, budget)
             blocks = None
             while True:
-                blocks = self.kvm.allocate_slots(request, count)
+                blocks = self.kvm.allocate_slots(request, count, num_lookahead_tokens=self.lookahead)
                 if blocks is not None:
                     break
                 victim = self.running.pop()
@@ -487,6 +499,8 @@ class VllmScheduler:
             count,
             num_new_computed_tokens=local,
             new_computed_blocks=blocks,
+            # a request whose KV loads asynchronously takes its lookahead slots once it runs
+            num_lookahead_tokens=0 if loading else self.lookahead,
             num_external_computed_tokens=external,
             delay_cache_blocks=loading,
         )
@@ -540,6 +554,7 @@ class ConnectorEngine:
         caching: bool,
         workers: int,
         tensors: Sequence[object] = (),
+        eagle: bool = False,
     ) -> None:
         self.v, self.page_size, self.workers = v, page_size, workers
         self.device_blocks = device_blocks + 1  # block 0 is the null block
@@ -547,7 +562,7 @@ class ConnectorEngine:
         # with prefix caching off the device caches nothing, and publishes no block: every hit is a load
         self.publishes_hits = caching
         spec = v.interface.FullAttentionSpec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
-        group = v.interface.KVCacheGroupSpec(["layer.0"], spec)
+        group = v.interface.KVCacheGroupSpec(["layer.0"], spec, is_eagle_group=eagle)
         self.kv_config = v.interface.KVCacheConfig(
             num_blocks=self.device_blocks, kv_cache_tensors=list(tensors), kv_cache_groups=[group]
         )
@@ -557,6 +572,7 @@ class ConnectorEngine:
             scheduler_block_size=page_size,
             hash_block_size=page_size,
             enable_caching=caching,
+            use_eagle=eagle,
             enable_kv_cache_events=True,
         )
         from vllm.utils.hashing import sha256
@@ -769,7 +785,7 @@ class VllmOffloadEngine(ConnectorEngine):
         v = import_connector()
         # the policy: the one the target names (vllm-offload-connector:arc), else drawn
         config = self.choice = choose(draw)._replace(policy=policy or choose(draw).policy)
-        super().__init__(v, config.page_size, config.device_blocks, config.caching, config.workers)
+        super().__init__(v, config.page_size, config.device_blocks, config.caching, config.workers, eagle=config.eagle)
         p = config.page_size
         self.host_chunks = max(2, int(config.device_blocks * config.host_ratio) // config.blocks_per_chunk)
         self.bpc = config.blocks_per_chunk
@@ -780,6 +796,7 @@ class VllmOffloadEngine(ConnectorEngine):
             f" {'prompt only' if config.prompt_only else 'prompt and decode'}"
             f"{f', sync loads {config.sync_budget} B' if config.sync_budget else ''}"
             f"{f', {config.workers} workers' if config.workers > 1 else ''}"
+            f"{', EAGLE' if config.eagle else ''}"
         )
         # finding 22 (docs/findings.md): a second reset before a step, with jobs flushed by the first, fails an
         # assertion; counted (tests turn it off to see it raised)
@@ -807,14 +824,15 @@ class VllmOffloadEngine(ConnectorEngine):
             cache_config=types.SimpleNamespace(
                 prefix_cache_retention_interval=None, enable_prefix_caching=config.caching
             ),
-            speculative_config=None,
+            # EAGLE with a KV connector drops the volatile last block (no lookahead hashes)
+            speculative_config=types.SimpleNamespace(use_eagle_block_drop=lambda: True) if config.eagle else None,
             parallel_config=types.SimpleNamespace(world_size=config.workers, decode_context_parallel_size=1),
         )
         self.offloading = v.scheduler.OffloadingConnectorScheduler(
             _spec_class(v)(offloading, self.cpu), engine, self.kv_config
         )
         self.connector = self.offloading
-        self.scheduler = VllmScheduler(v, self.kvm, self.offloading, config.budget)
+        self.scheduler = VllmScheduler(v, self.kvm, self.offloading, config.budget, LOOKAHEAD * config.eagle)
         self.worker = OffloadWorker(self.bpc)
 
     def submit(self, request: str, tokens: Sequence[int], max_new: int) -> None:

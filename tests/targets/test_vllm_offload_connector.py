@@ -103,6 +103,13 @@ def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
     assert load_after_eviction(Driven(engine())) == (0, 12, 12, 1)
 
 
+def test_under_eagle_both_tiers_drop_the_volatile_last_block() -> None:
+    """EAGLE (the group holds the drafter's layers): the device hit drops its last block (``use_eagle``) and the
+    connector queries one chunk past the hit and drops it (the drafter's KV of a chunk's last position needs the
+    next token): the 12 cached tokens of the 13-token prompt are a hit of 8 on either tier."""
+    assert load_after_eviction(Driven(engine(eagle=True))) == (0, 8, 8, 1)
+
+
 def test_with_prefix_caching_off_every_hit_is_a_load() -> None:
     machine = Driven(engine(caching=False))
     shared = list(range(1, 13))
