@@ -512,6 +512,8 @@ class HostTier:
         self.policy, self.ratio = policy, ratio
         # the storage tier's prefetch policy (None: no storage tier), and the tier once attached
         self.storage_policy = storage
+        # whether the storage's files fail now and then (a write refused, a read finding no file: StorageLane)
+        self.storage_faults = False
         self.storage: StorageLane | None = None
         self.host_pages = self.swa_host_pages = 0
         self.lanes: list[Lane | StorageLane] = []
@@ -574,8 +576,9 @@ class HostTier:
         engine = m.cache.cache_controller.l2_transfer_engine
         self.lanes = [engine.device_to_host_stream, engine.host_to_device_stream]
         if self.storage_policy is not None:
+            pools = storage_pools(m, self.states)
             self.storage = StorageLane(
-                self.storage_policy, self.copies, m, import_hicache(), storage_pools(m, self.states)
+                self.storage_policy, self.copies, m, import_hicache(), pools, self.storage_faults
             )
             self.lanes.append(self.storage)
         if m.swa is not None:

@@ -38,6 +38,7 @@ import tempfile
 import threading
 import types
 import weakref
+import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
@@ -114,6 +115,8 @@ def import_storage(m: types.ModuleType) -> types.ModuleType:
     # a prefetch whose trailing state or SWA pages are not all in storage is discarded with a warning for each (the
     # summary counts it among the prefetches that loaded nothing)
     logging.getLogger(m.v.urc.__name__).setLevel(logging.ERROR)
+    # and each file that fails (``StorageLane.fails``) with one: counted too
+    logging.getLogger(controller.__name__).setLevel(logging.ERROR)
     parallel = types.SimpleNamespace(
         attn_dcp_rank=0,
         attn_dcp_size=1,
@@ -150,10 +153,14 @@ class StorageLane:
         m: SGLangUnifiedManager,
         hicache: types.ModuleType,
         pools: Sequence[tuple[object, int | HostStates]],
+        faults: bool = False,
     ) -> None:
         """Attached to ``m``'s cache as the scheduler attaches a backend at run time (``attach_storage_backend``);
-        ``pools``: the host pools whose pages it writes to files (``follow``)."""
-        self.policy = policy
+        ``pools``: the host pools whose pages it writes to files (``follow``); ``faults``: one file operation in
+        four fails (``fails``)."""
+        self.policy, self.faults = policy, faults
+        # file operations so far: what a fault is drawn from
+        self.operations = 0
         # the host tier's list of copies: storage copies take their place among the host tier's, in order
         self.copies = copies
         # storage keys and the slot each has in the shadow's pool 2 (pages of P slots)
@@ -204,8 +211,10 @@ class StorageLane:
 
         def set_page(key: str, value: object = None, *args: object, **kwargs: object) -> bool:
             stored = exists(key)
-            done = bool(put(key, value, *args, **kwargs))
             _, pool, origin = origins.pop(id(value), (None, None, -p))
+            if not stored and self.fails("set", key):
+                return False
+            done = bool(put(key, value, *args, **kwargs))
             if not done or stored:
                 return done
             if pool is None or isinstance(pool, int):
@@ -218,6 +227,8 @@ class StorageLane:
             return done
 
         def get_page(key: str, target: object = None, *args: object, **kwargs: object) -> object:
+            if self.fails("get", key):
+                return None
             data = get(key, target, *args, **kwargs)
             if data is not None:
                 origins[id(data)] = (data, None, key)
@@ -252,6 +263,16 @@ class StorageLane:
             followed.append((host, "set_from_flat_data_page", writer(pages.set_from_flat_data_page, pool)))
         for owner, name, wrapper in followed:
             setattr(owner, name, wrapper)
+
+    def fails(self, operation: str, key: str) -> bool:
+        """Whether this file operation fails (with ``faults``, one in four, drawn from the key and the operations so
+        far: a program replays its faults): a write the backend refuses (``set`` False, as on a full disk), a read
+        that finds no file (``get`` None, as after another process removed it)."""
+        self.operations += 1
+        if not self.faults or zlib.crc32(f"{key}:{self.operations}".encode()) % 4:
+            return False
+        STATS.record_rule(f"sglang-hicache.storage[{operation} failed]")
+        return True
 
     # ------------------------------------------------------------ the workers
 
@@ -361,19 +382,30 @@ class StorageLane:
         loaded, start = self.cache.pop_prefetch_loaded_span(handle)
         STATS.record_rule(f"sglang-hicache.storage[{self.policy}: {'loaded' if loaded else 'nothing'}]")
         if loaded:
-            # what the prefetch reports loaded is on the host now: the request's match finds it
-            found = self.cache.match_prefix(base.MatchPrefixParams(key=key, req=None))
-            served = int(found.device_prefix_len) + int(found.host_hit_length)
-            if served < int(start or 0) + loaded:
-                raise IntegrityError(
-                    f"prefetch_is_served: request {req.uid}'s prefetch loaded {loaded} tokens from {start}, but its"
-                    f" match then finds {served} tokens on the device and the host"
-                )
+            self.check_served(m, req, key, int(start or 0) + loaded)
         # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)
         while self.step(1) or not self.cache.cache_controller.ack_prefetch_queue.empty():
             self.cache.check_hicache_events()
         if handle in self.cache.ongoing_prefetch:
             raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch is left after its admission")
+
+    def check_served(self, m: SGLangUnifiedManager, req: HybridReq, key: object, end: int) -> None:
+        """What the prefetch reports loaded (up to ``end``) is on the host now: the request's match finds its full
+        KV there, and serves it. Under SWA a mid-tree span shorter than the window is fetched without its SWA KV
+        (``SWAComponent.prepare_prefetch``: "the window head would have to come from the device prefix"): its full
+        KV is held, but no match can end in it. SGLang still reports it loaded (the request's
+        ``storage_hit_length``); counted."""
+        found = self.cache.match_prefix(m.v.base.MatchPrefixParams(key=key, req=None))
+        served = int(found.device_prefix_len) + int(found.host_hit_length)
+        held = int(found.full_kv_hit_length)
+        if served >= end:
+            return
+        if m.swa is None or held < end:
+            raise IntegrityError(
+                f"prefetch_is_served: request {req.uid}'s prefetch loaded up to {end} tokens, but its match then finds"
+                f" {served} tokens on the device and the host ({held} of full KV)"
+            )
+        STATS.record_rule("sglang-hicache.storage[loaded, not servable: a span shorter than the SWA window]")
 
     def poll(self) -> None:
         """A scheduler poll for the requests waiting on their prefetch: each gives up (is aborted) after the polls

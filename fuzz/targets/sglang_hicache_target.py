@@ -70,9 +70,11 @@ def swa_window(windows: tuple[hy.Window, ...], num_pages: int) -> SlidingWindow:
     return SlidingWindow.sized(window, num_pages, (num_pages // 4) % 2 == 0)
 
 
-def tier(policy: str, ratio: float, storage: str | None, mamba: bool) -> HostTier:
-    """HiCache's host tier for one manager; with MAMBA, its host pool of states beside."""
+def tier(policy: str, ratio: float, storage: str | None, mamba: bool, faults: bool = False) -> HostTier:
+    """HiCache's host tier for one manager; with MAMBA, its host pool of states beside; ``faults``: its storage's
+    files fail now and then."""
     built = HostTier(policy, ratio, storage)
+    built.storage_faults = faults
     if mamba:
         built.states = HostStates(built)
     return built
@@ -108,11 +110,14 @@ def target(argument: str | None) -> TargetInfo:
         ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
         # the storage tier, in two examples of three (SWA's pages and the states go to files of their own)
         storage = STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        # in half of those, one file operation in four fails
+        faults = storage is not None and bool((mix(num_pages) >> 17) % 2)
         window = swa_window(windows, 2 * num_pages) if swa else None
         # EAGLE: the tree keyed by bigrams (is_eagle), its host and storage keys too
         bigrams = not mamba and (eagle or bool((mix(num_pages) >> 13) % 2))
         drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
         drawn += ",eagle" if bigrams else ""
+        drawn += ",failing files" if faults else ""
         if window is not None:
             drawn += f",W{'<=' if window.window <= page_size else '>'}P"
             drawn += ",free out of window" if window.out_of_window else ""
@@ -130,7 +135,7 @@ def target(argument: str | None) -> TargetInfo:
                 bigrams,
                 swa=window,
                 mamba=None if state is None else TieredState(*state),
-                tiers=tier(policy, ratio, storage, mamba),
+                tiers=tier(policy, ratio, storage, mamba, faults),
                 profile=profile,
             )
             for core in cores
