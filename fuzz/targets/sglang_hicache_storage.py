@@ -17,8 +17,9 @@ then, before admission, the workers run a few items (a number fixed by the reque
 follows must find it on the host (``prefetch_is_served``), and the prefetch's queues are drained. One request in five is
 aborted before its admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host
 slots coming back at its last ack (``holding``); one in five more waits past its step, its prefetch running on while
-other requests come and go, and gives up some polls later (``poll``). Not yet drawn: a request admitted steps after its
-arrival, the ``timeout`` policy, failed keys.
+other requests come and go, and gives up some polls later (``poll``). In half the examples the files fail now and then
+(``fails``: a write refused, a read finding no file). Not yet drawn: a request admitted steps after its arrival, the
+``timeout`` policy, keys the backend evicts.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
 host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
