@@ -116,8 +116,10 @@ def import_storage(m: types.ModuleType) -> types.ModuleType:
     # a prefetch whose trailing state or SWA pages are not all in storage is discarded with a warning for each (the
     # summary counts it among the prefetches that loaded nothing)
     logging.getLogger(m.v.urc.__name__).setLevel(logging.ERROR)
-    # and each file that fails (``StorageLane.fails``) with one: counted too
+    # and each file that fails (``StorageLane.fails``) with one, as the file backend does for a file it finds
+    # missing (a state's file never written: its prefetch is discarded): counted too
     logging.getLogger(controller.__name__).setLevel(logging.ERROR)
+    logging.getLogger("sglang.srt.mem_cache.hicache_storage").setLevel(logging.ERROR)
     parallel = types.SimpleNamespace(
         attn_dcp_rank=0,
         attn_dcp_size=1,
