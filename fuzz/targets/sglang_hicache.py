@@ -686,9 +686,11 @@ class HostTier:
         ]
         if missing:
             where = "a host copy" if m.mamba is None else "a copy on either tier"
+            page = missing[0] // m.page_size
+            history = self.events.history(keys[page - 1]) if page <= len(keys) else "past the request's key"
             raise IntegrityError(
                 f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the host,"
-                f" but the events hold no {where} of the page ending at {missing[0]}"
+                f" but the events hold no {where} of the page ending at {missing[0]} ({history})"
             )
         STATS.record_rule("sglang-hicache.match[host hit]")
         best = result.best_match_node

@@ -105,6 +105,18 @@ class HostEvents:
             STATS.events_replayed += host
         return device
 
+    def history(self, key: pc.PageKey) -> str:
+        """What the events did with page ``key``, for a failure's message: held on the host, announced there only
+        as finding 25's page, removed, or never stored."""
+        hashes = [page_hash for page_hash, stored in self.keys.items() if stored == key]
+        if not hashes:
+            return "no event ever stored it"
+        if any(page_hash in self.phantoms for page_hash in hashes):
+            return "its only host announcement was taken for finding 25's (its full KV on the device only then)"
+        if any(page_hash in self.host_held for page_hash in hashes):
+            return "held"
+        return f"stored ({len(hashes)} hash(es)), not held on the host now"
+
     @staticmethod
     def repeated(m: SGLangUnifiedManager, key: pc.PageKey, held: pc.PageKey) -> None:
         """A host page stored again while held: with SWA or MAMBA, the same page announced again by the ack of a

@@ -29,6 +29,7 @@ read (``attended_kv_is_the_requests``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -57,8 +58,37 @@ if TYPE_CHECKING:
     from .sglang_unified import SGLangUnifiedManager
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete")
+# each storage tier's folder: FOLDER_PREFIX, the pid of the process that made it, a random tail
+FOLDER_PREFIX = "radixspec-l3-"
 # the storage's slots in the KV shadow (fuzz/lifecycle.py): pool 2; the host's full KV pool 1
 STORAGE_POOL, HOST_POOL = 2, 1
+
+
+def files_base() -> str | None:
+    """Where the storage tiers' folders go: memory, where there is a /dev/shm (``sweep``: once a process)."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    sweep(base or tempfile.gettempdir())
+    return base
+
+
+@functools.cache
+def sweep(root: str) -> None:
+    """The folders in ``root`` of processes that are gone, removed: a campaign's workers end without running their
+    finalizers (``os._exit``)."""
+    for name in os.listdir(root):
+        pid = name[len(FOLDER_PREFIX) :].split("-", 1)[0]
+        if name.startswith(FOLDER_PREFIX) and pid.isdigit() and not alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 class HostStates(Protocol):
@@ -174,8 +204,7 @@ class StorageLane:
         self.waiting: dict[object, int] = {}
         self.cache, self.page_size = m.cache, m.page_size
         self.acks = import_storage(hicache).controller.PrefetchAck
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        folder = tempfile.mkdtemp(prefix="radixspec-l3-", dir=base)
+        folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=files_base())
         weakref.finalize(self, shutil.rmtree, folder, True)
         config = {"prefetch_threshold": m.page_size, "file_storage_path": folder, "enable_metadata_cache": False}
         ok, message = m.cache.attach_storage_backend(

@@ -6,6 +6,7 @@ target's, so each case runs in a process of its own."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -933,6 +934,8 @@ def test_a_host_hit_under_eagle_is_keyed_by_bigrams(keyed: str) -> None:
         assert out.stdout.split() == ["clean"], out.stdout
     else:
         assert "host_hit_is_held:" in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
+        # the failure says what the events did with the page: the token-keyed page is one no event stored
+        assert "(no event ever stored it)" in out.stderr, out.stderr[-3000:]
 
 
 # a program of a ten-minute campaign of FULL + SWA + MAMBA (seed 92, at 5d89303, no failing files then): a prefetch
@@ -973,3 +976,17 @@ def test_a_prefetch_shorter_than_the_swa_window_is_held_and_not_served() -> None
     out = run(SHORT_SPAN)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert int(out.stdout.split()[-1]) >= 1, out.stdout
+
+
+def test_the_storage_folders_of_gone_processes_are_swept(tmp_path: Path) -> None:
+    from radixspec.fuzz.targets.sglang_hicache_storage import FOLDER_PREFIX, sweep
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"{FOLDER_PREFIX}{int(gone.stdout)}-abc"
+    live = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-abc"
+    other = tmp_path / "radixspec-l3-notapid"
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "page.bin").write_bytes(b"kv")
+    sweep.__wrapped__(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
