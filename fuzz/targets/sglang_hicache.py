@@ -91,8 +91,9 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_RATIOS = (0.5, 1.0, 2.0, 4.0)
 # pages of 2 to 16 tokens: a host hit is loaded back from 10 tokens on (SGLang's load_back_threshold)
 PAGE_SIZES = (2, 4, 8, 16)
-# the storage tier (SGLang's file backend) by its prefetch policy; None: none
-STORAGE = (None, *PREFETCH_POLICIES)
+# the storage tier (SGLang's file backend) by its prefetch policy; None: none. The third policy, ``timeout``, takes the
+# place of ``wait_complete`` in half the examples (it waits as that one does, up to its deadline)
+STORAGE = (None, *PREFETCH_POLICIES[:2])
 LAYERS = 2
 # the pools of the KV shadow (fuzz/lifecycle.py): the device's full pool 0, its host tier 1, the storage 2
 # (sglang_hicache_storage.py); with SWA, the device's SWA pool 3 and its host tier 4; with MAMBA, the state slots:

@@ -13,13 +13,15 @@ threads never read the tree, so one item at a time is a schedule they could run.
 prompt is matched; if the host path's end is backed up (or the root), ``prefetch_from_storage`` is asked for the rest;
 then, before admission, the workers run a few items (a number fixed by the request's id: none to all), and
 ``check_prefetch_progress`` decides by the drawn policy (``best_effort`` ends the prefetch where it is,
-``wait_complete`` waits for the workers); what came in is popped (``pop_prefetch_loaded_span``) and the match that
-follows must find it on the host (``prefetch_is_served``), and the prefetch's queues are drained. One request in five is
-aborted before its admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host
-slots coming back at its last ack (``holding``); one in five more waits past its step, its prefetch running on while
-other requests come and go, and gives up some polls later (``poll``). In half the examples the files fail now and then
-(``fails``: a write refused, a read finding no file). Not yet drawn: a request admitted steps after its arrival, the
-``timeout`` policy, keys the backend evicts.
+``wait_complete`` waits for the workers, ``timeout`` waits up to its deadline: the scheduler's clock is the machine's,
+``Clock``, and each poll moves it by an interval the request's id picks, from a twentieth of a second to two seconds, so
+a deadline passes before, during or after the workers' I/O); what came in is popped (``pop_prefetch_loaded_span``) and
+the match that follows must find it on the host (``prefetch_is_served``), and the prefetch's queues are drained. One
+request in five is aborted before its admission (``release_aborted_request``): its prefetch's queued work runs on in
+later steps, its host slots coming back at its last ack (``holding``); one in five more waits past its step, its
+prefetch running on while other requests come and go, and gives up some polls later (``poll``). In half the examples the
+files fail now and then (``fails``: a write refused, a read finding no file). Not yet drawn: a request admitted steps
+after its arrival, keys the backend evicts.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
 host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
@@ -57,11 +59,25 @@ from .shims import install, register, stub
 if TYPE_CHECKING:
     from .sglang_unified import SGLangUnifiedManager
 
-PREFETCH_POLICIES = ("best_effort", "wait_complete")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+# under ``timeout``, how far the scheduler's clock moves between two admission polls of a request (its id picks one):
+# SGLang's deadline is 1 s and 0.25 s per 1,024 tokens, from the first poll that waited
+POLL_INTERVALS = (0.05, 0.5, 2.0)
 # each storage tier's folder: FOLDER_PREFIX, the pid of the process that made it, a random tail
 FOLDER_PREFIX = "radixspec-l3-"
 # the storage's slots in the KV shadow (fuzz/lifecycle.py): pool 2; the host's full KV pool 1
 STORAGE_POOL, HOST_POOL = 2, 1
+
+
+class Clock:
+    """The scheduler's clock as SGLang's prefetch deadline reads it (``PollTimer``: ``time.perf_counter``), moved by
+    the machine: a request's admission polls move it (``POLL_INTERVALS``), nothing else does."""
+
+    now = 0.0
+
+    @classmethod
+    def read(cls) -> float:
+        return cls.now
 
 
 def files_base() -> str | None:
@@ -163,6 +179,7 @@ def import_storage(m: types.ModuleType) -> types.ModuleType:
         pp_size=1,
     )
     install(controller, get_parallel=lambda: parallel)
+    install(importlib.import_module("sglang.srt.utils.poll_timer"), time=types.SimpleNamespace(perf_counter=Clock.read))
     install(controller, threading=types.SimpleNamespace(Thread=Inert, Event=threading.Event, Lock=threading.Lock))
     attachment = sys.modules["sglang.srt.mem_cache.unified_cache.storage_attachment"]
     install(attachment, HybridCacheController=m.controller.HybridCacheController)
@@ -388,6 +405,7 @@ class StorageLane:
         if handle not in self.cache.ongoing_prefetch:
             STATS.record_rule("sglang-hicache.storage[no prefetch]")
             return
+        operation = self.cache.ongoing_prefetch[handle].operation
         # the workers' progress before admission: the query, the I/O and the ack take a poll between them
         for _ in range(req.uid % 4):
             self.step(1)
@@ -409,10 +427,12 @@ class StorageLane:
                 break
             self.step(1)
             self.cache.check_hicache_events()
+            Clock.now += POLL_INTERVALS[req.uid % len(POLL_INTERVALS)]
         else:
             raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch did not finish ({self.policy})")
+        late = ", past its deadline" if operation.deadline_expired else ""
         loaded, start = self.cache.pop_prefetch_loaded_span(handle)
-        STATS.record_rule(f"sglang-hicache.storage[{self.policy}: {'loaded' if loaded else 'nothing'}]")
+        STATS.record_rule(f"sglang-hicache.storage[{self.policy}{late}: {'loaded' if loaded else 'nothing'}]")
         if loaded:
             self.check_served(m, req, key, int(start or 0) + loaded)
         # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)

@@ -114,6 +114,8 @@ def target(argument: str | None) -> TargetInfo:
         # docs/findings.md); under SWA + MAMBA they are drawn
         alone = swa and not mamba
         storage = None if alone else STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        if storage == "wait_complete" and (mix(num_pages) >> 21) % 2:
+            storage = "timeout"
         # in half of those, one file operation in four fails
         faults = storage is not None and bool((mix(num_pages) >> 17) % 2)
         window = swa_window(windows, 2 * num_pages) if swa else None

@@ -120,6 +120,11 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         # the query and the I/O ran before the abort (ids 14 and 18): the slots it holds are still in flight
         ("best_effort", 14, "queued"),
         ("wait_complete", 18, "queued"),
+        # timeout waits up to its deadline (1 s from its first blocked poll): at polls half a second apart the I/O
+        # lands first (id 1); at polls two seconds apart, with one worker item run, the deadline passes first and
+        # the request is admitted with nothing (id 5), where wait_complete loads the 12 tokens
+        ("timeout", 1, "12"),
+        ("timeout", 5, "0"),
     ],
 )
 def test_a_prefix_evicted_from_both_tiers_is_prefetched_from_storage(
