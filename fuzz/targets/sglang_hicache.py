@@ -94,6 +94,8 @@ PAGE_SIZES = (2, 4, 8, 16)
 # the storage tier (SGLang's file backend) by its prefetch policy; None: none. The third policy, ``timeout``, takes the
 # place of ``wait_complete`` in half the examples (it waits as that one does, up to its deadline)
 STORAGE = (None, *PREFETCH_POLICIES[:2])
+# the storage's space, in host tiers (SGLang's file evictor's max_size); None: unbounded
+STORAGE_CAPACITIES = (None, None, 1.0, 0.5)
 LAYERS = 2
 # the pools of the KV shadow (fuzz/lifecycle.py): the device's full pool 0, its host tier 1, the storage 2
 # (sglang_hicache_storage.py); with SWA, the device's SWA pool 3 and its host tier 4; with MAMBA, the state slots:
@@ -515,6 +517,9 @@ class HostTier:
         self.storage_policy = storage
         # whether the storage's files fail now and then (a write refused, a read finding no file: StorageLane)
         self.storage_faults = False
+        # the storage's space in host tiers (SGLang's file evictor's max_size: as many pages as it holds, or a
+        # fraction; None: unbounded)
+        self.storage_capacity: float | None = None
         self.storage: StorageLane | None = None
         self.host_pages = self.swa_host_pages = 0
         self.lanes: list[Lane | StorageLane] = []
@@ -578,8 +583,9 @@ class HostTier:
         self.lanes = [engine.device_to_host_stream, engine.host_to_device_stream]
         if self.storage_policy is not None:
             pools = storage_pools(m, self.states)
+            capacity = None if self.storage_capacity is None else max(1, int(self.host_pages * self.storage_capacity))
             self.storage = StorageLane(
-                self.storage_policy, self.copies, m, import_hicache(), pools, self.storage_faults
+                self.storage_policy, self.copies, m, import_hicache(), pools, self.storage_faults, capacity
             )
             self.lanes.append(self.storage)
         if m.swa is not None:

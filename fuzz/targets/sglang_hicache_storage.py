@@ -20,8 +20,9 @@ the match that follows must find it on the host (``prefetch_is_served``), and th
 request in five is aborted before its admission (``release_aborted_request``): its prefetch's queued work runs on in
 later steps, its host slots coming back at its last ack (``holding``); one in five more waits past its step, its
 prefetch running on while other requests come and go, and gives up some polls later (``poll``). In half the examples the
-files fail now and then (``fails``: a write refused, a read finding no file). Not yet drawn: a request admitted steps
-after its arrival, keys the backend evicts.
+files fail now and then (``fails``: a write refused, a read finding no file). In half the files' space is bounded (as
+many pages as the host tier holds, or half that), and SGLang's own evictor removes the least recently used files past
+it. Not yet drawn: a request admitted steps after its arrival.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
 host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
@@ -121,6 +122,8 @@ class HostPages(Protocol):
 
     def set_from_flat_data_page(self, index: int, data: object, *args: object, **kwargs: object) -> object: ...
 
+    def get_size_per_token(self) -> int: ...
+
 
 class Files(Protocol):
     """What the storage path calls of SGLang's file backend, a key at a time."""
@@ -204,10 +207,12 @@ class StorageLane:
         hicache: types.ModuleType,
         pools: Sequence[tuple[object, int | HostStates]],
         faults: bool = False,
+        capacity: int | None = None,
     ) -> None:
         """Attached to ``m``'s cache as the scheduler attaches a backend at run time (``attach_storage_backend``);
         ``pools``: the host pools whose pages it writes to files (``follow``); ``faults``: one file operation in
-        four fails (``fails``)."""
+        four fails (``fails``); ``capacity``: the files' space, in pages of the full KV (None: unbounded), past
+        which SGLang's own evictor (``LRUFileEvictor``, ``max_size``) removes the least recently used files."""
         self.policy, self.faults = policy, faults
         # file operations so far: what a fault is drawn from
         self.operations = 0
@@ -223,7 +228,13 @@ class StorageLane:
         self.acks = import_storage(hicache).controller.PrefetchAck
         folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=files_base())
         weakref.finalize(self, shutil.rmtree, folder, True)
-        config = {"prefetch_threshold": m.page_size, "file_storage_path": folder, "enable_metadata_cache": False}
+        config: dict[str, object] = {
+            "prefetch_threshold": m.page_size,
+            "file_storage_path": folder,
+            "enable_metadata_cache": False,
+        }
+        if capacity is not None:
+            config["max_size"] = capacity * m.page_size * cast(HostPages, pools[0][0]).get_size_per_token()
         ok, message = m.cache.attach_storage_backend(
             "file", json.dumps(config), served_model_name="radixspec", hicache_storage_prefetch_policy=policy
         )
@@ -231,6 +242,10 @@ class StorageLane:
             raise TargetError(f"sglang-hicache: SGLang's file storage backend did not attach: {message}")
         controller = m.cache.cache_controller
         self.follow(controller.storage_backend, pools)
+        if capacity is not None:
+            # a file the evictor removes is read no more (``get`` finds none) and written anew; counted
+            evictor = controller.storage_backend._evictor
+            evictor._on_evict = lambda key: STATS.record_rule("sglang-hicache.storage[file evicted]")
 
     # ------------------------------------------------------------ the copies
 

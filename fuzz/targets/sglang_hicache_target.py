@@ -10,7 +10,15 @@ from radixspec.spec import hybrid as hy
 from ..stats import STATS
 from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
-from .sglang_hicache import HOST_RATIOS, PAGE_SIZES, STORAGE, WRITE_POLICIES, HostTier, import_hicache
+from .sglang_hicache import (
+    HOST_RATIOS,
+    PAGE_SIZES,
+    STORAGE,
+    STORAGE_CAPACITIES,
+    WRITE_POLICIES,
+    HostTier,
+    import_hicache,
+)
 from .sglang_hicache_mamba import HostStates, TieredState
 from .sglang_unified import CORES, BothCores, SGLangUnifiedManager, SlidingWindow, unified_profile
 from .sglang_unified_mamba import drawn_state
@@ -70,11 +78,13 @@ def swa_window(windows: tuple[hy.Window, ...], num_pages: int) -> SlidingWindow:
     return SlidingWindow.sized(window, num_pages, (num_pages // 4) % 2 == 0)
 
 
-def tier(policy: str, ratio: float, storage: str | None, mamba: bool, faults: bool = False) -> HostTier:
+def tier(
+    policy: str, ratio: float, storage: str | None, mamba: bool, faults: bool = False, capacity: float | None = None
+) -> HostTier:
     """HiCache's host tier for one manager; with MAMBA, its host pool of states beside; ``faults``: its storage's
-    files fail now and then."""
+    files fail now and then; ``capacity``: the files' space, in host tiers (None: unbounded)."""
     built = HostTier(policy, ratio, storage)
-    built.storage_faults = faults
+    built.storage_faults, built.storage_capacity = faults, capacity
     if mamba:
         built.states = HostStates(built)
     return built
@@ -118,12 +128,15 @@ def target(argument: str | None) -> TargetInfo:
             storage = "timeout"
         # in half of those, one file operation in four fails
         faults = storage is not None and bool((mix(num_pages) >> 17) % 2)
+        # in half, the files' space is bounded (SGLang's file evictor): as many pages as the host tier, or half that
+        capacity = None if storage is None else STORAGE_CAPACITIES[(mix(num_pages) >> 23) % len(STORAGE_CAPACITIES)]
         window = swa_window(windows, 2 * num_pages) if swa else None
         # EAGLE: the tree keyed by bigrams (is_eagle), its host and storage keys too
         bigrams = not mamba and (eagle or (not alone and bool((mix(num_pages) >> 13) % 2)))
         drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
         drawn += ",eagle" if bigrams else ""
         drawn += ",failing files" if faults else ""
+        drawn += "" if capacity is None else f",storage cap x{capacity}"
         if window is not None:
             drawn += f",W{'<=' if window.window <= page_size else '>'}P"
             drawn += ",free out of window" if window.out_of_window else ""
@@ -141,7 +154,7 @@ def target(argument: str | None) -> TargetInfo:
                 bigrams,
                 swa=window,
                 mamba=None if state is None else TieredState(*state),
-                tiers=tier(policy, ratio, storage, mamba, faults),
+                tiers=tier(policy, ratio, storage, mamba, faults, capacity),
                 profile=profile,
             )
             for core in cores

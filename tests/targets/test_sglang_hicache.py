@@ -136,6 +136,34 @@ def test_a_prefix_evicted_from_both_tiers_is_prefetched_from_storage(
     assert out.stdout.split() == ["0", hit, str(int(hit == "12")), "6"], out.stdout
 
 
+# the same with the files' space bounded (SGLang's LRUFileEvictor, max_size): a fraction of the host tier's 24 pages
+CAPPED = (
+    FROM_STORAGE.replace(
+        "HostTier({policy!r}, 2.0, {storage!r})", "tier({policy!r}, 2.0, {storage!r}, False, False, {capacity!r})"
+    ).replace(
+        "from radixspec.fuzz.targets.sglang_hicache import HostTier",
+        "from radixspec.fuzz.targets.sglang_hicache_target import tier\nfrom radixspec.fuzz.stats import STATS",
+    )
+    + """
+print(STATS.rules["sglang-hicache.storage[file evicted]"])
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("capacity", "expected"),
+    # room for the prompt's six pages: all served from the files, none evicted; room for three: the evictor removes
+    # the oldest as the last are written, so the first page's file is gone and the prefetch finds nothing; the
+    # request computes its prompt and writes it again, evicting as it goes (ten files in all)
+    [(0.25, ["0", "12", "1", "6", "0"]), (0.125, ["0", "0", "0", "6", "10"])],
+)
+def test_files_past_the_storages_space_are_evicted(capacity: float, expected: list[str]) -> None:
+    script = CAPPED.format(core="python", policy="write_through", storage="wait_complete", uid=1, capacity=capacity)
+    out = run(script)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    assert out.stdout.split() == expected, out.stdout
+
+
 @pytest.mark.parametrize("core", ["python", "rust"])
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 def test_a_prefix_evicted_from_the_device_is_loaded_back_from_the_host(core: str, policy: str) -> None:
