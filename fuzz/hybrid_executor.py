@@ -37,6 +37,10 @@ class Executes(Protocol):
     def evict_tiers(self, tiers: int) -> None: ...
 
 
+# refused requests the machine keeps to try again (the newest)
+REFUSED_KEPT = 8
+
+
 class TieredHybridMachine(HybridMachine):
     """The hybrid machine with the executor's rules, for a target whose ``TargetInfo.executes`` (``machine_for``
     picks it; the other targets' and ours keep the hybrid machine's draws)."""
@@ -48,6 +52,30 @@ class TieredHybridMachine(HybridMachine):
         STATS.record_rule("hybrid.serve")
         uid = self.next_uid
         self.new_request(tokens, [], namespace)
+        self.run_whole(uid)
+
+    def __init__(self) -> None:
+        super().__init__()
+        # requests not admitted (the scheduler's waiting queue), by uid, with their prompt and namespace: the newest
+        # few, which ``readmit`` tries again
+        self.refused: dict[int, tuple[list[int], Namespace]] = {}
+
+    def submit(self, uid: int, prompt: list[int], namespace: Namespace) -> None:
+        super().submit(uid, prompt, namespace)
+        if uid not in self.reqs and self.managers:
+            self.refused[uid] = (prompt, namespace)
+            while len(self.refused) > REFUSED_KEPT:
+                del self.refused[min(self.refused)]
+
+    @precondition(lambda self: self.refused)
+    @rule(which=st.integers(0, 7))
+    def readmit(self, which: int) -> None:
+        """A request not admitted, tried again some steps later (the scheduler's next pass over its waiting queue):
+        one waiting on its prefetch from storage is admitted with what came in by then; then it runs whole."""
+        uid = sorted(self.refused)[which % len(self.refused)]
+        prompt, namespace = self.refused.pop(uid)
+        STATS.record_rule("hybrid.readmit")
+        self.submit(uid, prompt, namespace)
         self.run_whole(uid)
 
     def run_whole(self, uid: int) -> None:

@@ -99,6 +99,17 @@ def manager_outcome(call: Callable[[], object], foreign: bool, manager: object =
     return got
 
 
+def same_requests(names: list[str], what: str, reqs: list[HybridReq]) -> None:
+    """Every manager's copy of a request (the spec's first, then ``names``') holds the same rows, match and stored
+    length."""
+    first = reqs[0]
+    for name, req in zip(names, reqs[1:], strict=True):
+        assert (req.rows, req.cached_len, req.computed) == (first.rows, first.cached_len, first.computed), (
+            f"{what} of request {first.uid}: spec rows {brief(first.rows)} matched {first.cached_len},"
+            f" {name} rows {brief(req.rows)} matched {req.cached_len}"
+        )
+
+
 class HybridMachine(RuleBasedStateMachine):
     """The spec's hybrid cache and our hybrid trees, and the hybrid manager over each, driven alike."""
 
@@ -373,6 +384,10 @@ class HybridMachine(RuleBasedStateMachine):
         if not prompt or not self.managers:
             return
         uid, self.next_uid = self.next_uid, self.next_uid + 1
+        self.submit(uid, prompt, namespace)
+
+    def submit(self, uid: int, prompt: list[int], namespace: Namespace) -> None:
+        """Request ``uid`` matched and locked on every manager, or admitted by none (nothing changed)."""
         reqs = [HybridReq(uid, list(prompt), namespace) for _ in self.managers]
         got = [
             manager_outcome(functools.partial(manager.match_req, req), self.foreign, manager)
@@ -383,7 +398,7 @@ class HybridMachine(RuleBasedStateMachine):
             # not admitted (an engine's scheduler waits for a free row or state slot): nothing changed
             STATS.record_rule("hybrid.match_req[not admitted]")
             return
-        self.same_requests("match_req", reqs)
+        same_requests(self.names, "match_req", reqs)
         self.reqs[uid] = reqs
         if reqs[0].cached_len:
             STATS.record_rule("hybrid.match_req[hit]")
@@ -391,15 +406,6 @@ class HybridMachine(RuleBasedStateMachine):
         # a foreign manager's reach where it can tell (cached_page_count() is optional: a user's may not have it)
         if self.page_counter is not None:
             STATS.record_reach(largest_tree_pages=self.page_counter.cached_page_count())
-
-    def same_requests(self, what: str, reqs: list[HybridReq]) -> None:
-        """Every manager's copy of a request holds the same rows, match and stored length."""
-        first = reqs[0]
-        for name, req in zip(self.names, reqs[1:], strict=True):
-            assert (req.rows, req.cached_len, req.computed) == (first.rows, first.cached_len, first.computed), (
-                f"{what} of request {first.uid}: spec rows {brief(first.rows)} matched {first.cached_len},"
-                f" {name} rows {brief(req.rows)} matched {req.cached_len}"
-            )
 
     def manager_call(self, what: str, uid: int, call: Callable[[LifecycleTarget, HybridReq], object]) -> list[Outcome]:
         """``call(manager, req)`` on every manager; the outcomes must agree, and so must the requests after."""
@@ -409,7 +415,7 @@ class HybridMachine(RuleBasedStateMachine):
         ]
         self.copied()
         self.same(f"{what} of request {uid}", got)
-        self.same_requests(what, self.reqs[uid])
+        same_requests(self.names, what, self.reqs[uid])
         return got
 
     def copied(self) -> None:

@@ -79,7 +79,7 @@ from .sglang import VERSION
 from .sglang_hicache_events import HostEvents
 from .sglang_hicache_storage import PREFETCH_POLICIES, StorageLane
 from .sglang_modules import import_unified_cache, mapping_pool
-from .sglang_unified import MatchView, Record, SGLangUnifiedManager, page_keys
+from .sglang_unified import MatchView, Record, SGLangUnifiedManager
 from .shims import install, never, register, stub, stub_any
 from .streams import Executor, Lane
 
@@ -680,25 +680,7 @@ class HostTier:
         if not host_hit:
             only = "SWA" if record.swa_host_hit_length else "state"
             STATS.record_rule(f"sglang-hicache.match[{only} host hit only]")
-        held = self.host_pages_held(m)
-        if m.mamba is not None:
-            # the host hit of a state on the host only covers its node's full KV wherever it lies: on the device too
-            # (SGLang's scheduler: "a load can expose resident FULL behind host-only aux state")
-            held |= set(m.cached_pages())
-        keys = page_keys(req, m.page_size, m.eagle)
-        missing = [
-            end
-            for end in range(hit + m.page_size, hit + host_hit + 1, m.page_size)
-            if end // m.page_size > len(keys) or keys[end // m.page_size - 1] not in held
-        ]
-        if missing:
-            where = "a host copy" if m.mamba is None else "a copy on either tier"
-            page = missing[0] // m.page_size
-            history = self.events.history(keys[page - 1]) if page <= len(keys) else "past the request's key"
-            raise IntegrityError(
-                f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the host,"
-                f" but the events hold no {where} of the page ending at {missing[0]} ({history})"
-            )
+        self.events.check_host_hit(m, req, hit, host_hit)
         STATS.record_rule("sglang-hicache.match[host hit]")
         best = result.best_match_node
         host_lock = m.cache.inc_host_lock_ref(best).to_dec_params()

@@ -13,12 +13,13 @@ Under FULL + MAMBA a state backed up after its node's full KV is announced again
 
 from __future__ import annotations
 
+from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import events as ev
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError
 
 from ..stats import STATS
-from .sglang_unified import SGLangUnifiedManager
+from .sglang_unified import SGLangUnifiedManager, page_keys
 
 FINDING_25 = "an SWA backup's ack announces a host page whose full KV is on the device only (finding 25)"
 # a backup of a node whose full KV is on the host already, for a component's value (SWA's or a MAMBA state): its ack
@@ -104,6 +105,29 @@ class HostEvents:
             self.unbacked.pop(id(raw), None)
             STATS.events_replayed += host
         return device
+
+    def check_host_hit(self, m: SGLangUnifiedManager, req: HybridReq, hit: int, host_hit: int) -> None:
+        """``host_hit_is_held``: each page of a match's host hit (past its ``hit`` tokens on the device) is one the
+        events hold on the host (with MAMBA, on either tier: the host hit of a state on the host only covers its
+        node's full KV wherever it lies; SGLang's scheduler: "a load can expose resident FULL behind host-only aux
+        state")."""
+        held = set(m.cached_pages()) if m.mamba is not None else set()
+        m.cached_pages()  # the device's events replayed first: the host's taken from them
+        held |= set(self.host_held.values())
+        keys = page_keys(req, m.page_size, m.eagle)
+        missing = [
+            end
+            for end in range(hit + m.page_size, hit + host_hit + 1, m.page_size)
+            if end // m.page_size > len(keys) or keys[end // m.page_size - 1] not in held
+        ]
+        if missing:
+            where = "a host copy" if m.mamba is None else "a copy on either tier"
+            page = missing[0] // m.page_size
+            history = self.history(keys[page - 1]) if page <= len(keys) else "past the request's key"
+            raise IntegrityError(
+                f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the host,"
+                f" but the events hold no {where} of the page ending at {missing[0]} ({history})"
+            )
 
     def history(self, key: pc.PageKey) -> str:
         """What the events did with page ``key``, for a failure's message: held on the host, announced there only

@@ -22,7 +22,8 @@ later steps, its host slots coming back at its last ack (``holding``); one in fi
 prefetch running on while other requests come and go, and gives up some polls later (``poll``). In half the examples the
 files fail now and then (``fails``: a write refused, a read finding no file). In half the files' space is bounded (as
 many pages as the host tier holds, or half that), and SGLang's own evictor removes the least recently used files past
-it. Not yet drawn: a request admitted steps after its arrival.
+it. A request tried again (the machine's ``readmit``) while it waits on its prefetch is admitted then, with what came
+in.
 
 **The KV shadow.** The storage is pool 2 of the shadow: each stored key has slots of its own; a backup copies the
 host page's KV there (a key already stored is not written again, as the file backend skips it), a prefetch copies
@@ -224,6 +225,9 @@ class StorageLane:
         self.state_files: dict[str, tuple[Namespace, tuple[int, ...]] | None] = {}
         # requests waiting on their prefetch past the step they arrived in, with the polls left before they give up
         self.waiting: dict[object, int] = {}
+        # requests whose prefetch was asked for, and those of them aborted (at arrival, or given up while waiting)
+        self.arrived: set[object] = set()
+        self.aborted: set[object] = set()
         self.cache, self.page_size = m.cache, m.page_size
         self.acks = import_storage(hicache).controller.PrefetchAck
         folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=files_base())
@@ -396,47 +400,25 @@ class StorageLane:
         """The scheduler's prefetch at a request's arrival, then its admission check: the prompt's rest past the host
         path asked of the storage; the workers run a few items (the request's id picks how many) before the policy
         decides; what came in is popped (the match that follows finds it on the host). The prefetch's queues are
-        then drained: no prefetch spans two steps."""
+        then drained: no prefetch spans two admissions. A request tried again (the machine's ``readmit``) that
+        waits on its prefetch is admitted with what came in by then; one whose prefetch is over is matched as it
+        is; one aborted stays out."""
         base = m.v.base
         salt = m.salt(req.namespace)
         tokens = array("q", req.input_ids[:-1])
         key = m.v.radix.RadixKey(tokens, None, cache_salt=salt)
-        found = self.cache.match_prefix(base.MatchPrefixParams(key=key, req=None))
-        matched = int(found.device_prefix_len) + int(found.host_hit_length)
-        anchor = found.last_host_node
-        if matched >= len(tokens) or not (self.cache.is_backuped(anchor) or self.cache.is_root(anchor)):
-            return
         handle = base.CacheRequestHandle(str(req.uid), 0)
-        self.cache.prefetch_from_storage(
-            handle,
-            anchor,
-            tokens[matched:],
-            self.cache.get_last_hash_value(anchor),
-            None,
-            matched_prefix_tokens=tokens[:matched],
-            extra_key=None,
-            cache_salt=salt,
-        )
-        if handle not in self.cache.ongoing_prefetch:
-            STATS.record_rule("sglang-hicache.storage[no prefetch]")
+        if handle in self.aborted:
+            raise OutOfPagesError(f"request {req.uid} was aborted")
+        if handle in self.waiting:
+            # its waiting ends: admitted now, steps after its arrival
+            del self.waiting[handle]
+            STATS.record_rule("sglang-hicache.storage[admitted steps after its arrival]")
+        elif handle in self.arrived:
+            return  # its prefetch ended at an earlier try (a refusal after it): matched as the tree is now
+        elif not self.prefetch(m, req, handle, key, tokens):
             return
-        operation = self.cache.ongoing_prefetch[handle].operation
-        # the workers' progress before admission: the query, the I/O and the ack take a poll between them
-        for _ in range(req.uid % 4):
-            self.step(1)
-            self.cache.check_hicache_events()
-        if req.uid % 5 == 4:
-            # the request leaves the queue before admission (aborted: the scheduler's release of a waiting request);
-            # what its prefetch queued runs on, and its host slots come back at its last ack
-            STATS.record_rule("sglang-hicache.storage[aborted while prefetching]")
-            self.cache.release_aborted_request(handle)
-            raise OutOfPagesError(f"request {req.uid} aborted while its prefetch ran")
-        if req.uid % 5 == 3:
-            # the request stays queued, its prefetch running on (and its anchor host-locked) while other requests
-            # come and go; a later poll gives up on it (``poll``)
-            STATS.record_rule("sglang-hicache.storage[waiting past this step]")
-            self.waiting[handle] = 1 + req.uid % 7
-            raise OutOfPagesError(f"request {req.uid} waits for its prefetch")
+        operation = self.cache.ongoing_prefetch[handle].operation if handle in self.cache.ongoing_prefetch else None
         for _ in range(64):
             if self.cache.check_prefetch_progress(handle):
                 break
@@ -445,7 +427,7 @@ class StorageLane:
             Clock.now += POLL_INTERVALS[req.uid % len(POLL_INTERVALS)]
         else:
             raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch did not finish ({self.policy})")
-        late = ", past its deadline" if operation.deadline_expired else ""
+        late = ", past its deadline" if operation is not None and operation.deadline_expired else ""
         loaded, start = self.cache.pop_prefetch_loaded_span(handle)
         STATS.record_rule(f"sglang-hicache.storage[{self.policy}{late}: {'loaded' if loaded else 'nothing'}]")
         if loaded:
@@ -455,6 +437,47 @@ class StorageLane:
             self.cache.check_hicache_events()
         if handle in self.cache.ongoing_prefetch:
             raise IntegrityError(f"prefetch_finishes: request {req.uid}'s prefetch is left after its admission")
+
+    def prefetch(self, m: SGLangUnifiedManager, req: HybridReq, handle: object, key: object, tokens: array) -> bool:
+        """A request's prefetch at its arrival (``arrive``): started, and the workers' first items run; whether it is
+        to be admitted now (the request aborted, or left waiting past this step, raises OutOfPagesError)."""
+        found = self.cache.match_prefix(m.v.base.MatchPrefixParams(key=key, req=None))
+        matched = int(found.device_prefix_len) + int(found.host_hit_length)
+        anchor = found.last_host_node
+        if matched >= len(tokens) or not (self.cache.is_backuped(anchor) or self.cache.is_root(anchor)):
+            return False
+        self.arrived.add(handle)
+        self.cache.prefetch_from_storage(
+            handle,
+            anchor,
+            tokens[matched:],
+            self.cache.get_last_hash_value(anchor),
+            None,
+            matched_prefix_tokens=tokens[:matched],
+            extra_key=None,
+            cache_salt=m.salt(req.namespace),
+        )
+        if handle not in self.cache.ongoing_prefetch:
+            STATS.record_rule("sglang-hicache.storage[no prefetch]")
+            return False
+        # the workers' progress before admission: the query, the I/O and the ack take a poll between them
+        for _ in range(req.uid % 4):
+            self.step(1)
+            self.cache.check_hicache_events()
+        if req.uid % 5 == 4:
+            # the request leaves the queue before admission (aborted: the scheduler's release of a waiting request);
+            # what its prefetch queued runs on, and its host slots come back at its last ack
+            STATS.record_rule("sglang-hicache.storage[aborted while prefetching]")
+            self.aborted.add(handle)
+            self.cache.release_aborted_request(handle)
+            raise OutOfPagesError(f"request {req.uid} aborted while its prefetch ran")
+        if req.uid % 5 == 3:
+            # the request stays queued, its prefetch running on (and its anchor host-locked) while other requests
+            # come and go; a later poll gives up on it (``poll``), unless it is tried again before (``arrive``)
+            STATS.record_rule("sglang-hicache.storage[waiting past this step]")
+            self.waiting[handle] = 1 + req.uid % 7
+            raise OutOfPagesError(f"request {req.uid} waits for its prefetch")
+        return True
 
     def check_served(self, m: SGLangUnifiedManager, req: HybridReq, key: object, end: int) -> None:
         """What the prefetch reports loaded (up to ``end``) is on the host now: the request's match finds its full
@@ -484,6 +507,7 @@ class StorageLane:
 
     def give_up(self, handle: object) -> None:
         del self.waiting[handle]
+        self.aborted.add(handle)
         STATS.record_rule("sglang-hicache.storage[waited, then aborted]")
         self.cache.release_aborted_request(handle)
 
