@@ -26,7 +26,10 @@ scheduler goes on: whatever SGLang frees or reuses before the finish event shows
   are deferred, never reordered within a stream, never dropped;
 * ``sgl_kernel``'s ``transfer_kv_direct`` (the ``direct`` I/O backend, ``layer_first`` host layout): torch index
   copies of the same indices, per layer, K and V, put on the current stream; each one also reports its copies to
-  the KV shadow (host slots are pool 1 of the shadow);
+  the KV shadow (host slots are pool 1 of the shadow). Under the ``page_first_direct`` layout (drawn in half the
+  examples), its two kernels ``transfer_kv_all_layer_direct_lf_pf`` and ``transfer_kv_per_layer_direct_pf_lf``:
+  page copies as the kernels make them, each page named by the first of its indices (``page_first_copy``), the
+  shadow moved by the slots each page copy covers;
 * the device KV pool: per layer a K and a V tensor of one int64 per token, with the buffer description the host
   pool reads (``MHABufferInfo``); the host pool is SGLang's, unpinned (``pin_memory=False``);
 * ``hybrid_pool_assembler``: its strategy for a flat MHA pool (``build_kv_only_stack`` and
@@ -94,6 +97,8 @@ PAGE_SIZES = (2, 4, 8, 16)
 # the storage tier (SGLang's file backend) by its prefetch policy; None: none. The third policy, ``timeout``, takes the
 # place of ``wait_complete`` in half the examples (it waits as that one does, up to its deadline)
 STORAGE = (None, *PREFETCH_POLICIES[:2])
+# the host pools' layouts under the ``direct`` I/O backend: token rows by layer, or pages of every layer's rows
+LAYOUTS = ("layer_first", "page_first_direct")
 # the storage's space, in host tiers (SGLang's file evictor's max_size); None: unbounded
 STORAGE_CAPACITIES = (None, None, 1.0, 0.5)
 LAYERS = 2
@@ -232,6 +237,79 @@ def transfer_kv_direct(
     lane.enqueue(run)
 
 
+def page_slots(indices: torch.Tensor, page_size: int, paged: bool) -> tuple[list[int], torch.Tensor]:
+    """What a ``page_first_direct`` kernel reads of its indices: the first of each page's ``page_size``, and every
+    token slot the page copy covers from there: ``page_size`` slots in a row on the device's side, the whole page
+    it falls in on the host's (``paged``: a page-first buffer is indexed by page)."""
+    import torch
+
+    starts = indices[::page_size].tolist()
+    firsts = [start - start % page_size if paged else start for start in starts]
+    span = torch.arange(page_size, dtype=torch.int64)
+    return starts, torch.cat([first + span for first in firsts]) if firsts else indices[:0].to(torch.int64)
+
+
+def page_first_copy(
+    sources: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+    source_indices: torch.Tensor,
+    target_indices: torch.Tensor,
+    page_size: int,
+    layer: int | None,
+) -> None:
+    """``sgl_kernel``'s two ``page_first_direct`` kernels of the KV host pool as torch copies on the current stream,
+    page by page as the kernels copy (the first index of each page's ``page_size`` names the page; the rows after
+    it follow, ``page_slots``): ``layer`` None, a backup of every layer (``sources`` the device's K layers then V
+    layers, ``targets`` the host's K and V buffers, ``[page, layer, token, ...]``); else a load of that layer
+    (``sources`` the host's K and V buffers, ``targets`` the device layer's K and V). The tier that owns the host
+    buffer hears of each copy (``HostTier.copied``)."""
+    backup = layer is None
+    read, written = sources[0], targets[0]
+    tier = HostTier.owner(written if backup else read)
+    source_starts, source_slots = page_slots(source_indices, page_size, not backup)
+    target_starts, target_slots = page_slots(target_indices, page_size, backup)
+    epoch = -1 if tier is None else tier.submitted(read, written, source_slots, target_slots)
+    sources, targets = list(sources), list(targets)
+
+    def run() -> None:
+        for source_start, target_start in zip(source_starts, target_starts, strict=True):
+            if backup:
+                layers = len(sources) // 2
+                for j, source in enumerate(sources):
+                    page = targets[j // layers][target_start // page_size, j % layers]
+                    page.copy_(source[source_start : source_start + page_size])
+            else:
+                for source, target in zip(sources, targets, strict=True):
+                    target[target_start : target_start + page_size] = source[source_start // page_size, layer]
+        if tier is not None:
+            tier.copied(read, written, source_slots, target_slots, epoch)
+
+    EXECUTOR.current.enqueue(run)
+
+
+def backup_page_first(
+    src_ptrs: Sequence[torch.Tensor],
+    dst_ptrs: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """``transfer_kv_all_layer_direct_lf_pf`` as the KV host pool calls it (``page_first_copy``)."""
+    page_first_copy(src_ptrs, dst_ptrs, src_indices, dst_indices, page_size, None)
+
+
+def load_page_first(
+    src_ptrs: Sequence[torch.Tensor],
+    dst_ptrs: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    layer_id: int,
+    page_size: int,
+) -> None:
+    """``transfer_kv_per_layer_direct_pf_lf`` as the KV host pool calls it (``page_first_copy``)."""
+    page_first_copy(src_ptrs, dst_ptrs, src_indices, dst_indices, page_size, layer_id)
+
+
 def import_hicache() -> types.ModuleType:
     """The unified cache's modules (``import_unified_cache``) and HiCache's, with the stand-ins above (once a
     process: the module registered under ``sglang.__radixspec_hicache__``)."""
@@ -297,7 +375,12 @@ def import_hicache() -> types.ModuleType:
     # every cache built is set to errors
     logging.getLogger("sglang.srt.mem_cache.pool_host.base").setLevel(logging.ERROR)
     mha = importlib.import_module("sglang.srt.mem_cache.pool_host.mha")
-    install(mha, transfer_kv_direct=transfer_kv_direct)
+    install(
+        mha,
+        transfer_kv_direct=transfer_kv_direct,
+        transfer_kv_all_layer_direct_lf_pf=backup_page_first,
+        transfer_kv_per_layer_direct_pf_lf=load_page_first,
+    )
     controller = importlib.import_module("sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller")
     for name in ("sglang.srt.mem_cache.pool_host.common", "sglang.srt.mem_cache.pool_host.base", v.urc.__name__):
         module = importlib.import_module(name)
@@ -520,6 +603,8 @@ class HostTier:
         # the storage's space in host tiers (SGLang's file evictor's max_size: as many pages as it holds, or a
         # fraction; None: unbounded)
         self.storage_capacity: float | None = None
+        # the host pools' layout (``LAYOUTS``)
+        self.layout = LAYOUTS[0]
         self.storage: StorageLane | None = None
         self.host_pages = self.swa_host_pages = 0
         self.lanes: list[Lane | StorageLane] = []
@@ -573,7 +658,7 @@ class HostTier:
 
     def attach(self, m: SGLangUnifiedManager, params: object) -> None:
         import_hicache()
-        MEMORY.hicache_write_policy = self.policy
+        MEMORY.hicache_write_policy, MEMORY.hicache_mem_layout = self.policy, self.layout
         m.cache.init_hicache(types.SimpleNamespace(file_storage_path=None), params)
         # init_hicache registers the cache's shutdown to run at exit (one cache a process in SGLang; a campaign
         # builds one per example, which that reference would keep alive to the end)

@@ -15,8 +15,9 @@ What stands in, beside ``sglang_hicache.py``'s:
   ``page_first_direct`` layout (the only layouts ``MambaPoolHost`` takes): ``transfer_kv_all_layer_direct_lf_pf``
   (a backup: every layer's slots into the host's page-first rows) and ``transfer_kv_per_layer_direct_pf_lf`` (a load,
   layer by layer), torch index copies of the same indices put on the current stream, as ``transfer_kv_direct`` is
-  for the KV. The KV host pool keeps the ``layer_first`` layout (SGLang gives both pools one layout; under
-  ``direct`` the two differ only in the order of the copy's index pairs, which ``move_indices`` sorts together);
+  for the KV. The KV host pool's layout is drawn as without MAMBA (``layer_first`` or ``page_first_direct``; SGLang
+  gives both pools one layout, and the state pool takes only the page-first ones: the draw of ``layer_first`` beside
+  it is ours);
 * the host pools are unpinned, and the layer counter is registered on the request table too (SGLang's
   ``register_req_to_token_counter``).
 

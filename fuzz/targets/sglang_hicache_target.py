@@ -12,6 +12,7 @@ from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
 from .sglang_hicache import (
     HOST_RATIOS,
+    LAYOUTS,
     PAGE_SIZES,
     STORAGE,
     STORAGE_CAPACITIES,
@@ -79,12 +80,19 @@ def swa_window(windows: tuple[hy.Window, ...], num_pages: int) -> SlidingWindow:
 
 
 def tier(
-    policy: str, ratio: float, storage: str | None, mamba: bool, faults: bool = False, capacity: float | None = None
+    policy: str,
+    ratio: float,
+    storage: str | None,
+    mamba: bool,
+    faults: bool = False,
+    capacity: float | None = None,
+    layout: str = LAYOUTS[0],
 ) -> HostTier:
     """HiCache's host tier for one manager; with MAMBA, its host pool of states beside; ``faults``: its storage's
-    files fail now and then; ``capacity``: the files' space, in host tiers (None: unbounded)."""
+    files fail now and then; ``capacity``: the files' space, in host tiers (None: unbounded); ``layout``: the host
+    pools'."""
     built = HostTier(policy, ratio, storage)
-    built.storage_faults, built.storage_capacity = faults, capacity
+    built.storage_faults, built.storage_capacity, built.layout = faults, capacity, layout
     if mamba:
         built.states = HostStates(built)
     return built
@@ -137,6 +145,9 @@ def target(argument: str | None) -> TargetInfo:
         drawn += ",eagle" if bigrams else ""
         drawn += ",failing files" if faults else ""
         drawn += "" if capacity is None else f",storage cap x{capacity}"
+        # the host pools' layout: page-first in half the examples
+        layout = LAYOUTS[(mix(num_pages) >> 25) % len(LAYOUTS)]
+        drawn += "" if layout == LAYOUTS[0] else f",{layout}"
         if window is not None:
             drawn += f",W{'<=' if window.window <= page_size else '>'}P"
             drawn += ",free out of window" if window.out_of_window else ""
@@ -154,7 +165,7 @@ def target(argument: str | None) -> TargetInfo:
                 bigrams,
                 swa=window,
                 mamba=None if state is None else TieredState(*state),
-                tiers=tier(policy, ratio, storage, mamba, faults, capacity),
+                tiers=tier(policy, ratio, storage, mamba, faults, capacity, layout),
                 profile=profile,
             )
             for core in cores

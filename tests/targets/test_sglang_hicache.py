@@ -203,6 +203,40 @@ def test_files_past_the_storages_space_are_evicted(capacity: float, expected: li
     assert out.stdout.split() == expected, out.stdout
 
 
+# the same with the host pool's layout drawn; the plant: a load reads its host pages in reverse order
+LAYOUT_LOAD_BACK = (
+    "{bug}\n"
+    + LOAD_BACK.replace(
+        "from radixspec.fuzz.targets.sglang_hicache import HostTier",
+        "from radixspec.fuzz.targets.sglang_hicache import HostTier\n"
+        "from radixspec.fuzz.targets.sglang_hicache_target import tier",
+    ).replace("tiers=HostTier({policy!r}, 2.0)", "tiers=tier({policy!r}, 2.0, None, False, layout={layout!r})")
+    + "\nprint(m.tiers.host.layout)"
+)
+REVERSED_HOST_PAGES = """
+import importlib
+from radixspec.fuzz.targets.sglang_hicache import import_hicache
+import_hicache()
+mha = importlib.import_module("sglang.srt.mem_cache.pool_host.mha")
+load = mha.MHATokenToKVPoolHost.load_to_device_per_layer
+def reversed_pages(self, device_pool, host_indices, device_indices, layer_id, io_backend, **kwargs):
+    pages = host_indices.view(-1, self.page_size).flip(0).reshape(-1)
+    return load(self, device_pool, pages, device_indices, layer_id, io_backend, **kwargs)
+mha.MHATokenToKVPoolHost.load_to_device_per_layer = reversed_pages
+"""
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first_direct"])
+@pytest.mark.parametrize("bug", ["", REVERSED_HOST_PAGES])
+def test_a_load_back_under_each_host_layout(layout: str, bug: str) -> None:
+    out = run(LAYOUT_LOAD_BACK.format(bug=bug, core="python", policy="write_through", layout=layout))
+    if not bug:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        assert out.stdout.split() == ["0", "0", "0", "12", "1", layout], out.stdout
+    else:
+        assert "attended_kv_is_the_requests: request 3" in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
+
+
 @pytest.mark.parametrize("core", ["python", "rust"])
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 def test_a_prefix_evicted_from_the_device_is_loaded_back_from_the_host(core: str, policy: str) -> None:
@@ -1066,3 +1100,30 @@ def test_the_storage_folders_of_gone_processes_are_swept(tmp_path: Path) -> None
         (folder / "page.bin").write_bytes(b"kv")
     sweep.__wrapped__(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+
+
+def test_the_page_first_kernels_copy_whole_pages() -> None:
+    """The stand-ins of ``sgl_kernel``'s ``page_first_direct`` kernels copy as the kernels do, a page at a time from
+    each page's first index: every layer's rows of a device page into one host page ``[page, layer, token]``, then
+    one layer's host page back into device rows."""
+    import torch
+
+    from radixspec.fuzz.targets.sglang_hicache import backup_page_first, load_page_first
+
+    layers, page, pages = 2, 4, 3
+    device = [torch.arange(16 * 2).view(16, 1, 2) + 1000 * j for j in range(2 * layers)]  # K layers, then V
+    host_k, host_v = (torch.zeros(pages, layers, page, 1, 2, dtype=torch.int64) for _ in range(2))
+    # device pages at 4 and 12 into host pages 2 and 0 (the indices' later entries of a page are not read)
+    backup_page_first(
+        device,
+        [host_k, host_v],
+        torch.tensor([4, 5, 6, 7, 12, 0, 0, 0]),
+        torch.tensor([8, 9, 10, 11, 0, 1, 2, 3]),
+        page,
+    )
+    assert torch.equal(host_k[2, 1], device[1][4:8]) and torch.equal(host_v[0, 0], device[2][12:16])
+    assert not host_k[1].any()
+    back = [torch.zeros(16, 1, 2, dtype=torch.int64) for _ in range(2)]
+    load_page_first([host_k, host_v], back, torch.tensor([8, 9, 10, 11]), torch.tensor([0, 1, 2, 3]), 1, page)
+    assert torch.equal(back[0][0:4], device[1][4:8]) and torch.equal(back[1][0:4], device[3][4:8])
+    assert not back[0][4:].any()
