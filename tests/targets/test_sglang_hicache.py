@@ -439,6 +439,17 @@ def unwaited(self, write_back=False, finish_count=None):
 urc.UnifiedRadixCache.writing_check = unwaited
 """,
     # the host pool loses every third set of slots it is given back
+    # under the page_first_direct layout, a backup writes each page into the host page after its own (slots
+    # another node may hold, or free ones)
+    "transfers_hold_both_ends page_first": """
+mha = importlib.import_module("sglang.srt.mem_cache.pool_host.mha")
+backup = mha.MHATokenToKVPoolHost.backup_from_device_all_layer
+def next_page(self, device_pool, host_indices, device_indices, io_backend):
+    if self.layout == "page_first_direct":
+        host_indices = (host_indices + self.page_size) % self.size
+    return backup(self, device_pool, host_indices, device_indices, io_backend)
+mha.MHATokenToKVPoolHost.backup_from_device_all_layer = next_page
+""",
     "host_events_replay_to_the_pool": """
 base = importlib.import_module("sglang.srt.mem_cache.pool_host.base")
 calls, free = [0], base.HostKVCache.free
