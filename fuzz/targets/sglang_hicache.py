@@ -765,7 +765,7 @@ class HostTier:
         if not host_hit:
             only = "SWA" if record.swa_host_hit_length else "state"
             STATS.record_rule(f"sglang-hicache.match[{only} host hit only]")
-        self.events.check_host_hit(m, req, hit, host_hit)
+        passed = self.events.check_host_hit(m, req, hit, host_hit)
         STATS.record_rule("sglang-hicache.match[host hit]")
         best = result.best_match_node
         host_lock = m.cache.inc_host_lock_ref(best).to_dec_params()
@@ -780,7 +780,7 @@ class HostTier:
         if loaded is None:
             return hit, last
         length, node = int(loaded[0]), loaded[1]
-        if 0 < length < host_hit:
+        if 0 < length < host_hit + passed:
             raise IntegrityError(
                 f"load_back_is_all_or_nothing: request {req.uid}'s host hit of {host_hit} tokens loaded {length}"
             )

@@ -106,28 +106,36 @@ class HostEvents:
             STATS.events_replayed += host
         return device
 
-    def check_host_hit(self, m: SGLangUnifiedManager, req: HybridReq, hit: int, host_hit: int) -> None:
-        """``host_hit_is_held``: each page of a match's host hit (past its ``hit`` tokens on the device) is one the
-        events hold on the host (with MAMBA, on either tier: the host hit of a state on the host only covers its
-        node's full KV wherever it lies; SGLang's scheduler: "a load can expose resident FULL behind host-only aux
-        state")."""
-        held = set(m.cached_pages()) if m.mamba is not None else set()
-        m.cached_pages()  # the device's events replayed first: the host's taken from them
-        held |= set(self.host_held.values())
+    def check_host_hit(self, m: SGLangUnifiedManager, req: HybridReq, hit: int, host_hit: int) -> int:
+        """``host_hit_is_held``: the pages of a match's host hit (``host_hit`` tokens past its ``hit`` tokens on
+        the device) are pages the events hold on the host, in a run right after the device hit. Under a component,
+        the run may pass over pages the events hold on the device (SGLang's scheduler: "a load can expose resident
+        FULL behind host-only aux state"): with MAMBA such a page is counted in the host hit (a state on the host
+        only covers its node's full KV wherever it lies); with SWA alone it is not (FULL sums the host copies of the
+        nodes past the device match, and a node whose window is on the host only but whose full KV is on the device
+        only stops the device match while adding nothing: ``finalize_match_result_in_tree_core``). Returns the
+        tokens passed over, which the load brings back beside the host hit."""
+        device = set(m.cached_pages()) if m.swa is not None or m.mamba is not None else set()
+        host = set(self.host_held.values())  # the device's events replayed first: the host's taken from them
         keys = page_keys(req, m.page_size, m.eagle)
-        missing = [
-            end
-            for end in range(hit + m.page_size, hit + host_hit + 1, m.page_size)
-            if end // m.page_size > len(keys) or keys[end // m.page_size - 1] not in held
-        ]
-        if missing:
-            where = "a host copy" if m.mamba is None else "a copy on either tier"
-            page = missing[0] // m.page_size
-            history = self.history(keys[page - 1]) if page <= len(keys) else "past the request's key"
-            raise IntegrityError(
-                f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the host,"
-                f" but the events hold no {where} of the page ending at {missing[0]} ({history})"
-            )
+        end, counted, passed = hit, 0, 0
+        while counted < host_hit:
+            end += m.page_size
+            key = keys[end // m.page_size - 1] if end // m.page_size <= len(keys) else None
+            if key in host or (key in device and m.mamba is not None):
+                counted += m.page_size
+            elif key in device:
+                passed += m.page_size
+            else:
+                where = "host copy" if not device else "copy on either tier"
+                history = self.history(key) if key is not None else "past the request's key"
+                raise IntegrityError(
+                    f"host_hit_is_held: request {req.uid} hit {hit} tokens on the device and {host_hit} more on the"
+                    f" host, but the events hold no {where} of the page ending at {end} ({history})"
+                )
+        if passed:
+            STATS.record_rule("sglang-hicache.match[host hit past pages whose full KV is on the device only]")
+        return passed
 
     def history(self, key: pc.PageKey) -> str:
         """What the events did with page ``key``, for a failure's message: held on the host, announced there only

@@ -127,11 +127,7 @@ def target(argument: str | None) -> TargetInfo:
         policy = pinned or WRITE_POLICIES[num_pages % len(WRITE_POLICIES)]
         ratio = HOST_RATIOS[(num_pages // len(WRITE_POLICIES)) % len(HOST_RATIOS)]
         # the storage tier, in two examples of three (SWA's pages and the states go to files of their own)
-        # under SWA alone (no MAMBA) none of what this target drew first on 2026-12-06 (the storage tier, EAGLE, failing
-        # files): CI's 15-second campaign of it failed host_hit_is_held once in a run not reproduced since (open, see
-        # docs/findings.md); under SWA + MAMBA they are drawn
-        alone = swa and not mamba
-        storage = None if alone else STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
+        storage = STORAGE[(num_pages // len(WRITE_POLICIES)) % len(STORAGE)]
         if storage == "wait_complete" and (mix(num_pages) >> 21) % 2:
             storage = "timeout"
         # in half of those, one file operation in four fails
@@ -140,7 +136,7 @@ def target(argument: str | None) -> TargetInfo:
         capacity = None if storage is None else STORAGE_CAPACITIES[(mix(num_pages) >> 23) % len(STORAGE_CAPACITIES)]
         window = swa_window(windows, 2 * num_pages) if swa else None
         # EAGLE: the tree keyed by bigrams (is_eagle), its host and storage keys too
-        bigrams = not mamba and (eagle or (not alone and bool((mix(num_pages) >> 13) % 2)))
+        bigrams = not mamba and (eagle or bool((mix(num_pages) >> 13) % 2))
         drawn = f"P={page_size},{policy},host x{ratio}" + ("" if storage is None else f",storage {storage}")
         drawn += ",eagle" if bigrams else ""
         drawn += ",failing files" if faults else ""
