@@ -154,11 +154,12 @@ def check_pass(request: Request, one: Pass, start: int, page_size: int) -> None:
     """``pass_inputs_are_the_requests``: a pass's row covers what it computes, a decode step follows the request's
     KV, a chunk's inputs are its tokens and it starts where its KV ends."""
     pages_needed = -(-(start + one.count) // page_size)
-    if len(one.pages) < pages_needed:
-        raise IntegrityError(
-            f"pass_inputs_are_the_requests: {one.request} computes up to position {start + one.count - 1} with"
-            f" a row of {len(one.pages)} pages"
-        )
+    for pages, window in one.rows():
+        if len(pages) < pages_needed:
+            raise IntegrityError(
+                f"pass_inputs_are_the_requests: {one.request} computes up to position {start + one.count - 1} with"
+                f" a {'' if window is None else f'window {window} '}row of {len(pages)} pages"
+            )
     if not one.extend:
         if request.computed != start or start + 1 != len(request.tokens):
             raise IntegrityError(
@@ -179,10 +180,18 @@ def check_pass(request: Request, one: Pass, start: int, page_size: int) -> None:
         )
 
 
-def misread(requests: dict[str, Request], page_size: int, request: Request, one: Pass, j: int, held: Slot) -> str:
-    """The failure of a pass that reads, at position ``j``, what its request did not compute: its law, what it
-    read."""
-    page, law = one.pages[j // page_size], "attended_kv_is_the_requests"
+def misread(
+    requests: dict[str, Request],
+    page_size: int,
+    request: Request,
+    one: Pass,
+    row: tuple[tuple[int, ...], int | None],
+    j: int,
+    held: Slot,
+) -> str:
+    """The failure of a pass that reads, at position ``j`` of ``row`` (its pages, its window), what its request did
+    not compute: its law, what it read."""
+    page, law = row[0][j // page_size], "attended_kv_is_the_requests"
     if held is NEVER:
         what = "KV never written there"
     elif isinstance(held, tuple):
@@ -195,8 +204,8 @@ def misread(requests: dict[str, Request], page_size: int, request: Request, one:
         what = f"another prefix's KV{f' (of {owners[0]})' if owners else ''}"
     return (
         f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at"
-        f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page},"
-        f" which holds {what}"
+        f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page}"
+        f"{'' if row[1] is None else f' of its window {row[1]} row'}, which holds {what}"
     )
 
 
@@ -475,23 +484,26 @@ class PlannerMachine(RuleBasedStateMachine):
                 raise IntegrityError(f"pass_inputs_are_the_requests: a pass of {one.request}, which is not live")
             start = one.start if one.extend else len(request.tokens) - 1
             check_pass(request, one, start, self.page_size)
-            for j in range(start, start + one.count):
-                slot = (one.pages[j // p], j % p)
-                if slot in writes or slot[0] == 0:
-                    other = writes.get(slot, ("the null page", 0))[0]
-                    raise IntegrityError(
-                        f"passes_write_distinct_slots: {one.request} writes position {j} to page {slot[0]} slot"
-                        f" {slot[1]}, which {other} writes in the same forward"
-                    )
-                writes[slot] = (one.request, j)
+            for pages, _ in one.rows():
+                for j in range(start, start + one.count):
+                    slot = (pages[j // p], j % p)
+                    if slot in writes or slot[0] == 0:
+                        other = writes.get(slot, ("the null page", 0))[0]
+                        raise IntegrityError(
+                            f"passes_write_distinct_slots: {one.request} writes position {j} to page {slot[0]} slot"
+                            f" {slot[1]}, which {other} writes in the same forward"
+                        )
+                    writes[slot] = (one.request, j)
             spans.append((one, request, start))
         for (page, offset), (name, j) in writes.items():
             self.page(device, page)[offset] = self.requests[name].ids[j]
         for one, request, start in spans:
-            for j in range(start):
-                held = self.page(device, one.pages[j // p])[j % p]
-                if held != request.ids[j]:
-                    raise IntegrityError(misread(self.requests, self.page_size, request, one, j, held))
+            for row in one.rows():
+                pages, window = row
+                for j in range(0 if window is None else max(0, start - window + 1), start):
+                    held = self.page(device, pages[j // p])[j % p]
+                    if held != request.ids[j]:
+                        raise IntegrityError(misread(self.requests, self.page_size, request, one, row, j, held))
         for one, request, start in spans:
             self.after_pass(one, request, start)
 

@@ -564,7 +564,10 @@ STORAGE_KINDS = ("put", "get", "query")
 class Pass:
     """One request's part of a forward: it computes positions ``[start, start + count)`` of its tokens (``inputs``,
     as the planner sent them) and attends every position before; ``pages`` is its page table row (position j lies
-    in ``pages[j // page_size]``). ``extend``: a prefill chunk (else a decode step)."""
+    in ``pages[j // page_size]``). ``extend``: a prefill chunk (else a decode step). ``windows``: the rows of its
+    sliding-window groups, each with its window ``W`` (layers whose query at position q attends ``(q - W, q]``):
+    every position it computes is written to each row too, and the positions before it read from a row are only
+    the last ``W - 1`` (the rest of such a row may be the null page)."""
 
     request: str
     start: int
@@ -572,6 +575,11 @@ class Pass:
     inputs: tuple[int, ...] | None
     pages: tuple[int, ...]
     extend: bool
+    windows: tuple[tuple[tuple[int, ...], int], ...] = ()
+
+    def rows(self) -> tuple[tuple[tuple[int, ...], int | None], ...]:
+        """Each row with its window (None: full attention, every position before attended)."""
+        return ((self.pages, None), *self.windows)
 
 
 @dataclass(frozen=True)

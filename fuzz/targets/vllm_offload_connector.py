@@ -1,5 +1,6 @@
 """Target ``vllm-offload-connector``: vLLM 0.33.0's KV offloading as its engine runs it. The device tier is vLLM's
-``KVCacheManager`` of one full-attention group (prefix caching on or off); the host tier is the
+``KVCacheManager`` of a full-attention group (a sliding-window group beside it in half the examples; prefix
+caching on or off); the host tier is the
 ``OffloadingConnector``'s scheduler side, ``OffloadingConnectorScheduler`` over ``CPUOffloadingManager`` (lru or
 arc), both imported and driven together under the planner machine (``fuzz/planner_machine.py``).
 
@@ -29,7 +30,9 @@ must name exactly its ready chunks (``host_events_replay_to_the_tier``).
 Configurations drawn (``Config``): page size, device blocks, host chunks (0.5x to 4x), blocks per chunk (1 or 2),
 policy, store threshold, token budget per step (chunked prefill), prefix caching, ``offload_prompt_only``, a
 sync-load budget, one or two workers, EAGLE (the device and the connector drop the volatile last block; two
-lookahead slots a step).
+lookahead slots a step), a sliding-window group of 8 or 32 tokens (each pass carries its row: the machine checks
+there only the positions the window attends; the connector's jobs split by group; the group's device events
+counted, not replayed).
 
 What is shimmed, and why it cannot hide a bug of the connector or the KV cache manager (``import_connector``):
 the packages of ``import_vllm`` and ``import_offload`` (bare ``__init__`` files; the block pool's stubs); five
@@ -47,6 +50,7 @@ order), and the request is a stand-in holding what the scheduler, the manager an
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import sys
@@ -73,6 +77,9 @@ THRESHOLDS = (1, 2)
 BUDGETS = (8, 16, 32, 128)
 SYNC_BUDGETS = (0, 0, 256, 65536)
 WORKERS = (1, 2)
+# a sliding-window group beside the full-attention one (its window in tokens), in half the examples: a model of
+# interleaved window layers (Gemma 3, gpt-oss)
+WINDOWS = (None, None, 8, 32)
 # EAGLE's draft tokens a step allocates slots for (num_speculative_tokens)
 LOOKAHEAD = 2
 # requests running at once, at most (vLLM's max_num_seqs)
@@ -145,6 +152,17 @@ def import_connector() -> types.ModuleType:
         install(request, RequestStatus=RequestStatus)
     interface = importlib.import_module("vllm.v1.kv_cache_interface")
     install(interface, get_dtype_size=lambda dtype: torch.tensor([], dtype=dtype).element_size())
+    # vLLM's registry of spec classes fills itself while empty; another target of this process (vllm-mamba) may
+    # have registered its one spec by hand first: the two this target builds, by hand too (the same registration)
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, SlidingWindowManager
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    KVCacheSpecRegistry.register(
+        interface.FullAttentionSpec, FullAttentionManager, uniform_type_base_spec=interface.FullAttentionSpec
+    )
+    KVCacheSpecRegistry.register(
+        interface.SlidingWindowSpec, SlidingWindowManager, uniform_type_base_spec=interface.SlidingWindowSpec
+    )
     scheduler = importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler")
     # they warn on every store the host tier refuses and every reset refused while blocks are in use, thousands of
     # lines a minute under the fuzzer
@@ -154,6 +172,7 @@ def import_connector() -> types.ModuleType:
         "vllm.__radixspec_connector__",
         scheduler=scheduler,
         common=importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"),
+        offload_config=importlib.import_module("vllm.distributed.kv_transfer.kv_connector.v1.offloading.config"),
         base=importlib.import_module("vllm.v1.kv_offload.base"),
         config=importlib.import_module("vllm.v1.kv_offload.config"),
         cpu=importlib.import_module("vllm.v1.kv_offload.cpu.manager"),
@@ -200,6 +219,10 @@ class Config(NamedTuple):
     # drops its last block (``use_eagle``), the connector its volatile trailing chunk, and each step allocates
     # lookahead slots for the draft tokens (none accepted: a step decodes one token)
     eagle: bool = False
+    # a sliding-window group (``SlidingWindowSpec``, its window in tokens) beside the full-attention one: the hybrid
+    # coordinator, the connector's per-group keys and window lookups, its stores skipping the blocks that left the
+    # window
+    window: int | None = None
 
 
 CHOICES: tuple[tuple[object, ...], ...] = (
@@ -215,6 +238,7 @@ CHOICES: tuple[tuple[object, ...], ...] = (
     SYNC_BUDGETS,
     WORKERS,
     (False, True),
+    WINDOWS,
 )
 
 
@@ -338,14 +362,33 @@ class OffloadWorker:
         return tuple(submitted), ops
 
     def transfer(self, job: int, entry: Job, kind: str) -> Transfer:
-        """A job's pairs: the device blocks and the host chunks' blocks, in order, the first chunk's leading blocks
-        skipped where the job starts inside it (the CPU worker's ``skip_count``)."""
+        """A job's pairs: the device blocks and the host chunks' blocks, in order, group by group (each group's
+        ``group_sizes`` blocks from its first chunk on), each group's first chunk's leading blocks skipped where its
+        blocks start inside it (the CPU worker's ``skip_count``, from ``block_indices``)."""
         gpu = cast(DeviceSpec, entry.dst_spec if kind == "load" else entry.src_spec)
         host = entry.src_spec if kind == "load" else entry.dst_spec
         blocks = [int(block) for block in gpu.block_ids]
-        skip = int(gpu.block_indices[0]) % self.bpc if len(gpu.block_indices) else 0
-        chunk_blocks = [(int(chunk), i) for chunk in host.block_ids for i in range(self.bpc)][skip:]
-        pairs: list[tuple[Hashable, Hashable]] = list(zip(blocks, chunk_blocks[: len(blocks)], strict=True))
+        chunks = [int(chunk) for chunk in host.block_ids]
+        # 0.32.0's single-group specs have no group sizes
+        sizes = list(getattr(gpu, "group_sizes", None) or [len(blocks)])
+        starts = list(gpu.block_indices) or [0]
+        pairs: list[tuple[Hashable, Hashable]] = []
+        at_block = at_chunk = 0
+        for size, first in zip(sizes, starts, strict=True):
+            if not size:
+                continue
+            skip = int(first) % self.bpc
+            count = -(-(size + skip) // self.bpc)
+            chunk_blocks = [(chunk, i) for chunk in chunks[at_chunk : at_chunk + count] for i in range(self.bpc)]
+            pairs += zip(blocks[at_block : at_block + size], chunk_blocks[skip : skip + size], strict=True)
+            at_block, at_chunk = at_block + size, at_chunk + count
+        if any(sizes[1:]):
+            STATS.rules[f"vllm-offload-connector.job[{kind}, the window group's blocks too]"] += 1
+        if (at_block, at_chunk) != (len(blocks), len(chunks)):
+            raise IntegrityError(
+                f"offload_jobs_are_whole: job {job} names {len(blocks)} device blocks and {len(chunks)} host chunks;"
+                f" its groups' sizes {sizes} cover {at_block} and {at_chunk}"
+            )
         op = ("job", job)
         if kind == "load":
             # a synchronous load's request runs in its step: the worker reports no finished_recving for it (0.32.0's
@@ -530,7 +573,8 @@ class VllmScheduler:
 
 
 class ConnectorEngine:
-    """vLLM's KV cache manager (one full-attention group) and a KV connector's scheduler side under a replay of vLLM's
+    """vLLM's KV cache manager (a full-attention group, a window group beside it or not) and a KV connector's
+    scheduler side under a replay of vLLM's
     scheduler, behind the planner layer's protocol: the requests' lifecycle, each step's ``SchedulerOutput`` and
     passes, the workers' reports as ``update_from_output`` hands them over, and the device's KV events. A
     connector's class builds ``self.connector`` and plays its worker (``submit``, ``done``), its host tier's events
@@ -555,16 +599,22 @@ class ConnectorEngine:
         workers: int,
         tensors: Sequence[object] = (),
         eagle: bool = False,
+        window: int | None = None,
     ) -> None:
-        self.v, self.page_size, self.workers = v, page_size, workers
+        self.v, self.page_size, self.workers, self.window = v, page_size, workers, window
         self.device_blocks = device_blocks + 1  # block 0 is the null block
         self.max_request_tokens = MAX_MODEL_LEN
         # with prefix caching off the device caches nothing, and publishes no block: every hit is a load
         self.publishes_hits = caching
-        spec = v.interface.FullAttentionSpec(block_size=page_size, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
-        group = v.interface.KVCacheGroupSpec(["layer.0"], spec, is_eagle_group=eagle)
+        shape = {"block_size": page_size, "num_kv_heads": 1, "head_size": 1, "dtype": v.torch.float32}
+        groups = [
+            v.interface.KVCacheGroupSpec(["layer.0"], v.interface.FullAttentionSpec(**shape), is_eagle_group=eagle)
+        ]
+        if window is not None:
+            spec = v.interface.SlidingWindowSpec(**shape, sliding_window=window)
+            groups.append(v.interface.KVCacheGroupSpec(["layer.1"], spec))
         self.kv_config = v.interface.KVCacheConfig(
-            num_blocks=self.device_blocks, kv_cache_tensors=list(tensors), kv_cache_groups=[group]
+            num_blocks=self.device_blocks, kv_cache_tensors=list(tensors), kv_cache_groups=groups
         )
         self.kvm = v.manager.KVCacheManager(
             self.kv_config,
@@ -647,12 +697,15 @@ class ConnectorEngine:
         passes = []
         for request, start, count in step.scheduled:
             request.num_computed_tokens = start + count  # _update_after_schedule
-            pages = tuple(self.kvm.get_block_ids(request.request_id)[0])
+            rows = self.kvm.get_block_ids(request.request_id)
+            pages = tuple(rows[0])
+            # the window group's row: the blocks that left the window are the null block
+            windows = tuple((tuple(row), self.window) for row in rows[1:] if self.window is not None)
             if request.prefilled:
-                passes.append(Pass(request.request_id, -1, count, None, pages, False))
+                passes.append(Pass(request.request_id, -1, count, None, pages, False, windows))
             else:
                 inputs = tuple(request.all_token_ids[start : start + count])
-                passes.append(Pass(request.request_id, start, count, inputs, pages, True))
+                passes.append(Pass(request.request_id, start, count, inputs, pages, True, windows))
                 request.prefilled = start + count == request.num_tokens
         transfers, flush = self.submit_jobs(meta, bool(passes))
         return Plan(transfers, passes=tuple(passes), flush=flush, restarted=tuple(r.request_id for r in step.preempted))
@@ -713,6 +766,11 @@ class ConnectorEngine:
         p = self.page_size
         for event in self.kvm.take_events():
             kind = type(event).__name__
+            if getattr(event, "group_idx", None):
+                # a window group's blocks: their events are vllm-hybrid's to replay (by count: finding 14); here the
+                # full-attention group's events stand for the device's cache
+                STATS.rules[f"planner.events[window group: {kind}, not replayed]"] += 1
+                continue
             if kind == "BlockStored":
                 parent, tokens = event.parent_block_hash, tuple(event.token_ids)
                 for i, block in enumerate(event.block_hashes):
@@ -785,7 +843,15 @@ class VllmOffloadEngine(ConnectorEngine):
         v = import_connector()
         # the policy: the one the target names (vllm-offload-connector:arc), else drawn
         config = self.choice = choose(draw)._replace(policy=policy or choose(draw).policy)
-        super().__init__(v, config.page_size, config.device_blocks, config.caching, config.workers, eagle=config.eagle)
+        super().__init__(
+            v,
+            config.page_size,
+            config.device_blocks,
+            config.caching,
+            config.workers,
+            eagle=config.eagle,
+            window=config.window,
+        )
         p = config.page_size
         self.host_chunks = max(2, int(config.device_blocks * config.host_ratio) // config.blocks_per_chunk)
         self.bpc = config.blocks_per_chunk
@@ -797,6 +863,7 @@ class VllmOffloadEngine(ConnectorEngine):
             f"{f', sync loads {config.sync_budget} B' if config.sync_budget else ''}"
             f"{f', {config.workers} workers' if config.workers > 1 else ''}"
             f"{', EAGLE' if config.eagle else ''}"
+            f"{f', window {config.window}' if config.window else ''}"
         )
         # finding 22 (docs/findings.md): a second reset before a step, with jobs flushed by the first, fails an
         # assertion; counted (tests turn it off to see it raised)
@@ -804,8 +871,30 @@ class VllmOffloadEngine(ConnectorEngine):
         # finding 23: a reset the device refuses still empties the host tier, and no event says so; counted (tests
         # turn it off to see host_events_replay_to_the_tier fail)
         self.known_silent_host_reset = True
+        # each group offloaded, as vLLM's build_offloading_config makes them: a window group keeps as many chunks
+        # per request as its window spans (0.32.0's scheduler computes that itself)
+        windowed = "sliding_window_size_in_chunks" in {
+            f.name for f in dataclasses.fields(v.config.OffloadingGroupConfig)
+        }
+        groups = tuple(
+            v.config.OffloadingGroupConfig(
+                tokens_per_block=p,
+                layer_names=tuple(group.layer_names),
+                group_id=i,
+                **(
+                    {
+                        "sliding_window_size_in_chunks": v.offload_config.get_sliding_window_size_in_chunks(
+                            group.kv_cache_spec, p * self.bpc
+                        )
+                    }
+                    if windowed
+                    else {}
+                ),
+            )
+            for i, group in enumerate(self.kv_config.kv_cache_groups)
+        )
         offloading = v.config.OffloadingConfig(
-            groups=(v.config.OffloadingGroupConfig(tokens_per_block=p, layer_names=("layer.0",), group_id=0),),
+            groups=groups,
             worker_kv_bytes_per_block=1,
             enable_kv_cache_events=True,
             extra_config={"offload_prompt_only": config.prompt_only, "sync_load_budget_bytes": config.sync_budget},

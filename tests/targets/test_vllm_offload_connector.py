@@ -73,6 +73,22 @@ PLANTS = {
         "self._current_batch_jobs_to_flush.update(self._jobs.keys())",
         "pass",
     ),
+    # with a sliding-window group: a block that left the window and was allocated again in this step stays in the
+    # request's pending stores (vLLM #42761, fixed by #42959: the store copies another request's KV to the host tier
+    # under this request's key; a later load serves it)
+    "window_store_of_a_reused_block": (
+        "attended_kv_is_the_requests",
+        f"{SCHEDULER}._update_req_states",
+        "group_state.block_ids[j] = 0",
+        "pass",
+    ),
+    # the window group frees a block one token early: the last position of the window reads a block given back
+    "window_freed_a_token_early": (
+        "attended_kv_is_the_requests",
+        "vllm.v1.core.single_type_kv_cache_manager:SlidingWindowManager.get_num_skipped_tokens",
+        "num_computed_tokens - self.sliding_window + 1",
+        "num_computed_tokens - self.sliding_window + 2",
+    ),
     # a completed store publishes no event: a router never learns the host tier holds it
     "stored_event_lost": (
         "host_events_replay_to_the_tier",
@@ -108,6 +124,15 @@ def test_under_eagle_both_tiers_drop_the_volatile_last_block() -> None:
     connector queries one chunk past the hit and drops it (the drafter's KV of a chunk's last position needs the
     next token): the 12 cached tokens of the 13-token prompt are a hit of 8 on either tier."""
     assert load_after_eviction(Driven(engine(eagle=True))) == (0, 8, 8, 1)
+
+
+def test_with_a_window_group_the_hit_is_loaded_to_both_groups() -> None:
+    """A sliding-window group of 8 tokens beside the full-attention group: the connector's lookup finds the
+    prefix's chunks of both groups on the host, and the load fills the window's blocks (the KV of the window's last
+    7 positions is checked in the window group's row, the rest in the full group's)."""
+    loads = STATS.rules["vllm-offload-connector.job[load, the window group's blocks too]"]
+    assert load_after_eviction(Driven(engine(device_blocks=16, window=8))) == (0, 12, 12, 1)
+    assert STATS.rules["vllm-offload-connector.job[load, the window group's blocks too]"] == loads + 1
 
 
 def test_with_prefix_caching_off_every_hit_is_a_load() -> None:
