@@ -372,23 +372,26 @@ class OffloadWorker:
         # 0.32.0's single-group specs have no group sizes
         sizes = list(getattr(gpu, "group_sizes", None) or [len(blocks)])
         starts = list(gpu.block_indices) or [0]
+        # each group's chunks: its blocks and the leading blocks skipped in its first chunk, whole chunks (a group
+        # without its block index is named below)
+        counts = [
+            -(-(size + int(first) % self.bpc) // self.bpc) if size else 0
+            for size, first in zip(sizes, starts, strict=False)
+        ]
+        if len(sizes) != len(starts) or (sum(sizes), sum(counts)) != (len(blocks), len(chunks)):
+            raise IntegrityError(
+                f"offload_jobs_are_whole: job {job} names {len(blocks)} device blocks and {len(chunks)} host chunks;"
+                f" its groups' sizes {sizes} from block indices {starts} cover {sum(sizes)} and {sum(counts)}"
+            )
         pairs: list[tuple[Hashable, Hashable]] = []
         at_block = at_chunk = 0
-        for size, first in zip(sizes, starts, strict=True):
-            if not size:
-                continue
+        for size, first, count in zip(sizes, starts, counts, strict=True):
             skip = int(first) % self.bpc
-            count = -(-(size + skip) // self.bpc)
             chunk_blocks = [(chunk, i) for chunk in chunks[at_chunk : at_chunk + count] for i in range(self.bpc)]
             pairs += zip(blocks[at_block : at_block + size], chunk_blocks[skip : skip + size], strict=True)
             at_block, at_chunk = at_block + size, at_chunk + count
         if any(sizes[1:]):
             STATS.rules[f"vllm-offload-connector.job[{kind}, the window group's blocks too]"] += 1
-        if (at_block, at_chunk) != (len(blocks), len(chunks)):
-            raise IntegrityError(
-                f"offload_jobs_are_whole: job {job} names {len(blocks)} device blocks and {len(chunks)} host chunks;"
-                f" its groups' sizes {sizes} cover {at_block} and {at_chunk}"
-            )
         op = ("job", job)
         if kind == "load":
             # a synchronous load's request runs in its step: the worker reports no finished_recving for it (0.32.0's

@@ -135,6 +135,31 @@ def test_with_a_window_group_the_hit_is_loaded_to_both_groups() -> None:
     assert STATS.rules["vllm-offload-connector.job[load, the window group's blocks too]"] == loads + 1
 
 
+def job(blocks: list[int], sizes: list[int], starts: list[int], chunks: list[int]) -> object:
+    from types import SimpleNamespace
+
+    device = SimpleNamespace(block_ids=blocks, group_sizes=sizes, block_indices=starts)
+    return SimpleNamespace(src_spec=device, dst_spec=SimpleNamespace(block_ids=chunks))
+
+
+def test_a_jobs_pairs_follow_its_groups_and_a_job_they_do_not_cover_is_named() -> None:
+    """A store of two groups (chunks of 2 blocks): the full group's 3 blocks from block 1 (its first chunk's first
+    block skipped), then the window group's 2 from block 4; a job whose sizes do not cover its blocks or chunks
+    fails ``offload_jobs_are_whole``."""
+    from radixspec.fuzz.targets.vllm_offload_connector import OffloadWorker
+
+    worker = OffloadWorker(2)
+    made = worker.transfer(0, job([11, 12, 13, 21, 22], [3, 2], [1, 4], [7, 8, 9]), "backup")
+    assert made.pairs == ((11, (7, 1)), (12, (8, 0)), (13, (8, 1)), (21, (9, 0)), (22, (9, 1)))
+    for bad in (
+        job([11, 12, 13], [2, 0], [0, 0], [7]),
+        job([11, 12], [2, 2], [0, 0], [7, 8]),
+        job([11, 12], [1, 1], [0], [7, 8]),
+    ):
+        with pytest.raises(IntegrityError, match="offload_jobs_are_whole: job 1"):
+            worker.transfer(1, bad, "backup")
+
+
 def test_with_prefix_caching_off_every_hit_is_a_load() -> None:
     machine = Driven(engine(caching=False))
     shared = list(range(1, 13))
