@@ -1,5 +1,6 @@
 """Target ``vllm-simple-offload``: vLLM 0.33.0's ``SimpleCPUOffloadConnector`` as its engine runs it. The device tier
-is vLLM's ``KVCacheManager`` of one full-attention group; the host tier is the connector's scheduler side,
+is vLLM's ``KVCacheManager`` of a full-attention group (a sliding-window group beside it in half the examples); the
+host tier is the connector's scheduler side,
 ``SimpleCPUOffloadScheduler``, which keeps its CPU blocks in a second ``BlockPool`` of vLLM's (its own coordinator,
 LRU, hashes and events) and pins the GPU blocks it copies with the GPU pool's own reference counts. Both are imported
 and driven together under the planner machine (``fuzz/planner_machine.py``), vLLM's scheduler replayed as for
@@ -8,7 +9,9 @@ that wait in ``WAITING_FOR_REMOTE_KVS``, ``request_finished_all_groups`` with th
 ``reset_prefix_cache(reset_connector=True)``).
 
 Its two modes are drawn: eager (each request's blocks stored once computed, and at its finish the blocks not yet
-stored) and lazy (the GPU free queue's next blocks stored before the allocator would evict them).
+stored) and lazy (the GPU free queue's next blocks stored before the allocator would evict them). With a window
+group the connector's CPU pool has the same two groups under vLLM's hybrid coordinator, and its eager stores skip
+the blocks that left the window.
 
 The machine plays the worker as ``SimpleCPUOffloadWorker`` does: a step's load event is launched before its forward
 (``start_load_kv``) and its store event after it (``wait_for_save``: the planner layer's next plan, or this one when
@@ -50,6 +53,7 @@ from .vllm import VERSION
 from .vllm_offload_connector import (
     MAX_MODEL_LEN,
     REQUIRES,
+    WINDOWS,
     ConnectorEngine,
     Request,
     VllmScheduler,
@@ -73,9 +77,20 @@ class Config(NamedTuple):
     budget: int
     # workers reporting each event (tensor parallel): with 2 the second reports a step after the first
     workers: int = 1
+    # a sliding-window group beside the full-attention one (its window in tokens): the CPU pool's coordinator is
+    # then vLLM's hybrid one too
+    window: int | None = None
 
 
-CHOICES: tuple[tuple[object, ...], ...] = (PAGE_SIZES, DEVICE_BLOCKS, HOST_RATIOS, (False, True), BUDGETS, WORKERS)
+CHOICES: tuple[tuple[object, ...], ...] = (
+    PAGE_SIZES,
+    DEVICE_BLOCKS,
+    HOST_RATIOS,
+    (False, True),
+    BUDGETS,
+    WORKERS,
+    WINDOWS,
+)
 
 
 def choose(draw: int) -> Config:
@@ -183,16 +198,20 @@ class VllmSimpleOffloadEngine(ConnectorEngine):
         p = config.page_size
         page_bytes = 2 * p * 4  # K and V of one head of size 1, float32
         blocks = config.device_blocks + 1
+        # the window group's layer shares the tensor (a block belongs to one group at a time), as vLLM's hybrid
+        # allocator lays them out
+        layers = ["layer.0"] if config.window is None else ["layer.0", "layer.1"]
         tensor = v.interface.KVCacheTensor(
-            size=blocks * page_bytes, layers=["layer.0"], layer_stride=blocks * page_bytes, block_stride=page_bytes
+            size=blocks * page_bytes, layers=layers, layer_stride=blocks * page_bytes, block_stride=page_bytes
         )
         # prefix caching on: the connector turns itself off without it
-        super().__init__(v, p, config.device_blocks, True, config.workers, tensors=[tensor])
+        super().__init__(v, p, config.device_blocks, True, config.workers, tensors=[tensor], window=config.window)
         self.host_blocks = max(2, int(config.device_blocks * config.host_ratio)) + 1  # block 0 is the null block
         self.config = (
             f"P={p}, device {config.device_blocks}, host {self.host_blocks - 1} blocks,"
             f" {'lazy' if config.lazy else 'eager'}, budget {config.budget}"
             f"{f', {config.workers} workers' if config.workers > 1 else ''}"
+            f"{f', window {config.window}' if config.window else ''}"
         )
         engine = types.SimpleNamespace(
             kv_events_config=types.SimpleNamespace(enable_kv_cache_events=True),
@@ -318,8 +337,9 @@ class VllmSimpleOffloadEngine(ConnectorEngine):
                 f" {dict(cpu_pins)}"
             )
         tables: Counter[int] = Counter()
-        for blocks in self.kvm.coordinator.single_type_managers[0].req_to_blocks.values():
-            tables.update(block.block_id for block in blocks if not block.is_null)
+        for group in self.kvm.coordinator.single_type_managers:
+            for blocks in group.req_to_blocks.values():
+                tables.update(block.block_id for block in blocks if not block.is_null)
         gpu = Counter({block.block_id: block.ref_cnt for block in self.kvm.block_pool.blocks[1:] if block.ref_cnt})
         if gpu != tables + gpu_pins:
             raise IntegrityError(

@@ -72,6 +72,13 @@ PLANTS = {
         "self._release_transfer_refs(transfer);"
         " self.cpu_block_pool.free_blocks([self.cpu_block_pool.blocks[b] for b in transfer.cpu_block_ids])",
     ),
+    # the window group frees a block one token early: the last position of the window reads a block given back
+    "window_freed_a_token_early": (
+        "attended_kv_is_the_requests",
+        "vllm.v1.core.single_type_kv_cache_manager:SlidingWindowManager.get_num_skipped_tokens",
+        "num_computed_tokens - self.sliding_window + 1",
+        "num_computed_tokens - self.sliding_window + 2",
+    ),
     # a completed store publishes no event: a router never learns the host tier holds it
     "stored_event_lost": (
         "host_events_replay_to_the_tier",
@@ -100,6 +107,24 @@ def Driven(target: object) -> DrivenPlanner:
 def test_a_prefix_evicted_from_the_device_is_loaded_from_the_host() -> None:
     # no hit, a device hit, then (the prefix evicted from the device) a hit loaded from the host
     assert load_after_eviction(Driven(engine())) == (0, 12, 12, 1)
+
+
+def test_with_a_window_group_the_hit_is_loaded_to_both_groups() -> None:
+    """A sliding-window group of 8 tokens beside the full-attention group (P = 4): the host hit of 12 tokens loads
+    the full group's 3 blocks and the window group's 2 that the window reaches (positions 5 to 11); the machine
+    checks the window's KV in that group's row."""
+    made = engine(device_blocks=16, window=8)
+    loads: list[int] = []
+    submit = made.worker.submit
+
+    def recorded(meta: object, forward: bool) -> object:
+        transfers, flush = submit(meta, forward)
+        loads.extend(len(t.pairs) for t in transfers if t.kind == "load")
+        return transfers, flush
+
+    made.worker.submit = recorded
+    assert load_after_eviction(Driven(made)) == (0, 12, 12, 1)
+    assert loads == [5]
 
 
 def test_in_lazy_mode_the_free_queues_blocks_are_stored_before_they_are_evicted() -> None:
