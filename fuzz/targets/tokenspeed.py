@@ -35,6 +35,10 @@ BUDGETS = (8, 16, 32, 128)
 BATCHES = (1, 2, 4, 8)
 RETRACTIONS = ("off", "on", "forced")
 GROUP = "full"
+# a sliding-window group beside the full one (its window in tokens, not a multiple of the page size needed), in half
+# the examples
+WINDOW_GROUP = "swa"
+WINDOWS = (None, None, 6, 24)
 # the assertion finding 20 fails (docs/findings.md)
 KNOWN_CRASH = "the tail's parent page has its KV event hash"
 
@@ -66,6 +70,9 @@ class Config(NamedTuple):
     mixed: bool = False
     # overlap scheduling (depth 1): the next plan made before the last forward's results are reported
     overlap: bool = False
+    # a sliding-window group (``AttnKind.SlidingWindow``, its window in tokens) beside the full one, drawing its pages
+    # from the same device pool: its row's pages that left the window are the null page
+    window: int | None = None
 
 
 # the values each field of Config is drawn from, in its order
@@ -79,6 +86,7 @@ CHOICES: tuple[tuple[object, ...], ...] = (
     RETRACTIONS,
     (False, True),
     (False, True),
+    WINDOWS,
 )
 
 
@@ -117,7 +125,9 @@ class TokenSpeedPlanner:
 
     def __init__(self, draw: int) -> None:
         ts = self.ts = import_tokenspeed()
-        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap = choose(draw)
+        chosen = choose(draw)
+        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap, _ = chosen
+        self.window = chosen.window
         device += 1  # page 0 is the null page
         self.retraction = retraction
         host = max(2, int(device * ratio))
@@ -135,6 +145,9 @@ class TokenSpeedPlanner:
         config.debug_force_retraction_interval = 3 if retraction == "forced" else 0
         config.enable_kv_cache_events = True
         config.cache_groups = [ts.CacheGroupConfig(GROUP, self.page_size, device, ts.AttnKind.Full)]
+        if self.window is not None:
+            window = ts.CacheGroupConfig(WINDOW_GROUP, self.page_size, device, ts.AttnKind.SlidingWindow, self.window)
+            config.cache_groups = [*config.cache_groups, window]
         if self.storage:
             config.enable_l3_storage = True
             high, low = ts.StoragePressure(8, 1 << 30, 10**7), ts.StoragePressure(2, 1 << 20, 10**6)
@@ -154,7 +167,7 @@ class TokenSpeedPlanner:
         self.config = (
             f"P={self.page_size}, device {device - 1}, host {host - 1}, storage {'on' if self.storage else 'off'},"
             f" budget {budget}, batch {batch}, retraction {retraction}{', mixed' if mixed else ''}"
-            f"{', overlap' if self.overlap else ''}"
+            f"{', overlap' if self.overlap else ''}{f', window {self.window}' if self.window else ''}"
         )
         self.now_us = 0
         # the plan's ops by our transfer, to report each done
@@ -215,17 +228,22 @@ class TokenSpeedPlanner:
             if not ids:
                 continue
             extends, rows = batch.num_extends(), batch.block_tables[GROUP]
+            # the window group's rows: pages that left the window are the null page (not compacted)
+            window_rows = batch.block_tables[WINDOW_GROUP] if self.window is not None else None
             inputs, at = list(batch.input_ids), 0
             for i, request in enumerate(ids):
                 count = batch.input_lengths[i]
+                windows = () if window_rows is None else ((tuple(window_rows[i]), cast(int, self.window)),)
                 if i < extends:
                     start = batch.extend_prefix_lens[i]
-                    passes.append(Pass(request, start, count, tuple(inputs[at : at + count]), tuple(rows[i]), True))
+                    chunk = tuple(inputs[at : at + count])
+                    passes.append(Pass(request, start, count, chunk, tuple(rows[i]), True, windows))
                     at += count
                 else:  # a decode step: its position is the request's last token's, which the machine knows
-                    passes.append(Pass(request, -1, count, None, tuple(rows[i]), False))
-        copies = tuple((int(src), int(dst)) for src, dst in plan.pages_to_copy.get(GROUP, ()))
-        zeros = tuple(int(page) for page in plan.pages_to_zero.get(GROUP, ()))
+                    passes.append(Pass(request, -1, count, None, tuple(rows[i]), False, windows))
+        # every group's copies and zeros: the groups share the device's page ids
+        copies = tuple((int(src), int(dst)) for group in plan.pages_to_copy.values() for src, dst in group)
+        zeros = tuple(int(page) for group in plan.pages_to_zero.values() for page in group)
         aborted = tuple(str(abort.request_id) for abort in plan.aborts)
         return Plan(transfers, copies, zeros, tuple(passes), aborted)
 

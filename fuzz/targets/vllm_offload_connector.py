@@ -874,6 +874,11 @@ class VllmOffloadEngine(ConnectorEngine):
         # finding 23: a reset the device refuses still empties the host tier, and no event says so; counted (tests
         # turn it off to see host_events_replay_to_the_tier fail)
         self.known_silent_host_reset = True
+        # finding 27: with a window group, a reset while a request runs re-offloads that request from its first chunk
+        # with the window's block ids the connector kept, some of them since given to the request's later positions
+        # (another position's KV stored, and a block named twice fails the job's completion); such a reset is
+        # counted and not taken (tests turn it off to see it fail)
+        self.known_window_reset = True
         # each group offloaded, as vLLM's build_offloading_config makes them: a window group keeps as many chunks
         # per request as its window spans (0.32.0's scheduler computes that itself)
         windowed = "sliding_window_size_in_chunks" in {
@@ -939,6 +944,10 @@ class VllmOffloadEngine(ConnectorEngine):
         before the engine's next step fails the connector's assertion when the first flushed jobs in flight (finding
         22): the engine hands the error to the caller, the device's cache cleared, the connector's state unchanged;
         counted, and no clear reported (nothing more was cleared)."""
+        if self.known_window_reset and self.stale_window_blocks():
+            STATS.rules["planner.known: a reset re-offloads a running request's stale window blocks (finding 27)"] += 1
+            self.host_cleared = False
+            return False
         cleared: bool = self.kvm.reset_prefix_cache()
         if not cleared and self.host_published and self.known_silent_host_reset:
             # finding 23: the device refused (a block in use), so no AllBlocksCleared; the connector's reset below
@@ -953,6 +962,19 @@ class VllmOffloadEngine(ConnectorEngine):
         self.offloading.reset_cache()
         self.host_cleared = True
         return cleared
+
+    def stale_window_blocks(self) -> bool:
+        """Whether a running request's window group, as the connector keeps its block ids, names a block its row no
+        longer holds (it left the window: the null block there now)."""
+        if self.window is None:
+            return False
+        for request_id, status in self.offloading._req_status.items():
+            if request_id not in self.kvm.coordinator.single_type_managers[1].req_to_blocks:
+                continue
+            row = self.kvm.get_block_ids(request_id)[1]
+            if any(kept and not now for kept, now in zip(status.group_states[1].block_ids, row, strict=False)):
+                return True
+        return False
 
     def submit_jobs(self, meta: object, forward: bool) -> tuple[tuple[Transfer, ...], tuple[Hashable, ...]]:
         return self.worker.submit(cast(ConnectorMeta, meta), forward)
@@ -1035,6 +1057,8 @@ PROFILE = Profile(
         " late as their report; both tiers' events replayed",
         "a second reset before a step fails the connector's assertion (finding 22, a bug), and a reset the device"
         " refuses empties the host tier with no event (finding 23, a bug): both counted",
+        "with a window group, a reset while a request runs re-offloads its stale window blocks (finding 27, a bug):"
+        " counted, and such a reset not taken",
     ),
 )
 

@@ -744,6 +744,142 @@ def test_vllm_offloading_connector_a_second_reset_before_a_step_fails_an_asserti
     assert seen == {"store_jobs": [0], "first_reset": "ok", "second_reset": "AssertionError at reset_cache"}
 
 
+# Finding 27, standalone: vLLM's own modules only (the KV cache manager of a full-attention and a sliding-window group,
+# the offloading connector's scheduler, the CPU manager). A request prefilled in chunks, each step's store reported
+# done (the window's blocks that left the window freed and allocated again to its later positions); then a reset
+# while it runs, and its next chunk.
+VLLM_WINDOW_RESET = """import json, types
+from radixspec.fuzz.targets.vllm_offload_connector import import_connector
+
+v = import_connector()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+from vllm.utils.hashing import sha256
+
+P, W, BLOCKS = 4, 8, 16  # 15 usable GPU blocks: A's 10 full-attention blocks and its window's few
+shape = dict(block_size=P, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+groups = [v.interface.KVCacheGroupSpec(["full"], v.interface.FullAttentionSpec(**shape)),
+          v.interface.KVCacheGroupSpec(["swa"], v.interface.SlidingWindowSpec(**shape, sliding_window=W))]
+kv_config = v.interface.KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
+kvm = v.manager.KVCacheManager(kv_config, max_model_len=4096, scheduler_block_size=P, hash_block_size=P,
+                               enable_kv_cache_events=True)
+v.utils.init_none_hash(sha256)
+cpu = v.cpu.CPUOffloadingManager(num_chunks=64, cache_policy="lru", enable_events=True)
+
+
+class Spec(v.base.OffloadingSpec):  # the CPU manager, as CPUOffloadingSpec.get_manager builds it
+    def get_manager(self):
+        return cpu
+
+    def get_worker(self, kv_caches):
+        raise NotImplementedError
+
+
+window_chunks = v.offload_config.get_sliding_window_size_in_chunks(groups[1].kv_cache_spec, P)
+offloading = v.config.OffloadingConfig(
+    groups=(v.config.OffloadingGroupConfig(tokens_per_block=P, layer_names=("full",), group_id=0),
+            v.config.OffloadingGroupConfig(tokens_per_block=P, layer_names=("swa",), group_id=1,
+                                           sliding_window_size_in_chunks=window_chunks)),
+    worker_kv_bytes_per_block=1, enable_kv_cache_events=True, extra_config={}, engine_id="e",
+    model=v.config.OffloadingModelConfig(name="m", dtype="float32"),
+    cache=v.config.OffloadingCacheConfig(tokens_per_hash=P, blocks_per_chunk=1),
+    parallel=v.config.OffloadingParallelConfig(0, 1, 1, 1, 1, 1, 0, 1, 0, False))
+engine = types.SimpleNamespace(
+    cache_config=types.SimpleNamespace(prefix_cache_retention_interval=None, enable_prefix_caching=True),
+    speculative_config=None, parallel_config=types.SimpleNamespace(world_size=1, decode_context_parallel_size=1))
+connector = v.scheduler.OffloadingConnectorScheduler(Spec(offloading), engine, kv_config)
+
+# one request of 40 tokens, prefilled 8 tokens a step (chunked prefill): its window's blocks freed as it goes
+N, CHUNK = 40, 8
+request = types.SimpleNamespace(
+    request_id="A", all_token_ids=list(range(1, N + 1)), num_prompt_tokens=N, num_tokens=N, num_computed_tokens=0,
+    block_hashes=[], mm_features=[], lora_request=None, cache_salt=None, prompt_embeds=None, session_id=None,
+    kv_transfer_params=None, kv_hints=None, skip_reading_prefix_cache=False, shared_prefix_boundary=0,
+    sampling_params=None, num_in_flight_tokens=0, num_output_placeholders=0, spec_token_ids=[],
+    status=v.status.WAITING, is_finished=lambda: False)
+request.block_hashes.extend(v.utils.get_request_block_hasher(P, sha256)(request))
+connector.on_new_request(request)
+_, local, _ = kvm.get_computed_blocks(request)
+connector.get_num_new_matched_tokens(request, local)
+seen = {"window_rows": [], "store_jobs": []}  # per step: A's window row, each store job's blocks
+
+
+def step(first):  # one engine step: A's next chunk scheduled, the connector's metadata built
+    new = kvm.allocate_slots(request, CHUNK)
+    if first:
+        connector.update_state_after_alloc(request, kvm.get_blocks("A"), 0)
+        request.status = v.status.RUNNING
+        new_reqs = [v.output.NewRequestData("A", request.all_token_ids, [], None, None, kvm.get_block_ids("A"), 0,
+                                            None)]
+        cached = v.output.CachedRequestData.make_empty()
+    else:
+        new_reqs = []
+        cached = v.output.CachedRequestData(
+            req_ids=["A"], resumed_req_ids=set(), new_token_ids=[[]], all_token_ids={},
+            new_block_ids=[new.get_block_ids(allow_none=True)], num_computed_tokens=[request.num_computed_tokens],
+            num_output_tokens=[0])
+    output = v.output.SchedulerOutput(
+        scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens={"A": CHUNK},
+        total_num_scheduled_tokens=CHUNK, scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+        finished_req_ids=set(), free_encoder_mm_hashes=[])
+    meta = connector.build_connector_meta(output)
+    request.num_computed_tokens += CHUNK  # _update_after_schedule
+    seen["window_rows"].append(list(kvm.get_block_ids("A")[1]))
+    for job, spec in meta.store_jobs.items():
+        seen["store_jobs"].append([int(b) for b in spec.src_spec.block_ids])
+    return meta
+
+
+def report(meta):  # the worker reports the step's store jobs done
+    done = v.common.OffloadingWorkerMetadata(completed_jobs={job: 1 for job in meta.store_jobs})
+    connector.update_connector_output(v.outputs.KVConnectorOutput(kv_connector_worker_meta=done))
+
+
+report(step(True))
+for _ in range(3):
+    report(step(False))
+# Scheduler.reset_prefix_cache(reset_connector=True) while A runs: the GPU pool refuses, the connector resets
+seen["device_reset"] = kvm.reset_prefix_cache()
+connector.reset_cache()
+meta = step(False)  # A's last chunk
+(job, spec), = meta.store_jobs.items()
+full_size = spec.src_spec.group_sizes[0]
+seen["window_row_now"] = list(kvm.get_block_ids("A")[1])
+seen["job_window_blocks"] = [int(b) for b in spec.src_spec.block_ids[full_size:]]
+try:
+    report(meta)
+    seen["report"] = "ok"
+except KeyError as error:
+    tb = error.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    seen["report"] = f"KeyError {error} in {tb.tb_frame.f_code.co_name}"
+print(json.dumps(seen))
+"""
+
+
+@needs_vllm
+def test_vllm_offloading_connector_a_reset_re_offloads_a_window_groups_stale_blocks() -> None:
+    """Finding 27 (the ``vllm-offload-connector`` campaign with a sliding-window group, seed 104):
+    ``reset_cache`` sets every running request's ``next_stored_chunk_idx`` back to 0, but the connector's own list of
+    the window group's block ids still names the blocks that left the window, which the allocator has since given to
+    the request's later positions (#42959 zeroes such stale ids only past the stored chunks). The next store job
+    copies them under the early chunks' keys (another position's KV) and, with one block listed twice, its
+    completion raises ``KeyError`` in ``_remove_pending_job``."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_WINDOW_RESET], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["device_reset"] is False
+    now, stored = seen["window_row_now"], seen["job_window_blocks"]
+    # the window's positions 0 to 5 left it (null); the job stores blocks that are not in the row at their position
+    assert now[:6] == [0] * 6
+    assert [block for block in stored if block not in now] != []
+    assert len(set(stored)) < len(stored)  # one block named twice
+    assert seen["report"].startswith("KeyError") and seen["report"].endswith("in _remove_pending_job")
+
+
 # Finding 24, standalone: vLLM's own modules only (the KV cache manager and SimpleCPUOffloadScheduler). A request's
 # blocks stored to the CPU and published on both tiers; a reset while another request runs.
 VLLM_SIMPLE_RESET_CLEARS_EVERY_TIER = """import json, types

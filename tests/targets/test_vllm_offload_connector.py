@@ -73,14 +73,14 @@ PLANTS = {
         "self._current_batch_jobs_to_flush.update(self._jobs.keys())",
         "pass",
     ),
-    # with a sliding-window group: a block that left the window and was allocated again in this step stays in the
-    # request's pending stores (vLLM #42761, fixed by #42959: the store copies another request's KV to the host tier
-    # under this request's key; a later load serves it)
-    "window_store_of_a_reused_block": (
+    # with a sliding-window group: a hit's load into the window group starts one block late (a load completion
+    # applied to the wrong blocks: the window's first block keeps what it held)
+    "window_load_starts_a_block_late": (
         "attended_kv_is_the_requests",
-        f"{SCHEDULER}._update_req_states",
-        "group_state.block_ids[j] = 0",
-        "pass",
+        f"{SCHEDULER}.update_state_after_alloc",
+        "load_start_gpu_block_idx = i\n",
+        "load_start_gpu_block_idx = i + (group_config.sliding_window_size_in_chunks is not None and i + 1 <"
+        " num_gpu_blocks)\n",
     ),
     # the window group frees a block one token early: the last position of the window reads a block given back
     "window_freed_a_token_early": (
@@ -237,6 +237,41 @@ def test_each_law_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
     assert_clean(TARGET, tmp_path, examples=600)
+
+
+def test_finding_27_a_reset_under_a_window_group_is_counted_where_the_profile_names_it() -> None:
+    """A campaign's program (seed 104, shrunk): nine requests under a window group of 8 tokens (P = 1, two workers,
+    sync loads), four steps, then a reset while they run. It re-offloads the running requests from their first chunk
+    with window blocks since given to their later positions, and the store's completion raises ``KeyError`` (finding
+    27, docs/findings.md). The target counts it and does not take the reset; with the finding not named, it is
+    raised."""
+    from radixspec.fuzz.regression import build_machine
+    from radixspec.fuzz.targets.vllm_offload_connector import Config, draw_for
+
+    config = Config(1, 24, 4, 1, "arc", 2, 128, True, False, 65536, 2, False, 8)
+    key = "planner.known: a reset re-offloads a running request's stale window blocks (finding 27)"
+    prompts = [(0, 0.5, [], 1), (0, 0.5, [1] * 9, 3), (0, 0.5, [], 1), (0, 0.25, [], 1), *[(0, 0.25, [], 2)] * 3]
+    for known in (True, False):
+        machine = build_machine("planner", targets=(TARGET,), lru=None, device="cpu")()
+        machine.configure(draw=draw_for(config))
+        machine.target.known_window_reset = known
+        for prompt in (*prompts, (5, 1.0, [4, 5, 4, 4, 2, 1, 4, 3], 4), (7, 1.0, [], 4)):
+            machine.submit(prompt=prompt)
+        for late, plans, report in (
+            (False, 1, "all, reversed"),
+            (True, 1, "none"),
+            (False, 2, "none"),
+            (False, 4, "none"),
+        ):
+            machine.step(late=late, plans=plans, report=report)
+        counted = STATS.rules[key]
+        machine.reset_busy(now=0)
+        if known:
+            assert STATS.rules[key] == counted + 1
+            machine.teardown()
+        else:
+            with pytest.raises(KeyError):
+                machine.teardown()
 
 
 def test_finding_22_a_second_reset_before_a_step_is_counted_where_the_profile_names_it() -> None:
