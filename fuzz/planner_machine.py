@@ -110,9 +110,9 @@ class Published(dict[Hashable, "tuple[int, ...] | None"]):
         super().__init__()
         self.copies: Counter[Hashable] = Counter()
 
-    def replay(self, events: list[BlockEvent], orphans: bool, duplicates: bool) -> None:
+    def replay(self, events: list[BlockEvent], orphans: str | None, duplicates: bool) -> None:
         """Apply ``events``; ``events_replay_to_the_cache`` fails on a block stored twice (unless ``duplicates``),
-        removed unpublished, or stored under a parent not published (unless ``orphans``: finding 19, counted)."""
+        removed unpublished, or stored under a parent not published (unless ``orphans`` names the finding: counted)."""
         for event in events:
             STATS.events_replayed += 1
             if event.kind == "cleared":
@@ -136,16 +136,16 @@ class Published(dict[Hashable, "tuple[int, ...] | None"]):
                     continue
                 self[event.hash] = tokens
 
-    def parent_of(self, block: Hashable, parent: Hashable | None, orphans: bool) -> tuple[int, ...] | None:
+    def parent_of(self, block: Hashable, parent: Hashable | None, orphans: str | None) -> tuple[int, ...] | None:
         """The tokens of a stored block's parent (None: unknown). Its parent must be published, unless the
-        planner's profile says its events may store a block under a parent they never stored or removed (finding
-        19): such a block, and every block below it, stands for tokens the events do not say."""
+        planner's profile says its events may store a block under a parent they never stored or removed (``orphans``,
+        the finding that is): such a block, and every block below it, stands for tokens the events do not say."""
         if parent is None:
             return ()
         if parent in self:
             return self[parent]
         if orphans:
-            STATS.rules["planner.known: a block stored under a parent not published (finding 19)"] += 1
+            STATS.rules[f"planner.known: a block stored under a parent not published ({orphans})"] += 1
             return None
         raise IntegrityError(f"events_replay_to_the_cache: block {block} stored under {parent}, not published")
 

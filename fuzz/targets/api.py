@@ -629,9 +629,9 @@ class PlannerTarget(Protocol):
     # overlap scheduling: it plans the next forward before the last one's sampled tokens are reported, which the
     # machine then reports a forward late
     overlap: bool
-    # its KV events may store a block under a parent they never stored or removed before (a known finding, counted
-    # in the summary); False: such a block fails events_replay_to_the_cache
-    orphans: bool
+    # its KV events may store a block under a parent they never stored or removed before: the known finding that
+    # stands for ("finding 19"), counted in the summary; None: such a block fails events_replay_to_the_cache
+    orphans: str | None
     # its device caches what it computes and loads, so every full page of a hit is a block its events published;
     # False: it caches nothing on the device (vLLM with prefix caching off), its hits come from another tier
     publishes_hits: bool

@@ -584,7 +584,7 @@ class ConnectorEngine:
     (``replay_host``, ``host_held``) and its reset."""
 
     overlap = False
-    orphans = False
+    orphans: str | None = None
     # two requests computing one prefix at once both cache it, each in its own block, and both are published
     duplicates = True
     # reset_prefix_cache(reset_connector=True) resets the connector even while requests run

@@ -1110,6 +1110,96 @@ print(json.dumps(seen))
 """
 
 
+# Finding 28, standalone: TokenSpeed's scheduler only. A full-attention group and, with a window given (argv[1], in
+# tokens; 0: none), a sliding-window group. One request of 13 tokens prefilled in one pass, finished; its events;
+# then a request with the same 13 tokens and its hit.
+TOKENSPEED_WINDOW_UNPUBLISHED = """import json, os, sys
+os.environ.setdefault("SPDLOG_LEVEL", "warn")
+import tokenspeed_scheduler as ts
+
+P, W = 4, int(sys.argv[1]) if len(sys.argv) > 1 else 6
+DEVICE = 25
+config = ts.SchedulerConfig()
+config.prefix_granularity = P
+config.max_scheduled_tokens = 16
+config.max_batch_size = 8
+config.num_device_pages = DEVICE
+config.num_host_pages = DEVICE
+config.enable_kv_cache_events = True
+config.num_snapshot_pages = 1  # no retraction
+config.cache_groups = [ts.CacheGroupConfig("full", P, DEVICE, ts.AttnKind.Full)]
+if W:
+    config.cache_groups = [*config.cache_groups, ts.CacheGroupConfig("swa", P, DEVICE, ts.AttnKind.SlidingWindow, W)]
+scheduler = ts.Scheduler(config)
+
+
+def advance(event):
+    scheduler.advance(ts.ExecutionEvent().add_event(event))
+
+
+def drain():  # the KV events: kind, hashes, whether a parent is named, tokens
+    for event in scheduler.drain_kv_events():
+        seen["events"].append([event.kind, len(event.block_hashes), event.parent_block_hash is not None,
+                               list(event.token_ids)])
+
+
+spec = ts.RequestSpec()
+spec.request_id, spec.tokens, spec.max_new_tokens = "A", list(range(1, 14)), 1  # 13 tokens: 3 full pages cached
+scheduler.submit_requests([spec])
+seen = {"passes": [], "events": []}
+plan = scheduler.next_execution_plan()  # A's prefill, 13 tokens in one pass
+if True:
+    for batch in plan.forward:
+        for i, rid in enumerate(batch.request_ids):
+            rows = {g: list(table[i]) for g, table in batch.block_tables.items()}
+            seen["passes"].append([rid, batch.extend_prefix_lens[i], batch.input_lengths[i], rows])
+            result = ts.ForwardEvent.ExtendResult()
+            result.request_id, result.tokens = rid, [100]
+            advance(result)
+    drain()
+finish = ts.ForwardEvent.Finish()
+finish.request_id = "A"
+advance(finish)
+drain()
+# B shares A's 13 tokens: its hit
+spec = ts.RequestSpec()
+spec.request_id, spec.tokens, spec.max_new_tokens = "B", list(range(1, 14)) + [50], 1
+scheduler.submit_requests([spec])
+plan = scheduler.next_execution_plan()
+for batch in plan.forward:
+    for i, rid in enumerate(batch.request_ids):
+        if rid == "B":
+            seen["B_hit"] = batch.extend_prefix_lens[i]
+            seen["B_rows"] = {g: list(rows[i]) for g, rows in batch.block_tables.items()}
+print(json.dumps(seen))
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_with_a_window_group_a_page_that_left_the_window_is_served_and_never_published() -> None:
+    """Finding 28 (the ``tokenspeed`` target with a window group, seed 5, in seconds): a page that leaves the window
+    in the pass that computes it (pages of 4, a window of 6, a 13-token prefill) is never published, though the full
+    group caches it and serves it: the request after hits all 13 tokens. The next page is published with that page's
+    hash as its parent. Without the window group the first page is published, with no parent."""
+    import json
+    import subprocess
+    import sys
+
+    seen = {}
+    for window in ("6", "0"):
+        run = subprocess.run(
+            [sys.executable, "-c", TOKENSPEED_WINDOW_UNPUBLISHED, window], capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        seen[window] = json.loads(run.stdout.strip().splitlines()[-1])
+    stored = [(parent, tokens) for kind, _, parent, tokens in seen["6"]["events"] if kind == "BlockStored"]
+    assert stored[0] == (True, [5, 6, 7, 8])  # the first page published is the second, under a parent never stored
+    assert all(tokens != [1, 2, 3, 4] for _, tokens in stored)
+    assert seen["6"]["B_hit"] == 13 and seen["6"]["B_rows"]["full"][0] == seen["6"]["passes"][0][3]["full"][0]
+    stored = [(parent, tokens) for kind, _, parent, tokens in seen["0"]["events"] if kind == "BlockStored"]
+    assert stored[0] == (False, [1, 2, 3, 4]) and seen["0"]["B_hit"] == 13
+
+
 @needs_tokenspeed
 def test_tokenspeed_a_restored_request_stores_its_next_block_under_a_parent_the_events_removed() -> None:
     """Finding 19 (the ``tokenspeed`` target's planner machine, ``events_replay_to_the_cache``, within seconds of a
