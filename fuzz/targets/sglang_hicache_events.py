@@ -115,8 +115,9 @@ class HostEvents:
         nodes past the device match, and a node whose window is on the host only but whose full KV is on the device
         only stops the device match while adding nothing: ``finalize_match_result_in_tree_core``). Returns the
         tokens passed over, which the load brings back beside the host hit."""
-        device = set(m.cached_pages()) if m.swa is not None or m.mamba is not None else set()
-        host = set(self.host_held.values())  # the device's events replayed first: the host's taken from them
+        cached = m.cached_pages()  # the device's events replayed first: the host's taken from them
+        device = set(cached) if m.swa is not None or m.mamba is not None else set()
+        host = set(self.host_held.values())
         keys = page_keys(req, m.page_size, m.eagle)
         end, counted, passed = hit, 0, 0
         while counted < host_hit:
