@@ -129,9 +129,9 @@ class TokenSpeedPlanner:
         self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap, _ = chosen
         self.window = chosen.window
         if self.window is not None:
-            # with a window group and retraction, TokenSpeed 0.1.42 aborts the process ("cache mutation on a KV event
-            # boundary with no token descriptor", scheduler.cpp:323, on a request's finish; docs/findings.md, open):
-            # an abort ends a campaign's worker, so retraction stays off under a window group
+            # finding 29: with a window group and retraction, TokenSpeed 0.1.42 aborts the process at a restored
+            # request's finish ("cache mutation on a KV event boundary with no token descriptor", scheduler.cpp:323).
+            # An abort ends a campaign's worker, which no profile can count: retraction stays off under a window group
             retraction = "off"
         device += 1  # page 0 is the null page
         self.retraction = retraction

@@ -1200,6 +1200,101 @@ def test_tokenspeed_with_a_window_group_a_page_that_left_the_window_is_served_an
     assert stored[0] == (False, [1, 2, 3, 4]) and seen["0"]["B_hit"] == 13
 
 
+TOKENSPEED_RETRACTED_WINDOW_ABORT = """import sys
+import tokenspeed_scheduler as ts
+
+WINDOW = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+config = ts.SchedulerConfig()
+config.prefix_granularity = 1
+config.max_scheduled_tokens = 32
+config.max_batch_size = 4
+config.num_device_pages = 25  # 24 pages and the null page
+config.num_host_pages = 12
+config.overlap_schedule_depth = 1
+config.num_snapshot_pages = 25  # retraction on, forced every third plan
+config.max_retracted_requests = 2
+config.debug_force_retraction_interval = 3
+config.enable_kv_cache_events = True
+config.cache_groups = [ts.CacheGroupConfig("full", 1, 25, ts.AttnKind.Full),
+                       ts.CacheGroupConfig("swa", 1, 25, ts.AttnKind.SlidingWindow, WINDOW)]
+config.enable_l3_storage = True
+config.storage_config = ts.StorageConfig(4, 16, 6, 64, 64, 1, 10**6, 10**6, ts.StoragePressure(8, 1 << 30, 10**7),
+                                         ts.StoragePressure(2, 1 << 20, 10**6))
+s = ts.Scheduler(config)
+# the calls of one executor (a storage completion: its op id and keys, negative when every key failed)
+CALLS = [
+    ('plan',), ('plan',), ('submit', 'r2', [6, 4, 6, 3, 5], 1), ('plan',), ('done', 'query', 1, -8), ('plan',),
+    ('plan',), ('result', 'r2', [106]), ('finish', 'r2'), ('done', 'backup', 0), ('plan',), ('result', 'r2', []),
+    ('done', 'put', 2, 3), ('plan',), ('done', 'put', 3, 3), ('plan',), ('done', 'put', 4, 3), ('plan',), ('plan',),
+    ('plan',), ('done', 'put', 5, -1), ('plan',), ('plan',), ('plan',), ('plan',), ('plan',),
+    ('submit', 'r3', [5, 5, 4], 1), ('submit', 'r4', [5, 5, 1, 1], 2), ('submit', 'r5', [2, 1, 1], 3), ('plan',),
+    ('submit', 'r6', [7, 7], 3), ('done', 'query', 7, -6), ('submit', 'r7', [6, 2, 4], 4),
+    ('done', 'query', 6, -4), ('plan',), ('plan',), ('result', 'r3', [102]), ('finish', 'r3'),
+    ('result', 'r4', [103]), ('plan',), ('result', 'r3', []), ('result', 'r4', [105]), ('finish', 'r4'),
+    ('submit', 'r8', [3, 1, 2], 1), ('plan',), ('result', 'r4', []), ('plan',), ('plan',), ('plan',), ('plan',),
+    ('done', 'query', 8, -4), ('done', 'backup', 2), ('submit', 'r10', [5, 5, 1, 4, 1, 5], 1),
+    ('done', 'query', 11, -4), ('done', 'query', 10, -2), ('submit', 'r11', [2, 7], 3), ('done', 'query', 9, -2),
+    ('submit', 'r12', [7, 7], 4), ('plan',), ('done', 'backup', 1), ('plan',), ('result', 'r5', [104]), ('plan',),
+    ('result', 'r6', [101]), ('done', 'backup', 3), ('plan',), ('result', 'r5', [102]), ('result', 'r6', [102]),
+    ('plan',), ('result', 'r11', [102]), ('plan',), ('result', 'r8', [105]), ('finish', 'r8'), ('plan',),
+    ('result', 'r8', []), ('result', 'r11', [102]), ('plan',), ('result', 'r7', [106]), ('plan',),
+    ('result', 'r7', [105]), ('result', 'r11', [102]), ('finish', 'r11'), ('done', 'snapshot', 7),
+    ('done', 'backup', 6), ('done', 'snapshot', 5), ('done', 'backup', 4), ('plan',), ('done', 'restore', 8),
+    ('plan',), ('done', 'restore', 11), ('drain',), ('plan',), ('result', 'r6', [106]), ('finish', 'r6'),
+]
+def advance(event):
+    s.advance(ts.ExecutionEvent().add_event(event))
+now = 0
+for i, (call, *args) in enumerate(CALLS):
+    print(i, call, *args, flush=True)
+    if call == "plan":  # a storage clock tick, then the plan (the executor reads op ids from it)
+        now += 1000
+        advance(ts.Cache.StorageTick(now, True, True, ts.StoragePressure(0, 0, 0)))
+        s.next_execution_plan()
+    elif call == "submit":
+        r = ts.RequestSpec(); r.request_id, r.tokens, r.max_new_tokens = args; s.submit_requests([r])
+    elif call in ("result", "finish"):
+        e = ts.ForwardEvent.ExtendResult() if call == "result" else ts.ForwardEvent.Finish()
+        e.request_id = args[0]
+        if call == "result":
+            e.tokens = args[1]
+        advance(e)
+    elif call == "drain":
+        s.drain_kv_events()
+    else:  # "done": a transfer the plan asked for is complete
+        kind, op = args[:2]
+        if kind == "backup":
+            e = ts.Cache.WriteBackDoneEvent(); e.op_id = op
+        elif kind in ("snapshot", "restore"):
+            e = ts.Cache.SnapshotDoneEvent() if kind == "snapshot" else ts.Cache.RestoreDoneEvent(); e.op_id = op
+        else:
+            e = ts.Cache.StorageDone(op, [int(args[2] > 0)] * abs(args[2]), True, [0] * abs(args[2]))
+        advance(e)
+print("no abort")
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_with_a_window_group_a_restored_requests_finish_aborts_the_process() -> None:
+    """Finding 29 (the ``tokenspeed`` target with a window group and retraction forced, seed 106, within 600
+    examples): 94 calls of one executor, shrunk from the campaign's 189 by delta debugging. Request r6 is retracted
+    and restored while decoding. A ``drain_kv_events`` comes after the restore, and then r6's ``Finish`` ends the
+    process in ``markKvEventBoundaryForReconcile``'s ``FatalCheck``. A window of 100, longer than every request,
+    aborts the same way, so a page sliding out of the window is not needed. Each of the 94 calls is needed: without
+    any one of them the trace runs on, or is refused with an error."""
+    import subprocess
+    import sys
+
+    for window in ("6", "100"):
+        run = subprocess.run(
+            [sys.executable, "-c", TOKENSPEED_RETRACTED_WINDOW_ABORT, window], capture_output=True, text=True
+        )
+        assert run.returncode == -6, (run.returncode, run.stderr[-3000:])  # SIGABRT
+        assert "cache mutation on a KV event boundary with no token descriptor" in run.stdout + run.stderr
+        calls = [line for line in run.stdout.splitlines() if line[:1].isdigit()]  # beside the wheel's own log
+        assert calls[-1] == "93 finish r6", run.stdout[-500:]
+
+
 @needs_tokenspeed
 def test_tokenspeed_a_restored_request_stores_its_next_block_under_a_parent_the_events_removed() -> None:
     """Finding 19 (the ``tokenspeed`` target's planner machine, ``events_replay_to_the_cache``, within seconds of a
