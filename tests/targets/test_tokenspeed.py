@@ -403,3 +403,14 @@ T.plan, T.check_integrity = plan, check_integrity
 def test_a_clean_campaign(tmp_path: Path) -> None:
     done = run(CAMPAIGN.format(plant="", out=str(tmp_path), examples=400))
     assert "exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_under_a_window_group_retraction_is_never_drawn() -> None:
+    """Finding 29: with a window group and retraction, TokenSpeed aborts the process at a restored request's finish,
+    which ends a campaign's worker (no profile can count it). A draw of both gets a scheduler without retraction;
+    without the window the same draw retracts."""
+    for retraction in ("on", "forced"):
+        drawn = TokenSpeedPlanner(draw_for(Config(1, 24, 0.5, True, 32, 4, retraction, False, True, 6)))
+        assert (drawn.window, drawn.retraction) == (6, "off") and "retraction off" in drawn.config
+        plain = TokenSpeedPlanner(draw_for(Config(1, 24, 0.5, True, 32, 4, retraction, False, True, None)))
+        assert (plain.window, plain.retraction) == (None, retraction) and f"retraction {retraction}" in plain.config
