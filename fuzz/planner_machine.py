@@ -57,6 +57,9 @@ from .targets.api import (
 CLEARED = "cleared by a reset"
 NEVER = None
 Slot = int | tuple[str, object] | None
+# a recurrent state slot holds, in its first place, the identity of the last position the state took in (the
+# identities chain the whole prefix); the initial state, before any position, is the chain's seed
+INITIAL_STATE = 0
 # live requests at most, and past sequences kept for prompts that share them
 MAX_LIVE = 12
 MAX_PAST = 16
@@ -91,7 +94,7 @@ class Request:
     started: bool = False
 
     def __post_init__(self) -> None:
-        previous = 0
+        previous = INITIAL_STATE
         for token in self.tokens:
             previous = identity(previous, token)
             self.ids.append(previous)
@@ -206,6 +209,48 @@ def misread(
         f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at"
         f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page}"
         f"{'' if row[1] is None else f' of its window {row[1]} row'}, which holds {what}"
+    )
+
+
+def claim(writes: dict[tuple[int, int], tuple[str, int]], slot: tuple[int, int], name: str, j: int, what: str) -> None:
+    """``passes_write_distinct_slots``: a forward writes each slot once, and never the null page's; ``j``: the
+    position whose identity the slot takes."""
+    if slot in writes or slot[0] == 0:
+        other = writes.get(slot, ("the null page", 0))[0]
+        raise IntegrityError(
+            f"passes_write_distinct_slots: {name} writes {what}, which {other} writes in the same forward"
+        )
+    writes[slot] = (name, j)
+
+
+def check_state(requests: dict[str, Request], request: Request, one: Pass, start: int, slot: int, held: Slot) -> None:
+    """A pass's recurrent state, read from ``slot``, is the one after its first ``start`` positions."""
+    if one.extend and start and not request.started:
+        STATS.rules["planner.state[a hit's cached state read]"] += 1
+    if held != (request.ids[start - 1] if start else INITIAL_STATE):
+        raise IntegrityError(misread_state(requests, request, one, start, slot, held))
+
+
+def misread_state(requests: dict[str, Request], request: Request, one: Pass, start: int, slot: int, held: Slot) -> str:
+    """The failure of a pass whose recurrent state, read from ``slot``, is not the one after its first ``start``
+    positions: its law, what it read."""
+    law = "attended_kv_is_the_requests"
+    if held is NEVER:
+        what = "no state ever written"
+    elif isinstance(held, tuple):
+        kept = held[1] == (request.ids[start - 1] if start else INITIAL_STATE)
+        what = "its state from before a reset" if kept else "another prefix's state from before a reset"
+        law = "reset_leaves_no_tier_serving" if kept else law
+    elif held == INITIAL_STATE:
+        what = "the initial state"
+    elif held in request.ids:
+        what = f"its own state after {request.ids.index(held) + 1} positions"
+    else:
+        owners = [r.name for r in requests.values() if held in r.ids]
+        what = f"another prefix's state{f' (of {owners[0]})' if owners else ''}"
+    return (
+        f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at {start}) reads the state after"
+        f" {start} positions from state slot {slot}, which holds {what}"
     )
 
 
@@ -425,6 +470,8 @@ class PlannerMachine(RuleBasedStateMachine):
             device[destination] = slots
         for page in plan.zeros:
             device[page] = [NEVER] * self.page_size
+        for slot in plan.fresh:
+            device[slot] = [INITIAL_STATE] + [NEVER] * (self.page_size - 1)
         for transfer in landing:
             self.move(transfer, None)
         earlier, self.results = self.results, []
@@ -487,14 +534,15 @@ class PlannerMachine(RuleBasedStateMachine):
             for pages, _ in one.rows():
                 for j in range(start, start + one.count):
                     slot = (pages[j // p], j % p)
-                    if slot in writes or slot[0] == 0:
-                        other = writes.get(slot, ("the null page", 0))[0]
-                        raise IntegrityError(
-                            f"passes_write_distinct_slots: {one.request} writes position {j} to page {slot[0]} slot"
-                            f" {slot[1]}, which {other} writes in the same forward"
-                        )
-                    writes[slot] = (one.request, j)
+                    claim(writes, slot, one.request, j, f"position {j} to page {slot[0]} slot {slot[1]}")
+            if one.state is not None:  # the state after the pass: the identity of its last position, in place 0
+                last = start + one.count - 1
+                claim(writes, (one.state[1], 0), one.request, last, f"its state to slot {one.state[1]}")
             spans.append((one, request, start))
+        for one, request, start in spans:  # a state is read before the forward writes any (in place: its slot)
+            if one.state is not None:
+                read = one.state[0] or one.state[1]
+                check_state(self.requests, request, one, start, read, self.page(device, read)[0])
         for (page, offset), (name, j) in writes.items():
             self.page(device, page)[offset] = self.requests[name].ids[j]
         for one, request, start in spans:

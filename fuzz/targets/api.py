@@ -567,7 +567,9 @@ class Pass:
     in ``pages[j // page_size]``). ``extend``: a prefill chunk (else a decode step). ``windows``: the rows of its
     sliding-window groups, each with its window ``W`` (layers whose query at position q attends ``(q - W, q]``):
     every position it computes is written to each row too, and the positions before it read from a row are only
-    the last ``W - 1`` (the rest of such a row may be the null page)."""
+    the last ``W - 1`` (the rest of such a row may be the null page). ``state``: the slots of its recurrent state
+    group (source, destination): the pass reads the state after its first ``start`` positions from the source (0:
+    from the destination, in place) and writes the state after ``start + count`` to the destination."""
 
     request: str
     start: int
@@ -576,6 +578,7 @@ class Pass:
     pages: tuple[int, ...]
     extend: bool
     windows: tuple[tuple[tuple[int, ...], int], ...] = ()
+    state: tuple[int, int] | None = None
 
     def rows(self) -> tuple[tuple[tuple[int, ...], int | None], ...]:
         """Each row with its window (None: full attention, every position before attended)."""
@@ -584,8 +587,9 @@ class Pass:
 
 @dataclass(frozen=True)
 class Plan:
-    """What a planner asks for in one step: transfers; device page copies (source, destination) and pages to zero,
-    both before the forward; the forward's passes; the requests it aborted. ``flush``: transfers in flight (this
+    """What a planner asks for in one step: transfers; device page copies (source, destination), pages to zero and
+    state slots to reset to the initial state (``fresh``), all before the forward; the forward's passes; the
+    requests it aborted. ``flush``: transfers in flight (this
     plan's or earlier ones, by ``op``) whose copies must run before anything of this plan (the planner reuses their
     sources now: vLLM's ``jobs_to_flush``); ``restarted``: requests whose KV the planner dropped (preempted), which
     start again at a hit."""
@@ -597,6 +601,7 @@ class Plan:
     aborted: tuple[str, ...] = ()
     flush: tuple[Hashable, ...] = ()
     restarted: tuple[str, ...] = ()
+    fresh: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ its plan into the planner layer's ``Plan`` and the machine's reports into its ev
 Configurations drawn: page size 1 to 16 (the prefix granularity), device pool 8 to 48 pages, host pool 0.5x to 4x
 the device's, storage on or off, a token budget per step of 8 to 128 (chunked prefill), 1 to 8 requests a batch,
 mixed prefill and decode batches or not, retraction off, on (budgets undeclared) or forced every third plan, and
-overlap scheduling (results a forward late) or not. One full-attention cache group.
+overlap scheduling (results a forward late) or not. One full-attention cache group and, each in half the examples, a
+sliding-window group beside it and a recurrent state group (two slots a request: the state read and the one written).
 
 The wheel's ``FatalCheck`` calls ``abort()``: a broken internal assertion ends the process. The campaign then
 reports a dead worker (exit 3), with Python's fault handler's stack on stderr.
@@ -39,6 +40,9 @@ GROUP = "full"
 # the examples
 WINDOW_GROUP = "swa"
 WINDOWS = (None, None, 6, 24)
+# a recurrent state group (``AttnKind.State``: two slots a request, the state read and the state written) beside the
+# others, in half the examples
+STATE_GROUP = "state"
 # the assertion finding 20 fails (docs/findings.md)
 KNOWN_CRASH = "the tail's parent page has its KV event hash"
 
@@ -73,6 +77,9 @@ class Config(NamedTuple):
     # a sliding-window group (``AttnKind.SlidingWindow``, its window in tokens) beside the full one, drawing its pages
     # from the same device pool: its row's pages that left the window are the null page
     window: int | None = None
+    # a recurrent state group (``AttnKind.State``, a linear-attention or Mamba layer's state), its slots from the same
+    # device pool: a hit needs the state cached at its end
+    state: bool = False
 
 
 # the values each field of Config is drawn from, in its order
@@ -87,6 +94,7 @@ CHOICES: tuple[tuple[object, ...], ...] = (
     (False, True),
     (False, True),
     WINDOWS,
+    (False, True),
 )
 
 
@@ -123,16 +131,25 @@ class StorageOp(Protocol):
 class TokenSpeedPlanner:
     """One TokenSpeed ``Scheduler`` in the configuration ``draw`` selects, behind the planner layer's protocol."""
 
+    # finding 31 (below): tests turn overlap on beside a state group to see the law fail on it
+    overlap_beside_state = False
+
     def __init__(self, draw: int) -> None:
         ts = self.ts = import_tokenspeed()
         chosen = choose(draw)
-        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap, _ = chosen
-        self.window = chosen.window
-        if self.window is not None:
-            # finding 29: with a window group and retraction, TokenSpeed 0.1.42 aborts the process at a restored
-            # request's finish ("cache mutation on a KV event boundary with no token descriptor", scheduler.cpp:323).
-            # An abort ends a campaign's worker, which no profile can count: retraction stays off under a window group
+        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap, _, _ = chosen
+        self.window, self.state = chosen.window, chosen.state
+        if self.window is not None or self.state:
+            # finding 29: with a window or a state group and retraction, TokenSpeed 0.1.42 aborts the process at a
+            # restored request's finish ("cache mutation on a KV event boundary with no token descriptor",
+            # scheduler.cpp:323). An abort ends a campaign's worker, which no profile can count: retraction stays off
+            # beside such a group
             retraction = "off"
+        if self.state and not self.overlap_beside_state:
+            # finding 31: with overlap scheduling, a request's finish caches its state slot as a checkpoint while the
+            # decode planned before the finish still updates that slot in place; a later hit reads a state one token
+            # ahead. Every example with a state group would stop there: overlap stays off beside a state group
+            self.overlap = False
         device += 1  # page 0 is the null page
         self.retraction = retraction
         host = max(2, int(device * ratio))
@@ -153,6 +170,10 @@ class TokenSpeedPlanner:
         if self.window is not None:
             window = ts.CacheGroupConfig(WINDOW_GROUP, self.page_size, device, ts.AttnKind.SlidingWindow, self.window)
             config.cache_groups = [*config.cache_groups, window]
+        # a state read only at a chunk's start and written at its end (what the adapter executes: _plain_states)
+        config.state_checkpoint_in_forward, config.prefix_replay_tokens = False, 0
+        if self.state:  # a state group spans no tokens: its granularity is 0
+            config.cache_groups = [*config.cache_groups, ts.CacheGroupConfig(STATE_GROUP, 0, device, ts.AttnKind.State)]
         if self.storage:
             config.enable_l3_storage = True
             high, low = ts.StoragePressure(8, 1 << 30, 10**7), ts.StoragePressure(2, 1 << 20, 10**6)
@@ -167,21 +188,30 @@ class TokenSpeedPlanner:
         # finding 28: with a window group, a page that leaves the window in the pass that computes it is never
         # published, though the full group caches it and serves hits on it; the next page is stored under it. Its
         # hits then name pages the events never stored: the hit law is off under a window group
-        known = ["finding 19"] * (retraction != "off") + ["finding 28"] * (self.window is not None)
+        # finding 30: with a state group, only the boundaries where a state is cached are published, each under
+        # the previous page's hash, which never is: orphans, and hits on pages the events never stored
+        known = (
+            ["finding 19"] * (retraction != "off")
+            + ["finding 28"] * (self.window is not None)
+            + ["finding 30"] * self.state
+        )
         self.orphans: str | None = " or ".join(known) or None
         self.publishes_hits, self.duplicates, self.resets_busy, self.host_cleared = (
-            self.window is None,
+            self.window is None and not self.state,
             False,
             False,
             True,
         )
         # finding 20: with retraction enabled, planning can fail an internal assertion (KNOWN_CRASH); the machine
         # counts it and goes on with a new scheduler. Tests turn it off to see the crash reported
-        self.known_crashes = retraction != "off"
+        # (a state group reaches the same assertion without retraction: its publications end at state checkpoints,
+        # inside pages)
+        self.known_crashes = retraction != "off" or self.state
         self.config = (
             f"P={self.page_size}, device {device - 1}, host {host - 1}, storage {'on' if self.storage else 'off'},"
             f" budget {budget}, batch {batch}, retraction {retraction}{', mixed' if mixed else ''}"
             f"{', overlap' if self.overlap else ''}{f', window {self.window}' if self.window else ''}"
+            f"{', state' if self.state else ''}"
         )
         self.now_us = 0
         # the plan's ops by our transfer, to report each done
@@ -244,22 +274,36 @@ class TokenSpeedPlanner:
             extends, rows = batch.num_extends(), batch.block_tables[GROUP]
             # the window group's rows: pages that left the window are the null page (not compacted)
             window_rows = batch.block_tables[WINDOW_GROUP] if self.window is not None else None
+            state_rows = batch.block_tables[STATE_GROUP] if self.state else None
+            self._plain_states(batch)
             inputs, at = list(batch.input_ids), 0
             for i, request in enumerate(ids):
                 count = batch.input_lengths[i]
                 windows = () if window_rows is None else ((tuple(window_rows[i]), cast(int, self.window)),)
+                state = None if state_rows is None else (int(state_rows[i][0]), int(state_rows[i][1]))
                 if i < extends:
                     start = batch.extend_prefix_lens[i]
                     chunk = tuple(inputs[at : at + count])
-                    passes.append(Pass(request, start, count, chunk, tuple(rows[i]), True, windows))
+                    passes.append(Pass(request, start, count, chunk, tuple(rows[i]), True, windows, state))
                     at += count
                 else:  # a decode step: its position is the request's last token's, which the machine knows
-                    passes.append(Pass(request, -1, count, None, tuple(rows[i]), False, windows))
+                    passes.append(Pass(request, -1, count, None, tuple(rows[i]), False, windows, state))
         # every group's copies and zeros: the groups share the device's page ids
         copies = tuple((int(src), int(dst)) for group in plan.pages_to_copy.values() for src, dst in group)
-        zeros = tuple(int(page) for group in plan.pages_to_zero.values() for page in group)
+        zeroed = plan.pages_to_zero
+        zeros = tuple(int(page) for group, pages in zeroed.items() if group != STATE_GROUP for page in pages)
+        # a state slot zeroed is the initial state
+        fresh = tuple(int(slot) for slot in zeroed.get(STATE_GROUP, ()))
         aborted = tuple(str(abort.request_id) for abort in plan.aborts)
-        return Plan(transfers, copies, zeros, tuple(passes), aborted)
+        return Plan(transfers, copies, zeros, tuple(passes), aborted, fresh=fresh)
+
+    def _plain_states(self, batch: object) -> None:
+        """The adapter runs a state group's chunks whole: each state read at its chunk's start, written at its end.
+        A checkpoint inside a chunk or tokens replayed before it (``state_checkpoint_in_forward``,
+        ``prefix_replay_tokens``, both off here) it does not execute."""
+        for name in ("extend_state_checkpoint_lens", "extend_replay_lens"):
+            if any(getattr(batch, name)):
+                raise NotImplementedError(f"a plan with {name} {list(getattr(batch, name))} (the adapter runs none)")
 
     def _transfers(self, planned: object) -> list[Transfer]:
         name = type(planned).__name__
@@ -398,6 +442,10 @@ PROFILE = Profile(
         " the machine counts it and goes on with a new scheduler in the same configuration",
         "with a window group, a page that leaves the window in the pass that computes it is never published, and"
         " the next is stored under it (finding 28, a bug): counted; the hit law is off in those examples",
+        "with a state group, only the boundaries where a state is cached are published, each under a parent never"
+        " stored (finding 30, a bug): counted; the hit law is off in those examples",
+        "with a window or a state group, retraction is off (finding 29: TokenSpeed aborts the process); with a state"
+        " group, overlap is off (finding 31: a finished request's cached state is updated by its last decode)",
     ),
 )
 

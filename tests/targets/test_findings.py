@@ -1295,6 +1295,170 @@ def test_tokenspeed_with_a_window_group_a_restored_requests_finish_aborts_the_pr
         assert calls[-1] == "93 finish r6", run.stdout[-500:]
 
 
+TOKENSPEED_STATE_UNPUBLISHED = """import json, os, sys
+
+os.environ.setdefault("SPDLOG_LEVEL", "warn")
+import tokenspeed_scheduler as ts
+
+STATE = sys.argv[1] == "state"
+config = ts.SchedulerConfig()
+config.prefix_granularity = 4
+config.max_scheduled_tokens = 64
+config.max_batch_size = 2
+config.num_device_pages = 17  # 16 pages and the null page
+config.num_host_pages = 8
+config.num_snapshot_pages = 1  # no retraction
+config.enable_kv_cache_events = True
+config.cache_groups = [ts.CacheGroupConfig("full", 4, 17, ts.AttnKind.Full)]
+if STATE:  # a recurrent state group beside it (a linear-attention or Mamba layer's states)
+    config.cache_groups = [*config.cache_groups, ts.CacheGroupConfig("state", 0, 17, ts.AttnKind.State)]
+s = ts.Scheduler(config)
+def advance(event):
+    s.advance(ts.ExecutionEvent().add_event(event))
+def submit(rid, tokens):
+    r = ts.RequestSpec(); r.request_id, r.tokens, r.max_new_tokens = rid, tokens, 1; s.submit_requests([r])
+events, hits = [], {}
+def run(rid):
+    # plan until rid has sampled its token, then finish it; each backup done at once
+    for _ in range(4):
+        plan = s.next_execution_plan()
+        for op in plan.cache:
+            for op_id in op.op_ids:
+                e = ts.Cache.WriteBackDoneEvent(); e.op_id = op_id; advance(e)
+        for batch in plan.forward:
+            for i, name in enumerate(batch.request_ids):
+                hits.setdefault(name, batch.extend_prefix_lens[i])
+                e = ts.ForwardEvent.ExtendResult(); e.request_id, e.tokens = name, [100]; advance(e)
+                e = ts.ForwardEvent.Finish(); e.request_id = name; advance(e)
+        for event in s.drain_kv_events():
+            if event.kind == "BlockStored":
+                events.append([event.kind, len(event.block_hashes), event.parent_block_hash is not None,
+                               list(event.token_ids)])
+            else:
+                events.append([event.kind])
+submit("A", list(range(1, 14)))
+run("A")
+submit("B", list(range(1, 14)) + [7])
+run("B")
+print(json.dumps({"events": events, "B_hit": hits["B"]}))
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_with_a_state_group_only_state_checkpoints_are_published_under_parents_never_stored() -> None:
+    """Finding 30 (the ``tokenspeed`` target with a state group, seed 3, in its first second): a 13-token prompt on
+    pages of 4 with a recurrent state group beside the full one. The events publish one block, the 1-token tail
+    ``[13]`` where the state is cached, with a parent; pages ``[1..4]``, ``[5..8]``, ``[9..12]`` are never
+    published, though the next request hits all 13 tokens through them. Without the state group every page is
+    published, the first with no parent."""
+    import json
+    import subprocess
+    import sys
+
+    seen = {}
+    for groups in ("state", "full"):
+        run = subprocess.run(
+            [sys.executable, "-c", TOKENSPEED_STATE_UNPUBLISHED, groups], capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        seen[groups] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["state"]["B_hit"] == seen["full"]["B_hit"] == 13
+    stored = [(parent, tokens) for _, _, parent, tokens in seen["state"]["events"]]
+    assert stored == [(True, [13]), (True, [13, 7])]  # two tails, under parents never stored
+    stored = [(parent, tokens) for _, _, parent, tokens in seen["full"]["events"]]
+    assert stored[:3] == [(False, [1, 2, 3, 4]), (True, [5, 6, 7, 8]), (True, [9, 10, 11, 12])]
+
+
+TOKENSPEED_STATE_OVERLAP = """import json, os, sys
+os.environ.setdefault("SPDLOG_LEVEL", "warn")
+import tokenspeed_scheduler as ts
+
+OVERLAP = int(sys.argv[1])
+P = 4
+config = ts.SchedulerConfig()
+config.prefix_granularity = P
+config.max_scheduled_tokens = 64
+config.max_batch_size = 2
+config.num_device_pages = 17  # 16 pages and the null page (pages of 4)
+config.num_host_pages = 8
+config.num_snapshot_pages = 1  # no retraction
+config.overlap_schedule_depth = OVERLAP
+config.cache_groups = [ts.CacheGroupConfig("full", P, 17, ts.AttnKind.Full),
+                       ts.CacheGroupConfig("state", 0, 17, ts.AttnKind.State)]
+s = ts.Scheduler(config)
+def advance(event):
+    s.advance(ts.ExecutionEvent().add_event(event))
+# the executor and the model: each state slot holds the tokens its state took in (the pass reads the slot the plan
+# names, 0: its destination, in place, and writes the state after its tokens to the destination)
+tokens, wanted, slots, reads = {}, {}, {}, []
+def submit(rid, prompt, n):
+    r = ts.RequestSpec(); r.request_id, r.tokens, r.max_new_tokens = rid, prompt, n; s.submit_requests([r])
+    tokens[rid], wanted[rid] = list(prompt), n
+def forward():
+    plan = s.next_execution_plan()
+    for slot in plan.pages_to_zero.get("state", []):
+        slots[slot] = []
+    for src, dst in plan.pages_to_copy.get("state", []):
+        slots[dst] = slots.get(src)
+    results = []
+    for batch in plan.forward:
+        for i, rid in enumerate(batch.request_ids):
+            src, dst = map(int, batch.block_tables["state"][i])
+            prefill = i < batch.num_extends()
+            start = batch.extend_prefix_lens[i] if prefill else len(tokens[rid]) - 1
+            count = batch.input_lengths[i]
+            reads.append([rid, "prefill" if prefill else "decode", start, src or dst, slots.get(src or dst)])
+            slots[dst] = tokens[rid][: start + count]
+            if (not prefill or start + count >= batch.prefill_lengths[i]) and wanted[rid]:
+                wanted[rid] -= 1
+                tokens[rid].append(100 + len(tokens[rid]))  # the sampled token
+                results.append((rid, [tokens[rid][-1]], not wanted[rid]))
+            else:  # a chunk that is not the last, or a row planned before its request's finish
+                results.append((rid, [], False))
+    return results
+def report(results):  # each result, then a finish after a request's last token
+    for rid, sampled, last in results:
+        e = ts.ForwardEvent.ExtendResult(); e.request_id, e.tokens = rid, sampled; advance(e)
+        if last:
+            e = ts.ForwardEvent.Finish(); e.request_id = rid; advance(e)
+def serve(rounds):
+    late = []
+    for _ in range(rounds):
+        results = forward()
+        report(late if OVERLAP else results)  # overlap: a forward's results once the next one is launched
+        late = results
+    report(late)
+submit("A", list(range(1, 8)), 2)  # samples 107, then 108
+serve(5)
+submit("B", list(range(1, 8)) + [107], 2)  # A's prompt and its first sampled token: 8 tokens, two pages
+serve(3)
+print(json.dumps({"A": tokens["A"], "reads": reads}))
+"""
+
+
+@needs_tokenspeed
+def test_tokenspeed_with_overlap_a_finished_requests_cached_state_is_updated_by_its_last_decode() -> None:
+    """Finding 31 (the ``tokenspeed`` target with a state group, seed 3: four failing examples in 40 s, the first
+    in 1 s, all with overlap scheduling): pages of 4; A (``[1..7]``, two tokens to sample) decodes position 7 into
+    state slot 7; its finish, reported while the decode of position 8 planned before it is in flight, caches slot 7
+    as the state after its first 8 tokens (two pages); that decode then updates slot 7 in place. B (A's prompt and
+    first sampled token, 8 tokens) decodes position 8 from slot 7, which holds the state after 9 tokens: one ahead.
+    Without overlap B reads the state after its 8."""
+    import json
+    import subprocess
+    import sys
+
+    seen = {}
+    for overlap in ("1", "0"):
+        run = subprocess.run([sys.executable, "-c", TOKENSPEED_STATE_OVERLAP, overlap], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        seen[overlap] = json.loads(run.stdout.strip().splitlines()[-1])
+    a8, a9 = [*range(1, 8), 107], [*range(1, 8), 107, 108]
+    assert ["A", "decode", 8, 7, a8] in seen["1"]["reads"]  # A's last decode, planned before its finish, in place
+    assert ["B", "decode", 8, 7, a9] in seen["1"]["reads"]
+    assert ["B", "decode", 8, 7, a8] in seen["0"]["reads"]
+
+
 @needs_tokenspeed
 def test_tokenspeed_a_restored_request_stores_its_next_block_under_a_parent_the_events_removed() -> None:
     """Finding 19 (the ``tokenspeed`` target's planner machine, ``events_replay_to_the_cache``, within seconds of a

@@ -340,6 +340,16 @@ def transfers(self, op):
     return found
 T._transfers = transfers
 """,
+    # a state row read in place where it names another source (a state group's hit or next chunk reads the slot it
+    # is about to write)
+    "attended_kv_is_the_requests (a state read from its destination)": """
+real = T.plan
+def plan(self):
+    p = real(self)
+    moved = lambda o: replace(o, state=(0, o.state[1])) if o.state and o.state[0] else o
+    return replace(p, passes=tuple(moved(o) for o in p.passes))
+T.plan = plan
+""",
     # the completion of a load never reaches the scheduler, which keeps its host blocks pinned
     "tokenspeed_quiescent_holds_nothing (a load's completion lost)": """
 real = T.done
@@ -414,3 +424,67 @@ def test_under_a_window_group_retraction_is_never_drawn() -> None:
         assert (drawn.window, drawn.retraction) == (6, "off") and "retraction off" in drawn.config
         plain = TokenSpeedPlanner(draw_for(Config(1, 24, 0.5, True, 32, 4, retraction, False, True, None)))
         assert (plain.window, plain.retraction) == (None, retraction) and f"retraction {retraction}" in plain.config
+
+
+def with_state(overlap: bool = False) -> TokenSpeedPlanner:
+    """A state group beside the full one: pages of 1, 48 device pages, 32 tokens a step, 2 requests a batch."""
+
+    class Planner(TokenSpeedPlanner):
+        overlap_beside_state = overlap
+
+    made = Planner(draw_for(Config(1, 48, 0.5, False, 32, 2, "off", False, overlap, None, True)))
+    assert made.state and made.overlap == overlap and "state" in made.config
+    return made
+
+
+def test_with_a_state_group_a_hit_reads_the_state_cached_at_its_end() -> None:
+    """Each pass reads its state (the one after its first ``start`` positions) and writes the one after its last:
+    a 13-token prompt, then the same prompt and one more token hit its 13 tokens and read the state cached there."""
+    machine = Driven(with_state())
+    shared = list(range(1, 14))
+    read = STATS.rules["planner.state[a hit's cached state read]"]
+    assert machine.serve(shared) == 0
+    assert machine.serve([*shared, 50]) == 13
+    assert STATS.rules["planner.state[a hit's cached state read]"] == read + 1
+    machine.teardown()
+
+
+def test_a_state_read_from_its_destination_is_named() -> None:
+    """A plan whose state row is read in place where it names another source: the destination holds nothing yet
+    (a fresh slot, the initial state), and the hit's pass reads it as the state after 13 positions."""
+    machine = Driven(with_state())
+    shared = list(range(1, 14))
+    machine.serve(shared)
+    real = machine.target.plan
+
+    def in_place() -> Plan:
+        plan = real()
+        passes = tuple(
+            Pass(o.request, o.start, o.count, o.inputs, o.pages, o.extend, o.windows, (0, o.state[1])) if o.state else o
+            for o in plan.passes
+        )
+        return Plan(plan.transfers, plan.copies, plan.zeros, passes, plan.aborted, fresh=plan.fresh)
+
+    machine.target.plan = in_place  # type: ignore[method-assign]
+    with pytest.raises(IntegrityError, match="r2 .prefill chunk at 13. reads the state after 13 positions .*initial"):
+        machine.serve([*shared, 50])
+
+
+def test_finding_31_with_overlap_a_hit_reads_a_state_one_token_ahead() -> None:
+    """Finding 31 (docs/findings.md): with overlap, a request's finish caches its state slot while the decode planned
+    before the finish still updates it in place. The target keeps overlap off beside a state group; on, the law
+    names it: a request that continues the first's prompt and first sampled token reads the state one token on.
+    Without overlap the same program is clean."""
+    for overlap in (False, True):
+        machine = Driven(with_state(overlap))
+        machine.submit(prompt=(16, 1.0, [1, 2], 2))
+        machine.step(plans=4, late=False, report="all")
+        assert not machine.requests
+        machine.submit(prompt=(0, 0.75, [], 1))  # [1, 2] and its first sampled token
+        if not overlap:
+            machine.step(plans=3, late=False, report="all")
+            machine.teardown()
+            continue
+        assert STATS.rules["planner.results[a row after its finish]"]
+        with pytest.raises(IntegrityError, match="attended_kv_is_the_requests: r2 .decode at 3. .* own state after 4"):
+            machine.step(plans=3, late=False, report="all")
