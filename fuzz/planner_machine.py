@@ -76,6 +76,26 @@ def identity(previous: int, token: int) -> int:
     return hash((previous, token))
 
 
+def sample(previous: int) -> int:
+    """The model's token after the position whose identity is ``previous`` (deterministic: a draft can guess it)."""
+    return 100 + previous % 7
+
+
+def speculate(request: Request, start: int, count: int) -> tuple[list[int], list[int]]:
+    """A decode pass of ``count`` positions from ``start`` (its last token, then ``count - 1`` drafts, as EAGLE or
+    MTP propose them): the drafter guesses the first ``accepted`` drafts right and the next wrong. The identities the
+    pass writes at each position, and the tokens it samples: the accepted drafts, then the model's next."""
+    accepted = request.ids[start] % count
+    written, tokens = [request.ids[start]], []
+    for i in range(1, count):
+        right = sample(written[-1])
+        draft = right if i <= accepted else right + 1
+        written.append(identity(written[-1], draft))
+        if i <= accepted:
+            tokens.append(draft)
+    return written, [*tokens, sample(written[accepted])]
+
+
 @dataclass
 class Request:
     """A request the machine submitted: its tokens (prompt, then what it sampled) and their KV identities."""
@@ -212,15 +232,28 @@ def misread(
     )
 
 
-def claim(writes: dict[tuple[int, int], tuple[str, int]], slot: tuple[int, int], name: str, j: int, what: str) -> None:
-    """``passes_write_distinct_slots``: a forward writes each slot once, and never the null page's; ``j``: the
-    position whose identity the slot takes."""
+def prefill_started(request: Request, start: int, page_size: int) -> tuple[int, ...]:
+    """A request's first chunk ran (its hit: ``start`` tokens), counted; the tokens of its hit's full pages."""
+    request.started = True
+    STATS.rules["planner.prefill"] += 1
+    STATS.rules["planner.prompt tokens"] += request.prompt
+    if start:
+        STATS.rules["planner.prefill[hit]"] += 1
+        STATS.rules["planner.hit tokens"] += start
+    return tuple(request.tokens[: start // page_size * page_size])
+
+
+def claim(
+    writes: dict[tuple[int, int], tuple[str, int]], slot: tuple[int, int], name: str, held: int, what: str
+) -> None:
+    """``passes_write_distinct_slots``: a forward writes each slot once, and never the null page's; ``held``: the
+    identity the slot takes."""
     if slot in writes or slot[0] == 0:
         other = writes.get(slot, ("the null page", 0))[0]
         raise IntegrityError(
             f"passes_write_distinct_slots: {name} writes {what}, which {other} writes in the same forward"
         )
-    writes[slot] = (name, j)
+    writes[slot] = (name, held)
 
 
 def check_state(requests: dict[str, Request], request: Request, one: Pass, start: int, slot: int, held: Slot) -> None:
@@ -296,6 +329,8 @@ class PlannerMachine(RuleBasedStateMachine):
         self.hits_to_publish: list[tuple[str, tuple[int, ...]]] = []
         # the last forward's sampled tokens, not yet reported (overlap scheduling reports them a forward late)
         self.results: list[tuple[str, list[int]]] = []
+        # a decode with drafts: the tokens it samples, from its forward to its result
+        self.speculated: dict[str, list[int]] = {}
         # finished requests with a row still in flight (overlap)
         self.finishing: set[str] = set()
         STATS.rules[f"planner.results[{'a forward late' if self.target.overlap else 'at once'}]"] += 1
@@ -531,20 +566,24 @@ class PlannerMachine(RuleBasedStateMachine):
                 raise IntegrityError(f"pass_inputs_are_the_requests: a pass of {one.request}, which is not live")
             start = one.start if one.extend else len(request.tokens) - 1
             check_pass(request, one, start, self.page_size)
+            # what it writes: its positions' identities; a decode of several positions writes its drafts'
+            written = request.ids[start : start + one.count] if one.extend or one.count == 1 else None
+            if written is None:
+                written, self.speculated[one.request] = speculate(request, start, one.count)
             for pages, _ in one.rows():
                 for j in range(start, start + one.count):
                     slot = (pages[j // p], j % p)
-                    claim(writes, slot, one.request, j, f"position {j} to page {slot[0]} slot {slot[1]}")
+                    what = f"position {j} to page {slot[0]} slot {slot[1]}"
+                    claim(writes, slot, one.request, written[j - start], what)
             if one.state is not None:  # the state after the pass: the identity of its last position, in place 0
-                last = start + one.count - 1
-                claim(writes, (one.state[1], 0), one.request, last, f"its state to slot {one.state[1]}")
+                claim(writes, (one.state[1], 0), one.request, written[-1], f"its state to slot {one.state[1]}")
             spans.append((one, request, start))
         for one, request, start in spans:  # a state is read before the forward writes any (in place: its slot)
             if one.state is not None:
                 read = one.state[0] or one.state[1]
                 check_state(self.requests, request, one, start, read, self.page(device, read)[0])
-        for (page, offset), (name, j) in writes.items():
-            self.page(device, page)[offset] = self.requests[name].ids[j]
+        for (page, offset), (_, identity_written) in writes.items():
+            self.page(device, page)[offset] = identity_written
         for one, request, start in spans:
             for row in one.rows():
                 pages, window = row
@@ -557,29 +596,25 @@ class PlannerMachine(RuleBasedStateMachine):
 
     def after_pass(self, one: Pass, request: Request, start: int) -> None:
         if one.extend and not request.started:
-            request.started = True
-            STATS.rules["planner.prefill"] += 1
-            if start:
-                STATS.rules["planner.prefill[hit]"] += 1
-                STATS.rules["planner.hit tokens"] += start
-                full = start // self.page_size * self.page_size
-                if self.target.publishes_hits:
-                    self.hits_to_publish.append((request.name, tuple(request.tokens[:full])))
-            STATS.rules["planner.prompt tokens"] += request.prompt
-        request.computed = start + one.count
-        if request.sampled >= request.wanted:
-            # a pass planned before its finish reached the planner (overlap): every planned row's result lands, as
-            # in TokenSpeed's event loop (it holds a finishing request's pages until they do); the device stopped
-            # the request, so it reports no token
+            hit = prefill_started(request, start, self.page_size)
+            if hit and self.target.publishes_hits:
+                self.hits_to_publish.append((request.name, hit))
+        request.computed, left = start + one.count, request.wanted - request.sampled
+        drafted = self.speculated.pop(request.name, None)
+        # no token: a pass planned before its finish reached the planner (overlap: every planned row's result lands,
+        # as in TokenSpeed's event loop, which holds a finishing request's pages until they do; the device stopped
+        # the request), or a prefill chunk that is not the last
+        if left <= 0 or (drafted is None and request.computed < len(request.tokens)):
             self.results.append((request.name, []))
             return
-        if request.computed < len(request.tokens):
-            self.results.append((request.name, []))
-            return
-        token = 100 + request.ids[-1] % 7
-        request.append(token)
-        request.sampled += 1
-        self.results.append((request.name, [token]))
+        if drafted is not None:  # a decode with drafts: its accepted drafts and the next token, as many as wanted
+            STATS.rules[f"planner.decode[{len(drafted) - 1} of {one.count - 1} drafts accepted]"] += 1
+            request.computed = start + min(len(drafted), left)  # the last token's KV and the accepted drafts'
+        taken = (drafted or [sample(request.ids[-1])])[:left]
+        for token in taken:
+            request.append(token)
+        request.sampled += len(taken)
+        self.results.append((request.name, taken))
 
     def deliver(self, results: list[tuple[str, list[int]]]) -> None:
         """Report sampled tokens (none for a prefill chunk that is not the last), each request's own in order; a

@@ -12,7 +12,8 @@ Configurations drawn: page size 1 to 16 (the prefix granularity), device pool 8 
 the device's, storage on or off, a token budget per step of 8 to 128 (chunked prefill), 1 to 8 requests a batch,
 mixed prefill and decode batches or not, retraction off, on (budgets undeclared) or forced every third plan, and
 overlap scheduling (results a forward late) or not. One full-attention cache group and, each in half the examples, a
-sliding-window group beside it and a recurrent state group (two slots a request: the state read and the one written).
+sliding-window group beside it and a recurrent state group (two slots a request: the state read and the one written);
+in a third, speculative decoding (two drafts a decode step, some accepted).
 
 The wheel's ``FatalCheck`` calls ``abort()``: a broken internal assertion ends the process. The campaign then
 reports a dead worker (exit 3), with Python's fault handler's stack on stderr.
@@ -43,6 +44,8 @@ WINDOWS = (None, None, 6, 24)
 # a recurrent state group (``AttnKind.State``: two slots a request, the state read and the state written) beside the
 # others, in half the examples
 STATE_GROUP = "state"
+# speculative decoding (EAGLE or MTP): the drafts each decode step carries, in a third of the examples
+DRAFTS = (0, 0, 2)
 # the assertion finding 20 fails (docs/findings.md)
 KNOWN_CRASH = "the tail's parent page has its KV event hash"
 
@@ -80,6 +83,9 @@ class Config(NamedTuple):
     # a recurrent state group (``AttnKind.State``, a linear-attention or Mamba layer's state), its slots from the same
     # device pool: a hit needs the state cached at its end
     state: bool = False
+    # speculative decoding: each decode step carries the last token and ``drafts`` drafts (``decode_input_tokens``);
+    # the executor's drafter guesses some right, and reports the accepted ones and the model's next token
+    drafts: int = 0
 
 
 # the values each field of Config is drawn from, in its order
@@ -95,6 +101,7 @@ CHOICES: tuple[tuple[object, ...], ...] = (
     (False, True),
     WINDOWS,
     (False, True),
+    DRAFTS,
 )
 
 
@@ -137,8 +144,10 @@ class TokenSpeedPlanner:
     def __init__(self, draw: int) -> None:
         ts = self.ts = import_tokenspeed()
         chosen = choose(draw)
-        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap, _, _ = chosen
+        self.page_size, device, ratio, self.storage, budget, batch, retraction, mixed, self.overlap = chosen[:9]
         self.window, self.state = chosen.window, chosen.state
+        # drafts beside a state group would need a state per draft (the adapter runs a state per chunk): none there
+        self.drafts = 0 if self.state else chosen.drafts
         if self.window is not None or self.state:
             # finding 29: with a window or a state group and retraction, TokenSpeed 0.1.42 aborts the process at a
             # restored request's finish ("cache mutation on a KV event boundary with no token descriptor",
@@ -166,6 +175,7 @@ class TokenSpeedPlanner:
         config.max_retracted_requests = 2 if retraction != "off" else 0
         config.debug_force_retraction_interval = 3 if retraction == "forced" else 0
         config.enable_kv_cache_events = True
+        config.decode_input_tokens = 1 + self.drafts
         config.cache_groups = [ts.CacheGroupConfig(GROUP, self.page_size, device, ts.AttnKind.Full)]
         if self.window is not None:
             window = ts.CacheGroupConfig(WINDOW_GROUP, self.page_size, device, ts.AttnKind.SlidingWindow, self.window)
@@ -182,7 +192,8 @@ class TokenSpeedPlanner:
             config.storage_config = ts.StorageConfig(4, 16, max(1, host // 2), 64, 64, 1, 10**6, 10**6, high, low)
         self.scheduler = ts.Scheduler(config)
         self.device_pages, self.host_pages = device, host
-        self.max_request_tokens: int = self.scheduler.max_single_request_tokens()
+        # a request reserves its prompt and max(its budget, a decode step's tokens): at most its budget and the drafts
+        self.max_request_tokens: int = self.scheduler.max_single_request_tokens() - self.drafts
         # finding 19 (docs/findings.md): a retracted and restored request goes on storing blocks under a parent its
         # events removed at the restore, or never stored; only retraction reaches it
         # finding 28: with a window group, a page that leaves the window in the pass that computes it is never
@@ -211,7 +222,7 @@ class TokenSpeedPlanner:
             f"P={self.page_size}, device {device - 1}, host {host - 1}, storage {'on' if self.storage else 'off'},"
             f" budget {budget}, batch {batch}, retraction {retraction}{', mixed' if mixed else ''}"
             f"{', overlap' if self.overlap else ''}{f', window {self.window}' if self.window else ''}"
-            f"{', state' if self.state else ''}"
+            f"{', state' if self.state else ''}{f', {self.drafts} drafts' if self.drafts else ''}"
         )
         self.now_us = 0
         # the plan's ops by our transfer, to report each done

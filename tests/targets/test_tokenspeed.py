@@ -488,3 +488,33 @@ def test_finding_31_with_overlap_a_hit_reads_a_state_one_token_ahead() -> None:
         assert STATS.rules["planner.results[a row after its finish]"]
         with pytest.raises(IntegrityError, match="attended_kv_is_the_requests: r2 .decode at 3. .* own state after 4"):
             machine.step(plans=3, late=False, report="all")
+
+
+def test_with_drafts_a_decode_samples_its_accepted_drafts_and_a_later_hit_reads_their_kv() -> None:
+    """Speculative decoding (2 drafts a decode step, pages of 1): each step writes its last token's KV and its
+    drafts'; the tokens it samples are the accepted drafts and the model's next. A later request with the whole
+    sequence hits the accepted drafts' KV; a plan that served the last position (a rejected draft's KV, or none) is
+    named."""
+    machine = Driven(TokenSpeedPlanner(draw_for(Config(1, 24, 1, False, 32, 2, "off", False, False, None, False, 2))))
+    assert machine.target.drafts == 2 and "2 drafts" in machine.target.config
+    rows: dict[str, tuple[int, ...]] = {}
+    real = machine.target.plan
+
+    def noted() -> Plan:
+        plan = real()
+        rows.update((one.request, one.pages) for one in plan.passes)
+        return plan
+
+    machine.target.plan = noted  # type: ignore[method-assign]
+    before = sum(n for rule, n in STATS.rules.items() if rule.startswith("planner.decode["))
+    machine.serve([1, 2, 3], wanted=8)
+    decodes = sum(n for rule, n in STATS.rules.items() if rule.startswith("planner.decode[")) - before
+    sequence = list(machine.past[-1])
+    assert len(sequence) == 11 and 0 < decodes < 7  # fewer decode steps than tokens: some drafts accepted
+    assert machine.serve([*sequence[:10], 77]) == 10  # the prompt and nine sampled tokens, drafts among them
+    # the last position's KV was never computed (its token was sampled last): a plan that serves it is named
+    machine.submit(prompt=(16, 1.0, [*sequence, 78], 1))
+    name = f"r{machine.serial}"
+    forged = Pass(name, 11, 1, (78,), (*rows["r1"][:11], 23), True)
+    with pytest.raises(IntegrityError, match=f"attended_kv_is_the_requests: {name} .* reads position 10"):
+        machine.run(Plan(passes=(forged,)), late=False)
