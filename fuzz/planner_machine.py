@@ -203,6 +203,28 @@ def check_pass(request: Request, one: Pass, start: int, page_size: int) -> None:
         )
 
 
+def held_instead(
+    requests: dict[str, Request], request: Request, held: Slot, expected: Slot, noun: str
+) -> tuple[str, str]:
+    """What a pass of ``request`` read (``held``) where it needed ``expected``, its ``noun`` (KV or state): the law
+    it breaks, and what it read in words."""
+    law = "attended_kv_is_the_requests"
+    if held is NEVER:
+        return law, f"no {noun} ever written there"
+    if isinstance(held, tuple):
+        # the request's own, but copied before a reset: the tier it came through was not cleared
+        if held[1] == expected:
+            return "reset_leaves_no_tier_serving", f"its {noun} from before a reset"
+        return law, f"another prefix's {noun} from before a reset"
+    if noun == "state" and held == INITIAL_STATE:
+        return law, "the initial state"
+    if held in request.ids:
+        at = request.ids.index(held)
+        return law, f"its own state after {at + 1} positions" if noun == "state" else f"its own KV of position {at}"
+    owners = [r.name for r in requests.values() if held in r.ids]
+    return law, f"another prefix's {noun}{f' (of {owners[0]})' if owners else ''}"
+
+
 def misread(
     requests: dict[str, Request],
     page_size: int,
@@ -214,17 +236,8 @@ def misread(
 ) -> str:
     """The failure of a pass that reads, at position ``j`` of ``row`` (its pages, its window), what its request did
     not compute: its law, what it read."""
-    page, law = row[0][j // page_size], "attended_kv_is_the_requests"
-    if held is NEVER:
-        what = "KV never written there"
-    elif isinstance(held, tuple):
-        # the request's own KV, but copied before a reset: the tier it came through was not cleared
-        kept = held[1] == request.ids[j]
-        what = "its KV from before a reset" if kept else "another prefix's KV from before a reset"
-        law = "reset_leaves_no_tier_serving" if kept else law
-    else:
-        owners = [r.name for r in requests.values() if held in r.ids]
-        what = f"another prefix's KV{f' (of {owners[0]})' if owners else ''}"
+    page = row[0][j // page_size]
+    law, what = held_instead(requests, request, held, request.ids[j], "KV")
     return (
         f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at"
         f" {one.start if one.extend else len(request.tokens) - 1}) reads position {j} from device page {page}"
@@ -267,20 +280,7 @@ def check_state(requests: dict[str, Request], request: Request, one: Pass, start
 def misread_state(requests: dict[str, Request], request: Request, one: Pass, start: int, slot: int, held: Slot) -> str:
     """The failure of a pass whose recurrent state, read from ``slot``, is not the one after its first ``start``
     positions: its law, what it read."""
-    law = "attended_kv_is_the_requests"
-    if held is NEVER:
-        what = "no state ever written"
-    elif isinstance(held, tuple):
-        kept = held[1] == (request.ids[start - 1] if start else INITIAL_STATE)
-        what = "its state from before a reset" if kept else "another prefix's state from before a reset"
-        law = "reset_leaves_no_tier_serving" if kept else law
-    elif held == INITIAL_STATE:
-        what = "the initial state"
-    elif held in request.ids:
-        what = f"its own state after {request.ids.index(held) + 1} positions"
-    else:
-        owners = [r.name for r in requests.values() if held in r.ids]
-        what = f"another prefix's state{f' (of {owners[0]})' if owners else ''}"
+    law, what = held_instead(requests, request, held, request.ids[start - 1] if start else INITIAL_STATE, "state")
     return (
         f"{law}: {one.request} ({'prefill chunk' if one.extend else 'decode'} at {start}) reads the state after"
         f" {start} positions from state slot {slot}, which holds {what}"

@@ -1026,12 +1026,13 @@ print(json.dumps({"before": list(before.values()), "after": list(after.values())
 """
 
 
-def run_script(script: str) -> Any:
+def run_script(script: str, *args: str) -> Any:
+    """Run a standalone reproducer (its arguments after it); what it printed last, as JSON."""
     import json
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -1181,17 +1182,7 @@ def test_tokenspeed_with_a_window_group_a_page_that_left_the_window_is_served_an
     in the pass that computes it (pages of 4, a window of 6, a 13-token prefill) is never published, though the full
     group caches it and serves it: the request after hits all 13 tokens. The next page is published with that page's
     hash as its parent. Without the window group the first page is published, with no parent."""
-    import json
-    import subprocess
-    import sys
-
-    seen = {}
-    for window in ("6", "0"):
-        run = subprocess.run(
-            [sys.executable, "-c", TOKENSPEED_WINDOW_UNPUBLISHED, window], capture_output=True, text=True
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        seen[window] = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = {window: run_script(TOKENSPEED_WINDOW_UNPUBLISHED, window) for window in ("6", "0")}
     stored = [(parent, tokens) for kind, _, parent, tokens in seen["6"]["events"] if kind == "BlockStored"]
     assert stored[0] == (True, [5, 6, 7, 8])  # the first page published is the second, under a parent never stored
     assert all(tokens != [1, 2, 3, 4] for _, tokens in stored)
@@ -1351,17 +1342,7 @@ def test_tokenspeed_with_a_state_group_only_state_checkpoints_are_published_unde
     ``[13]`` where the state is cached, with a parent; pages ``[1..4]``, ``[5..8]``, ``[9..12]`` are never
     published, though the next request hits all 13 tokens through them. Without the state group every page is
     published, the first with no parent."""
-    import json
-    import subprocess
-    import sys
-
-    seen = {}
-    for groups in ("state", "full"):
-        run = subprocess.run(
-            [sys.executable, "-c", TOKENSPEED_STATE_UNPUBLISHED, groups], capture_output=True, text=True
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        seen[groups] = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = {groups: run_script(TOKENSPEED_STATE_UNPUBLISHED, groups) for groups in ("state", "full")}
     assert seen["state"]["B_hit"] == seen["full"]["B_hit"] == 13
     stored = [(parent, tokens) for _, _, parent, tokens in seen["state"]["events"]]
     assert stored == [(True, [13]), (True, [13, 7])]  # two tails, under parents never stored
@@ -1444,15 +1425,7 @@ def test_tokenspeed_with_overlap_a_finished_requests_cached_state_is_updated_by_
     as the state after its first 8 tokens (two pages); that decode then updates slot 7 in place. B (A's prompt and
     first sampled token, 8 tokens) decodes position 8 from slot 7, which holds the state after 9 tokens: one ahead.
     Without overlap B reads the state after its 8."""
-    import json
-    import subprocess
-    import sys
-
-    seen = {}
-    for overlap in ("1", "0"):
-        run = subprocess.run([sys.executable, "-c", TOKENSPEED_STATE_OVERLAP, overlap], capture_output=True, text=True)
-        assert run.returncode == 0, run.stderr[-3000:]
-        seen[overlap] = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = {overlap: run_script(TOKENSPEED_STATE_OVERLAP, overlap) for overlap in ("1", "0")}
     a8, a9 = [*range(1, 8), 107], [*range(1, 8), 107, 108]
     assert ["A", "decode", 8, 7, a8] in seen["1"]["reads"]  # A's last decode, planned before its finish, in place
     assert ["B", "decode", 8, 7, a9] in seen["1"]["reads"]

@@ -165,6 +165,30 @@ def test_finding_28_fails_the_event_law_where_the_profile_does_not_name_it() -> 
                 machine.step(late=False, plans=2, report="all")
 
 
+def test_finding_30_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
+    """A campaign's program (seed 3, shrunk; a state group, pages of 2, storage on): a 3-token prompt's only
+    published block is the tail where its state is cached, under the page before it, never published (finding 30,
+    docs/findings.md). Named in the profile, it is counted; not named, the event law fails."""
+    from radixspec.fuzz.regression import build_machine
+
+    key = "planner.known: a block stored under a parent not published (finding 30)"
+    for known in (True, False):
+        machine = build_machine("planner", targets=("tokenspeed",), lru=None, device="cpu")()
+        machine.configure(draw=draw_for(Config(2, 16, 2, True, 32, 1, "off", True, False, None, True)))
+        assert machine.target.state and machine.target.window is None
+        if not known:
+            machine.target.orphans = None
+        counted = STATS.rules[key]
+        machine.submit(prompt=(0, 0.25, [1, 1, 1], 1))
+        if known:
+            machine.step(late=False, plans=2, report="all")
+            assert STATS.rules[key] > counted
+            machine.teardown()
+        else:
+            with pytest.raises(IntegrityError, match="events_replay_to_the_cache: block .* not published"):
+                machine.step(late=False, plans=2, report="all")
+
+
 def test_finding_19_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
     # TokenSpeed's events store a restored request's next block under a parent they removed at the restore: with
     # the profile's choice off, the law names it; on, the machine counts it (the test above)
