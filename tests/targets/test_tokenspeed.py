@@ -11,7 +11,9 @@ import importlib.util
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,58 +137,55 @@ def test_with_a_window_group_each_pass_carries_its_window_row() -> None:
     machine.teardown()
 
 
-def test_finding_28_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
-    """A campaign's program (seed 5, shrunk; a window of 6, pages of 4, storage on): a 12-token prompt of ones
-    prefilled in one pass leaves its first page out of the window, and the events never publish it but store the
-    next page under it (finding 28, docs/findings.md). Named in the profile, it is counted; not named, the event
-    law fails."""
+def orphans_counted_or_named(config: Config, finding: int, program: Callable[[Any], None]) -> None:
+    """Run ``program`` (submits and aborts) then two plans, twice: with ``finding`` named in the profile its
+    orphan blocks are counted; not named, the event law fails."""
     from radixspec.fuzz.regression import build_machine
 
-    config = Config(4, 24, 1, True, 16, 8, "off", False, False, 6)
-    key = "planner.known: a block stored under a parent not published (finding 28)"
+    key = f"planner.known: a block stored under a parent not published (finding {finding})"
     for known in (True, False):
         machine = build_machine("planner", targets=("tokenspeed",), lru=None, device="cpu")()
         machine.configure(draw=draw_for(config))
         if not known:
             machine.target.orphans = None
         counted = STATS.rules[key]
+        program(machine)
+        if known:
+            machine.step(late=False, plans=2, report="all")
+            assert STATS.rules[key] > counted
+            machine.teardown()
+        else:
+            with pytest.raises(IntegrityError, match="events_replay_to_the_cache: block .* not published"):
+                machine.step(late=False, plans=2, report="all")
+
+
+def test_finding_28_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
+    """A campaign's program (seed 5, shrunk; a window of 6, pages of 4, storage on): a 12-token prompt of ones
+    prefilled in one pass leaves its first page out of the window, and the events never publish it but store the
+    next page under it (finding 28, docs/findings.md). Named in the profile, it is counted; not named, the event
+    law fails."""
+
+    def program(machine: Any) -> None:
         for count in (4, 3):
             for _ in range(count):
                 machine.submit(prompt=(0, 0.25, [], 1))
             machine.abort(index=0, now=0)
         machine.submit(prompt=(0, 0.25, [], 2))
         machine.submit(prompt=(0, 0.25, [1] * 12, 1))
-        if known:
-            machine.step(late=False, plans=2, report="all")
-            assert STATS.rules[key] > counted
-            machine.teardown()
-        else:
-            with pytest.raises(IntegrityError, match="events_replay_to_the_cache: block .* not published"):
-                machine.step(late=False, plans=2, report="all")
+
+    orphans_counted_or_named(Config(4, 24, 1, True, 16, 8, "off", False, False, 6), 28, program)
 
 
 def test_finding_30_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
     """A campaign's program (seed 3, shrunk; a state group, pages of 2, storage on): a 3-token prompt's only
     published block is the tail where its state is cached, under the page before it, never published (finding 30,
     docs/findings.md). Named in the profile, it is counted; not named, the event law fails."""
-    from radixspec.fuzz.regression import build_machine
 
-    key = "planner.known: a block stored under a parent not published (finding 30)"
-    for known in (True, False):
-        machine = build_machine("planner", targets=("tokenspeed",), lru=None, device="cpu")()
-        machine.configure(draw=draw_for(Config(2, 16, 2, True, 32, 1, "off", True, False, None, True)))
+    def program(machine: Any) -> None:
         assert machine.target.state and machine.target.window is None
-        if not known:
-            machine.target.orphans = None
-        counted = STATS.rules[key]
         machine.submit(prompt=(0, 0.25, [1, 1, 1], 1))
-        if known:
-            machine.step(late=False, plans=2, report="all")
-            assert STATS.rules[key] > counted
-            machine.teardown()
-        else:
-            with pytest.raises(IntegrityError, match="events_replay_to_the_cache: block .* not published"):
-                machine.step(late=False, plans=2, report="all")
+
+    orphans_counted_or_named(Config(2, 16, 2, True, 32, 1, "off", True, False, None, True), 30, program)
 
 
 def test_finding_19_fails_the_event_law_where_the_profile_does_not_name_it() -> None:
@@ -388,6 +387,7 @@ T.done = done
 
 CAMPAIGN = """
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from radixspec.fuzz.targets.tokenspeed import TokenSpeedPlanner as T
 {plant}
