@@ -20,6 +20,7 @@ from hypothesis.reporting import with_reporter
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from . import profiles  # registers the settings profiles in worker processes too
+from .engine_coverage import Arc, measured
 from .hypothesis_compat import bound_shrinking, seed_machine, set_database_key
 from .stats import STATS, CampaignStats
 
@@ -47,6 +48,8 @@ class BatchSpec:
     database: str | None = None
     # a shallow batch: short examples, no big trees (radixspec.fuzz.profiles.SHALLOW_STEPS; the machine's SHALLOW)
     shallow: bool = False
+    # --coverage: the engine modules whose lines and branches this batch measures (fuzz/engine_coverage.py)
+    coverage: tuple[str, ...] = ()
 
 
 @dataclass
@@ -81,6 +84,8 @@ class BatchResult:
     # why the batch could not start (its machine or target failed to import or build): the campaign broke,
     # nothing was checked. "Type: message"; None when the batch ran
     error: str | None = None
+    # --coverage: the arcs each engine module ran, by module name (modules that never ran are absent)
+    arcs: dict[str, list[Arc]] = field(default_factory=dict)
 
 
 def database_for(location: str | None) -> ExampleDatabase | None:
@@ -109,7 +114,16 @@ def machine_class(spec: BatchSpec) -> type[RuleBasedStateMachine]:
 
 
 def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
-    """Run one batch; its counters come back in the result (the process's STATS is reset first)."""
+    """Run one batch; its counters come back in the result (the process's STATS is reset first), and with
+    --coverage the arcs of the engine modules it ran (the machine built and run under measurement)."""
+    with measured(spec.coverage) as arcs:
+        result = run_examples(spec, notify)
+    result.arcs = arcs
+    return result
+
+
+def run_examples(spec: BatchSpec, notify: Notify | None) -> BatchResult:
+    """The batch's examples, shrinking included, and what they found."""
     from .machines import FailureClock, Stop
 
     STATS.reset()

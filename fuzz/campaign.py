@@ -47,6 +47,7 @@ from .cli import (
     MACHINE_NAMES,
     parse_args,
 )
+from .engine_coverage import Arc, analyse
 from .messages import bounded
 from .profiles import SHALLOW_STEPS
 from .registry import IMPLEMENTATIONS, machines_for
@@ -126,6 +127,8 @@ class Campaign:
     # why the campaign as a whole broke (the backend failed, the run was interrupted); the machines' own reasons
     # are theirs
     problems: list[str] = field(default_factory=list)
+    # --coverage: the arcs each engine module ran, over every batch
+    arcs: dict[str, set[Arc]] = field(default_factory=dict)
 
     def print(self, *parts: object) -> None:
         print(*parts, file=self.out, flush=True)
@@ -178,7 +181,16 @@ class Campaign:
             deadline=deadline,
             database=self.args.db,
             shallow=shallow,
+            coverage=self.engine_modules,
         )
+
+    @property
+    def engine_modules(self) -> tuple[str, ...]:
+        """What --coverage measures (none without it)."""
+        modules: tuple[str, ...] = (
+            getattr(self.args, "engine_modules", ()) if getattr(self.args, "coverage", False) else ()
+        )
+        return modules
 
     def examples_done(self, state: MachineState) -> bool:
         return bool(self.args.examples) and state.examples >= self.args.examples
@@ -225,6 +237,8 @@ class Campaign:
     def on_result(self, result: BatchResult) -> None:
         """Merge a finished batch's counters; record and write its failure; stop a machine that cannot start."""
         self.stats.merge(result.stats)
+        for module, arcs in result.arcs.items():
+            self.arcs.setdefault(module, set()).update(arcs)
         state = self.machines[result.spec.machine]
         if result.error is not None:
             if state.broken is None:
@@ -386,6 +400,7 @@ class Campaign:
             started_at=self.start,
             versions=versions(self.targets),
             problems=tuple(self.problems),
+            coverage=analyse(self.engine_modules, self.arcs) if self.engine_modules else None,
         )
 
     def print_header(self) -> None:

@@ -126,6 +126,28 @@ def select(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.targets, args.foreign = tuple(names), foreign
 
 
+def check_coverage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.engine_modules``, what --coverage measures: every selected target's engine modules; a usage error
+    when coverage.py is missing, the batches would run in this process, or no target names a module."""
+    from .engine_coverage import is_available
+
+    if not is_available():
+        parser.error("--coverage needs coverage.py: pip install 'radixspec[coverage]' (or pip install coverage)")
+    if args.workers == 0 and args.ray is None:
+        parser.error(
+            "--coverage measures in worker processes (--workers >= 1): this process imported the engine when it"
+            " checked the target, so the lines its import ran would read as never reached"
+        )
+    modules = [module for info in args.foreign.values() for module in info.engine_modules]
+    if not modules:
+        parser.error(
+            f"--coverage: {', '.join(args.targets)} names no engine module to measure (TargetInfo.engine_modules):"
+            " ours are measured by the test suite, TokenSpeed's and Dynamo's caches are compiled (no Python lines),"
+            " and a mini-sglang checkout is not measured"
+        )
+    args.engine_modules = tuple(dict.fromkeys(modules))
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="radixspec fuzz",
@@ -208,6 +230,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--json", type=Path, default=None, metavar="PATH", help="write a JSON summary here (docs/campaigns.md: schema)"
     )
     parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="measure the line and branch coverage of the target engine's cache modules (in the worker processes;"
+        " needs coverage.py: pip install 'radixspec[coverage]'); the summary and the JSON list each module's lines"
+        " never reached",
+    )
+    parser.add_argument(
         "--junit-xml",
         type=Path,
         default=None,
@@ -231,6 +260,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             device_of(args.device)
         except CacheError as exc:
             parser.error(f"--device {args.device}: {exc}")
+    if args.coverage:
+        check_coverage(parser, args)
     if args.ray is not None:
         try:
             import ray  # noqa: F401

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .engine_coverage import SHOWN_RANGES, ModuleCoverage
 from .messages import bounded, cut, one_line
 from .stats import CampaignStats, shown
 from .summary import CampaignSummary, FailureSummary
@@ -53,6 +54,8 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
             f" under-estimate {shown(s.most_router_under_pages, ' pages')},"
             f" longest {shown(s.longest_router_outage_steps, ' steps')}"
         )
+    if summary.coverage is not None:
+        print_coverage(p, summary.coverage, quiet)
     fresh = " (fresh)" if summary.seed_was_fresh else ""
     p(f"seed {summary.seed}{fresh}: radixspec fuzz --seed {summary.seed} with the same options reruns it")
     if quiet:
@@ -77,6 +80,17 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
                 for line in one_line(statement).splitlines():
                     p(f"    {cut(line)}")
     print_broken(p, summary)
+
+
+def print_coverage(p: Callable[..., None], modules: tuple[ModuleCoverage, ...], quiet: bool) -> None:
+    """The engine modules' lines and branches reached (--coverage), each module's never-reached lines listed
+    (every one in the JSON); with ``quiet``, the percentages only."""
+    statements = sum(module.statements for module in modules)
+    covered = sum(module.covered for module in modules)
+    share = f"{100.0 * covered / statements:.1f} %" if statements else "n/a"
+    p(f"engine coverage: lines {share} ({covered}/{statements}) of {len(modules)} modules")
+    for module in modules:
+        p(f"  {module.describe(ranges=0 if quiet else SHOWN_RANGES)}")
 
 
 def print_broken(p: Callable[..., None], summary: CampaignSummary) -> None:

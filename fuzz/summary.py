@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
+from .engine_coverage import ModuleCoverage
 from .stats import REACH, CampaignStats
 
 # the JSON summary's layout; docs/campaigns.md describes each field. A new, renamed, removed or retyped field
-# bumps it (2: ``broken`` and ``machine_examples``)
-SCHEMA_VERSION = 2
+# bumps it (2: ``broken`` and ``machine_examples``; 3: ``coverage``)
+SCHEMA_VERSION = 3
 # a package's version, None when it is not installed
 Version: TypeAlias = str | None
 # each target's engine packages and their versions
@@ -72,6 +73,8 @@ class CampaignSummary:
     versions: dict[str, Version | EngineVersions]
     # why the campaign as a whole broke (its backend failed, it was interrupted)
     problems: tuple[str, ...] = ()
+    # --coverage: what the batches reached of each engine module; None without it
+    coverage: tuple[ModuleCoverage, ...] | None = None
 
     @property
     def broken(self) -> list[tuple[str | None, str]]:
@@ -121,6 +124,7 @@ class CampaignSummary:
             "rules": dict(s.rules),
             "rejected": dict(s.rejected),
             "skipped": dict(s.skipped),
+            "coverage": None if self.coverage is None else [module.as_dict() for module in self.coverage],
             "failures": [
                 {
                     "machine": failure.machine,

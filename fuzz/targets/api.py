@@ -769,6 +769,9 @@ class TargetInfo:
     page_sizes: tuple[int, ...] | None = None
     # imports the target's modules (with their shims) to prove it works here; raises ImportError otherwise
     probe: Callable[[], object] | None = field(default=None, compare=False)
+    # the engine's cache modules whose lines and branches ``--coverage`` measures (dotted names of Python files);
+    # empty when the engine's cache is compiled or ours
+    engine_modules: tuple[str, ...] = ()
 
 
 def mix(n: int) -> int:

@@ -293,4 +293,5 @@ TARGET = TargetInfo(
     profile=PROFILE,
     how="no manager machine: SGLang's scheduler-side accounting needs its allocators and request objects",
     probe=import_radix_cache,
+    engine_modules=("sglang.srt.mem_cache.radix_cache",),
 )

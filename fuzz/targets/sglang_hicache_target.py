@@ -21,6 +21,7 @@ from .sglang_hicache import (
     import_hicache,
 )
 from .sglang_hicache_mamba import HostStates, TieredState
+from .sglang_modules import engine_modules
 from .sglang_unified import CORES, BothCores, SGLangUnifiedManager, SlidingWindow, unified_profile
 from .sglang_unified_mamba import drawn_state
 
@@ -181,4 +182,5 @@ def target(argument: str | None) -> TargetInfo:
         page_sizes=PAGE_SIZES,
         how="the hybrid machine with the executor: requests as SGLang's scheduler drives HiCache; the tiers' laws",
         probe=import_hicache,
+        engine_modules=engine_modules(cores, *("swa",) * swa, *("mamba",) * mamba, "hicache"),
     )

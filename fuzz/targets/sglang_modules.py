@@ -20,6 +20,42 @@ from .shims import bare, import_with_stand_ins, install, package_root, register,
 if TYPE_CHECKING:
     import torch
 
+# the unified cache's modules --coverage measures: the cache, each tree core's, each component's (with its
+# allocator), and HiCache's (the controller, the host pool, the storage backends)
+MEM_CACHE = "sglang.srt.mem_cache"
+UNIFIED_MODULES = (
+    f"{MEM_CACHE}.unified_radix_cache",
+    f"{MEM_CACHE}.unified_cache.components.base",
+    f"{MEM_CACHE}.unified_cache.components.full",
+    f"{MEM_CACHE}.allocator.paged",
+)
+CORE_MODULES = {
+    "rust": (f"{MEM_CACHE}.rust_tree_core.adapter",),
+    "python": (f"{MEM_CACHE}.unified_cache.unified_tree_core",),
+}
+COMPONENT_MODULES = {
+    "swa": (f"{MEM_CACHE}.unified_cache.components.swa", f"{MEM_CACHE}.allocator.swa"),
+    "mamba": (f"{MEM_CACHE}.unified_cache.components.mamba", f"{MEM_CACHE}.allocator.mamba"),
+    "hicache": (
+        "sglang.srt.managers.cache_controller",
+        f"{MEM_CACHE}.pool_host.base",
+        f"{MEM_CACHE}.pool_host.mha",
+        f"{MEM_CACHE}.hicache_storage",
+        f"{MEM_CACHE}.storage.file.lru_file_evictor",
+    ),
+}
+
+
+def engine_modules(cores: tuple[str, ...], *components: str) -> tuple[str, ...]:
+    """The modules of SGLang's unified cache that a target on ``cores`` with ``components`` runs."""
+    modules = [*UNIFIED_MODULES]
+    for core in cores:
+        modules += CORE_MODULES[core]
+    for component in components:
+        modules += COMPONENT_MODULES[component]
+    return tuple(modules)
+
+
 # pure helpers of sglang/srt/utils/common.py (the module imports orjson, triton, psutil): their own source
 COMMON_HELPERS = ("ceil_div", "ceil_align", "next_power_of_2", "get_num_new_pages", "assert_int64_array")
 

@@ -50,7 +50,7 @@ from ..lifecycle import Pool, StateShadow
 from ..stats import STATS
 from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
-from .sglang_modules import import_unified_cache
+from .sglang_modules import engine_modules, import_unified_cache
 from .sglang_unified import (
     CORES,
     POLICIES,
@@ -506,4 +506,5 @@ def target(argument: str | None) -> TargetInfo:
         page_sizes=(1, 2, 4, 8),
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the states, the pools",
         probe=import_mamba_cache,
+        engine_modules=engine_modules(cores, "swa", "mamba"),
     )

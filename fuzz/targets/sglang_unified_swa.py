@@ -28,7 +28,7 @@ from radixspec.spec import hybrid as hy
 from ..stats import STATS
 from .api import TargetError, TargetInfo
 from .sglang import VERSION
-from .sglang_modules import import_unified_cache
+from .sglang_modules import engine_modules, import_unified_cache
 from .sglang_unified import CORES, POLICIES, BothCores, SGLangUnifiedManager, SlidingWindow, unified_profile
 
 PROFILE = unified_profile(
@@ -75,4 +75,5 @@ def target(argument: str | None) -> TargetInfo:
         page_sizes=(1, 2, 4, 8),
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the window, both pools",
         probe=import_unified_cache,
+        engine_modules=engine_modules(cores, "swa"),
     )

@@ -40,6 +40,21 @@ from .api import PageKey, Profile, TargetInfo
 from .shims import Recorded, bare, never, package_root, register, stub, stub_any
 
 VERSION = "0.33.0"
+# vLLM's cache modules that --coverage measures: the block pool (with the prefix hashes), the coordinator and its
+# per-group managers, the request-level manager, the CPU offloading manager and its policies, the connectors
+CORE = "vllm.v1.core"
+BLOCK_POOL_MODULES = (f"{CORE}.block_pool", f"{CORE}.kv_cache_utils")
+COORDINATOR_MODULES = (*BLOCK_POOL_MODULES, f"{CORE}.kv_cache_coordinator", f"{CORE}.single_type_kv_cache_manager")
+OFFLOAD_MANAGER_MODULES = tuple(
+    f"vllm.v1.kv_offload.cpu.{name}" for name in ("manager", "policies.lru", "policies.arc")
+)
+CONNECTOR_MODULES = (
+    *COORDINATOR_MODULES,
+    f"{CORE}.kv_cache_manager",
+    "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler",
+    *OFFLOAD_MANAGER_MODULES,
+)
+SIMPLE_OFFLOAD_MODULES = (*COORDINATOR_MODULES, f"{CORE}.kv_cache_manager", "vllm.v1.simple_kv_offload.manager")
 
 
 class FreeQueueModel:
@@ -351,4 +366,5 @@ TARGET = TargetInfo(
     profile=PROFILE,
     how="no manager machine: KVCacheManager needs vLLM's scheduler config; its per-request calls are the cache's",
     probe=import_vllm,
+    engine_modules=BLOCK_POOL_MODULES,
 )

@@ -52,7 +52,7 @@ from ..lifecycle import CachedKV, KVCopy, hit_law
 from ..stats import STATS
 from .api import LifecycleProfile, PageKey, Profile, TargetInfo
 from .shims import install
-from .vllm import VERSION, BlockView, RequestStandIn, import_vllm
+from .vllm import COORDINATOR_MODULES, VERSION, BlockView, RequestStandIn, import_vllm
 
 PROFILE = LifecycleProfile(
     name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
@@ -650,4 +650,5 @@ TARGET = TargetInfo(
     profile=PROFILE,
     how="the hybrid machine: requests as KVCacheManager drives them; the hit, the window law and the pool checked",
     probe=import_hybrid,
+    engine_modules=COORDINATOR_MODULES,
 )

@@ -40,7 +40,7 @@ from ..lifecycle import StateShadow
 from ..stats import STATS
 from .api import LifecycleProfile, TargetInfo, mix
 from .shims import install
-from .vllm import VERSION, BlockView
+from .vllm import COORDINATOR_MODULES, VERSION, BlockView
 from .vllm_hybrid import EAGLE_MODES, RETENTIONS, HybridRequest, VllmHybridManager, import_hybrid
 
 PROFILE = LifecycleProfile(
@@ -294,4 +294,5 @@ TARGET = TargetInfo(
     how="the hybrid machine: requests as KVCacheManager and the scheduler's Mamba split drive them",
     probe=import_mamba,
     page_sizes=(2, 4, 8, 16),
+    engine_modules=COORDINATOR_MODULES,
 )

@@ -34,6 +34,7 @@ from radixspec.spec.prefix_cache import PageKey
 
 from .api import Profile, StoreOutput, TargetError, TargetInfo
 from .shims import Never, bare, install, package_root, register, stub
+from .vllm import OFFLOAD_MANAGER_MODULES
 
 VERSION = "0.33.0"
 # the eviction policies vLLM 0.33.0 registers (CachePolicyFactory)
@@ -270,6 +271,7 @@ def target(argument: str | None) -> TargetInfo:
         profile=PROFILE,
         how="the offload machine: the scheduler's calls and the workers' completions, late, out of order, failed",
         probe=import_offload,
+        engine_modules=OFFLOAD_MANAGER_MODULES,
     )
 
 

@@ -65,7 +65,7 @@ from radixspec.spec.errors import IntegrityError
 from ..stats import STATS
 from .api import BlockEvent, Pass, Plan, Profile, TargetError, TargetInfo, Transfer, choose_from, draw_choosing
 from .shims import Never, bare, install, never, package_root, register, stub
-from .vllm import VERSION, import_vllm
+from .vllm import CONNECTOR_MODULES, VERSION, import_vllm
 from .vllm_offload import ChunkStatus, check_counts, import_offload, policy_chunks
 
 PAGE_SIZES = (1, 2, 4, 8, 16)
@@ -1090,6 +1090,7 @@ def target(argument: str | None) -> TargetInfo:
         how="the planner machine: vLLM's scheduler replayed, the connector's jobs run as its worker does (late,"
         " flushed)",
         probe=import_connector,
+        engine_modules=CONNECTOR_MODULES,
     )
 
 

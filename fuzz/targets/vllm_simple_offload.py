@@ -49,7 +49,7 @@ from radixspec.spec.errors import IntegrityError
 from ..stats import STATS
 from .api import BlockEvent, Profile, TargetInfo, Transfer, choose_from, draw_choosing
 from .shims import register
-from .vllm import VERSION
+from .vllm import SIMPLE_OFFLOAD_MODULES, VERSION
 from .vllm_offload_connector import (
     MAX_MODEL_LEN,
     REQUIRES,
@@ -387,4 +387,5 @@ TARGET = TargetInfo(
     profile=PROFILE,
     how="the planner machine: vLLM's scheduler replayed, the connector's events run as its worker does (in order)",
     probe=import_simple,
+    engine_modules=SIMPLE_OFFLOAD_MODULES,
 )
