@@ -53,6 +53,7 @@ from .targets import resolve
 from .targets.api import CountsPages, LifecycleTarget, TargetInfo
 from .targets.layers import our_hybrid_caches
 from .targets.ours import SpecHybridCache
+from .workloads import Kind, Workload
 
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
 BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
@@ -110,6 +111,30 @@ def same_requests(names: list[str], what: str, reqs: list[HybridReq]) -> None:
         )
 
 
+def draw_pages(
+    free: list[deque[int]], windows: tuple[hy.Window, ...], pages: int, held: list[list[bool]]
+) -> list[list[int | None]]:
+    """One row per group for ``pages`` whole pages: fresh starts from the ledger ``free``, None where not held."""
+    rows: list[list[int | None]] = []
+    for group, window in enumerate(windows):
+        row: list[int | None] = []
+        for page in range(pages):
+            keep = window is None or held[group % len(held)][page % len(held[group % len(held)])]
+            row.append(free[group].popleft() if keep and free[group] else None)
+        rows.append(row)
+    return rows
+
+
+def uncached_pages(model: hy.HybridState, num_pages: int) -> list[deque[int]]:
+    """The cache half's ledger, per group: every page start of the pool that ``model`` does not cache, in order."""
+    p = model.page_size
+    ledger = []
+    for entries in model.groups:
+        cached = {entry.slot_start for entry in entries.values()}
+        ledger.append(deque(s for s in range(0, num_pages * p, p) if s not in cached))
+    return ledger
+
+
 class HybridMachine(RuleBasedStateMachine):
     """The spec's hybrid cache and our hybrid trees, and the hybrid manager over each, driven alike."""
 
@@ -143,6 +168,8 @@ class HybridMachine(RuleBasedStateMachine):
         # the lifecycle laws and their KV shadow (fuzz/lifecycle.py): the spec's manager (every manager of ours
         # holds its rows), or each tree core of a foreign one
         self.laws: list[LifecycleLaws] = []
+        # the example's traffic shapes (fuzz/workloads.py), sized to the pool at set-up
+        self.workload = Workload.for_pool(0, 1, 8)
 
     # small pools evict often; big ones let trees and keys grow
     @initialize(
@@ -156,6 +183,7 @@ class HybridMachine(RuleBasedStateMachine):
         self, page_size: int, num_pages: int, windows: list[WindowChoice], first: list[tuple[list[int], list[int]]]
     ) -> MultipleResults[tuple[int, ...]]:
         self.page_size, self.num_pages = page_size, num_pages
+        self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
         self.windows = hy.check_windows([window_for(choice, page_size) for choice in windows])
         ours = our_hybrid_caches()
         self.names = [name for name in ours if name in self.IMPLS]
@@ -165,6 +193,7 @@ class HybridMachine(RuleBasedStateMachine):
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
                 self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]
+                self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]
             self.laws = laws_for(target)
@@ -213,24 +242,9 @@ class HybridMachine(RuleBasedStateMachine):
             expect_same(what, judged[0], got, name)
         return judged[0]
 
-    def draw_pages(self, tokens: tuple[int, ...], held: list[list[bool]]) -> list[list[int | None]]:
-        """One row per group for ``tokens``' whole pages: fresh starts from the ledger, None where not held."""
-        rows: list[list[int | None]] = []
-        for group, window in enumerate(self.windows):
-            row: list[int | None] = []
-            for page in range(len(tokens) // self.page_size):
-                keep = window is None or held[group % len(held)][page % len(held[group % len(held)])]
-                row.append(self.free[group].popleft() if keep and self.free[group] else None)
-            rows.append(row)
-        return rows
-
     def settle_ledger(self) -> None:
         """The ledger after a call: every page start of the pool that the model does not cache, in order."""
-        for group, entries in enumerate(self.model.groups):
-            cached = {entry.slot_start for entry in entries.values()}
-            self.free[group] = deque(
-                s for s in range(0, self.num_pages * self.page_size, self.page_size) if s not in cached
-            )
+        self.free = uncached_pages(self.model, self.num_pages)
 
     @precondition(lambda self: not self.foreign)
     @rule(
@@ -241,7 +255,7 @@ class HybridMachine(RuleBasedStateMachine):
     )
     def insert_prefix(self, tokens: tuple[int, ...], held: list[list[bool]], namespace: Namespace) -> Inserted:
         STATS.record_rule("hybrid.insert_prefix")
-        rows = self.draw_pages(tokens, held)
+        rows = draw_pages(self.free, self.windows, len(tokens) // self.page_size, held)
         full_short = any(None in row for row, w in zip(rows, self.windows, strict=True) if w is None)
         got = [Outcome.of(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
         got += [Outcome.of(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
@@ -386,6 +400,16 @@ class HybridMachine(RuleBasedStateMachine):
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         self.submit(uid, prompt, namespace)
 
+    @rule(kind=st.sampled_from([kind.value for kind in Kind]), pick=st.integers(0, 63), pages=st.integers(1, 4))
+    def workload_request(self, kind: str, pick: int, pages: int) -> None:
+        """A request shaped as production traffic (fuzz/workloads.py): a long prefix shared with earlier ones."""
+        STATS.record_rule(f"hybrid.workload[{kind}]")
+        if not self.managers:
+            return
+        prompt = self.workload.prompt(Kind(kind), pick, pages)
+        uid, self.next_uid = self.next_uid, self.next_uid + 1
+        self.submit(uid, list(prompt), NAMESPACE_PALETTE[1] if kind == Kind.TENANTS else None)
+
     def submit(self, uid: int, prompt: list[int], namespace: Namespace) -> None:
         """Request ``uid`` matched and locked on every manager, or admitted by none (nothing changed)."""
         reqs = [HybridReq(uid, list(prompt), namespace) for _ in self.managers]
@@ -402,7 +426,8 @@ class HybridMachine(RuleBasedStateMachine):
         self.reqs[uid] = reqs
         if reqs[0].cached_len:
             STATS.record_rule("hybrid.match_req[hit]")
-        STATS.record_reach(longest_key_tokens=len(prompt))
+        STATS.record_prompt(len(prompt), reqs[0].cached_len)
+        STATS.record_reach(longest_key_tokens=len(prompt), most_running_requests=len(self.reqs))
         # a foreign manager's reach where it can tell (cached_page_count() is optional: a user's may not have it)
         if self.page_counter is not None:
             STATS.record_reach(largest_tree_pages=self.page_counter.cached_page_count())
@@ -458,6 +483,7 @@ class HybridMachine(RuleBasedStateMachine):
         for laws in self.laws:
             laws.finished(uid, finished)
         if finished:
+            self.workload.answered(tuple(self.reqs[uid][0].input_ids))
             del self.reqs[uid]
 
     @precondition(

@@ -249,10 +249,9 @@ def prefill_started(request: Request, start: int, page_size: int) -> tuple[int, 
     """A request's first chunk ran (its hit: ``start`` tokens), counted; the tokens of its hit's full pages."""
     request.started = True
     STATS.rules["planner.prefill"] += 1
-    STATS.rules["planner.prompt tokens"] += request.prompt
+    STATS.record_prompt(request.prompt, start)
     if start:
         STATS.rules["planner.prefill[hit]"] += 1
-        STATS.rules["planner.hit tokens"] += start
     return tuple(request.tokens[: start // page_size * page_size])
 
 

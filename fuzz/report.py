@@ -34,6 +34,12 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
         f" most pages indexed by a router {shown(s.most_router_blocks)}  (n/a: not observable by these machines)"
     )
     p(f"evicted pages {s.evicted_pages}   KV events replayed {s.events_replayed}")
+    if s.prompt_tokens:
+        p(
+            f"requests: token hit rate {100.0 * s.hit_tokens / s.prompt_tokens:.1f} % ({s.hit_tokens} of"
+            f" {s.prompt_tokens} prompt tokens cached when matched), most running at once"
+            f" {shown(s.most_running_requests)}"
+        )
     if s.most_transfers_in_flight is not None:
         ended = {rule: n for rule, n in s.rules.items() if rule.startswith("tiered.") and "[" in rule}
         p(

@@ -29,6 +29,7 @@ REACH = (
     "largest_host_pages",
     "largest_storage_pages",
     "most_transfers_in_flight",
+    "most_running_requests",
 )
 
 
@@ -77,6 +78,11 @@ class CampaignStats:
     largest_host_pages: int | None = None
     largest_storage_pages: int | None = None
     most_transfers_in_flight: int | None = None
+    # requests admitted and not yet finished, at once (the machines that drive requests)
+    most_running_requests: int | None = None
+    # the machines that drive requests: prompt tokens matched, and those the cache already held (the token hit rate)
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""
@@ -94,6 +100,11 @@ class CampaignStats:
     def record_store(self, rows: int) -> None:
         """Note the size of a KV store batch."""
         self.record_reach(largest_store_rows=rows)
+
+    def record_prompt(self, tokens: int, hit: int) -> None:
+        """A request matched its prompt of ``tokens`` tokens, ``hit`` of them cached already."""
+        self.prompt_tokens += tokens
+        self.hit_tokens += hit
 
     def record_reach(self, **values: int) -> None:
         """Raise any reach counter to ``values`` (names from REACH); the first value recorded sets it."""

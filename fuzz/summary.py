@@ -12,7 +12,8 @@ from .engine_coverage import ModuleCoverage
 from .stats import REACH, CampaignStats
 
 # the JSON summary's layout; docs/campaigns.md describes each field. A new, renamed, removed or retyped field
-# bumps it (2: ``broken`` and ``machine_examples``; 3: ``coverage``)
+# bumps it (2: ``broken`` and ``machine_examples``; 3: ``coverage``, ``prompt_tokens``, ``hit_tokens`` and
+# ``most_running_requests``)
 SCHEMA_VERSION = 3
 # a package's version, None when it is not installed
 Version: TypeAlias = str | None
@@ -116,6 +117,8 @@ class CampaignSummary:
             "steps_per_s": round(self.steps_per_s, 1),
             **{name: getattr(s, name) for name in REACH},
             "evicted_pages": s.evicted_pages,
+            "prompt_tokens": s.prompt_tokens,
+            "hit_tokens": s.hit_tokens,
             "events_replayed": s.events_replayed,
             "router_scores_checked": s.router_scores_checked,
             "router_removals": s.router_removals,

@@ -97,10 +97,22 @@ def test_coverage_where_nothing_can_be_measured_is_a_usage_error(
 
 
 # every built-in engine target that --coverage measures, each variant that changes its modules
-MEASURED = (
-    "sglang sglang:python sglang:both sglang:legacy sglang-swa sglang-mamba sglang-hicache sglang-hicache:swa,mamba"
-    " vllm vllm-hybrid vllm-mamba vllm-offload vllm-offload-connector vllm-simple-offload"
-).split()
+MEASURED = [
+    "sglang",
+    "sglang:python",
+    "sglang:both",
+    "sglang:legacy",
+    "sglang-swa",
+    "sglang-mamba",
+    "sglang-hicache",
+    "sglang-hicache:swa,mamba",
+    "vllm",
+    "vllm-hybrid",
+    "vllm-mamba",
+    "vllm-offload",
+    "vllm-offload-connector",
+    "vllm-simple-offload",
+]
 
 
 @pytest.mark.parametrize("name", MEASURED)

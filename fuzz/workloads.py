@@ -1,0 +1,111 @@
+"""Workload models: prompts shaped as a serving engine's traffic is, for the machines that drive requests.
+
+The random prompts of ``sequences.py`` share prefixes of every length over a small alphabet: good at splits
+and partial pages, poor at reuse (2-5 % of an engine campaign's matches hit). Production traffic reuses long
+prefixes; these are its shapes, each a ``Kind``:
+
+* ``SYSTEM``: the example's shared system prompt, then a fresh user turn;
+* ``MULTI_TURN``: a conversation continued: a whole earlier request (its prompt and its answer), then a fresh turn;
+* ``AGENT_TREE``: a branch off a conversation: its tokens cut after the system prompt, then a fresh tool call;
+* ``FEW_SHOT``: the system prompt and one of a few templates of worked examples, then a fresh question;
+* ``DOCUMENT``: one of a few long retrieved documents, then a fresh question;
+* ``TENANTS``: the system prompt and a fresh turn under another namespace (a salt, a LoRA): it must never hit
+  what another tenant cached (the machine draws the namespace).
+
+One ``Workload`` per example holds the shared parts (drawn from its seed) and the conversations (the requests
+that finished); its sizes follow the pool, so that prompts fit and still press on it. Token ids lie in
+[1000, 30000): no page pattern of ``sequences.py`` uses them, and every engine's vocabulary holds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+# token ids the shared parts and fresh turns take (below every target's vocabulary size)
+FIRST_TOKEN, TOKEN_SPAN = 1000, 29000
+# conversations a workload keeps to continue (the newest)
+CONVERSATIONS = 16
+
+
+class Kind(StrEnum):
+    """A workload's prompt shape (the module docstring says each)."""
+
+    SYSTEM = "system prompt"
+    MULTI_TURN = "multi-turn"
+    AGENT_TREE = "agent tree"
+    FEW_SHOT = "few-shot"
+    DOCUMENT = "document"
+    TENANTS = "tenants"
+
+
+def tokens_of(seed: int, part: int, count: int) -> tuple[int, ...]:
+    """``count`` token ids of shared part ``part``: the same for the same seed and part, unlike any other's."""
+    state = (seed * 1_000_003 + part * 7_919 + 1) % 2**32
+    out = []
+    for _ in range(count):
+        state = (state * 1_664_525 + 1_013_904_223) % 2**32
+        out.append(FIRST_TOKEN + (state >> 8) % TOKEN_SPAN)
+    return tuple(out)
+
+
+@dataclass
+class Workload:
+    """One example's traffic: its shared parts, drawn once from ``seed``, and its conversations, growing."""
+
+    seed: int
+    page_size: int
+    # tokens a prompt may take: a share of the pool, so that several requests fit and still press on it
+    budget: int
+    system: tuple[int, ...] = ()
+    templates: tuple[tuple[int, ...], ...] = ()
+    documents: tuple[tuple[int, ...], ...] = ()
+    # whole sequences of finished requests (prompt and answer), the newest last
+    conversations: list[tuple[int, ...]] = field(default_factory=list)
+    # fresh parts handed out so far (each fresh turn differs from every other)
+    fresh: int = 0
+
+    @classmethod
+    def for_pool(cls, seed: int, page_size: int, pool_tokens: int) -> Workload:
+        """The shared parts for a pool of ``pool_tokens``: a prompt takes at most a quarter of it, the system
+        prompt an eighth (whole pages and a partial one), the templates and documents up to a quarter."""
+        budget = max(2, pool_tokens // 4)
+        system = tokens_of(seed, 0, max(1, pool_tokens // 8 + page_size // 2))
+        templates = tuple(system + tokens_of(seed, 1 + i, max(1, budget // 8 * (i + 1))) for i in range(3))
+        documents = tuple(tokens_of(seed, 10 + i, max(1, budget * 3 // 4 - i * page_size)) for i in range(3))
+        return cls(seed, page_size, budget, system, templates, documents)
+
+    def turn(self, pages: int) -> tuple[int, ...]:
+        """A fresh user turn (or question, or tool call) of about ``pages`` pages, unlike any other."""
+        self.fresh += 1
+        return tokens_of(self.seed, 1000 + self.fresh, max(1, pages * self.page_size - self.fresh % self.page_size))
+
+    def prompt(self, kind: Kind, pick: int, pages: int) -> tuple[int, ...]:
+        """A prompt of ``kind``; ``pick`` chooses the conversation, template or document and where a branch cuts."""
+        turn = self.turn(pages)
+        if kind in (Kind.SYSTEM, Kind.TENANTS):
+            prompt = self.system + turn
+        elif kind == Kind.FEW_SHOT:
+            prompt = self.templates[pick % len(self.templates)] + turn
+        elif kind == Kind.DOCUMENT:
+            prompt = self.documents[pick % len(self.documents)] + turn
+        elif not self.conversations:
+            prompt = self.system + turn  # the first turn of a conversation
+        else:
+            history = self.conversations[-1 - pick % len(self.conversations)]
+            if kind == Kind.AGENT_TREE:
+                # a branch after the system prompt, anywhere in the history
+                cut = len(self.system) + pick * 7 % max(1, len(history) - len(self.system) + 1)
+                history = history[:cut]
+            prompt = history + turn
+        if len(prompt) <= self.budget:
+            return prompt
+        # a conversation past the budget starts again after the system prompt, its newest tokens kept (as a
+        # chat front end trims a context that grew too long)
+        keep = max(1, self.budget - len(self.system))
+        return self.system + prompt[len(prompt) - keep :]
+
+    def answered(self, sequence: tuple[int, ...]) -> None:
+        """A request finished with ``sequence`` (its prompt and its answer): a conversation to continue."""
+        self.conversations.append(sequence)
+        del self.conversations[:-CONVERSATIONS]

@@ -1,0 +1,96 @@
+"""Workload models (fuzz/workloads.py): prompts shaped as an engine's traffic, and the hybrid machine drawing them."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixspec.fuzz.regression import build_machine
+from radixspec.fuzz.sequences import NAMESPACE_PALETTE
+from radixspec.fuzz.stats import STATS
+from radixspec.fuzz.workloads import FIRST_TOKEN, TOKEN_SPAN, Kind, Workload, tokens_of
+
+
+def test_a_shared_part_is_the_same_for_its_seed_and_unlike_any_other() -> None:
+    assert tokens_of(3, 1, 50) == tokens_of(3, 1, 50)
+    assert tokens_of(3, 1, 50) != tokens_of(3, 2, 50) != tokens_of(4, 1, 50)
+    assert all(FIRST_TOKEN <= token < FIRST_TOKEN + TOKEN_SPAN for token in tokens_of(9, 9, 500))
+
+
+def test_each_kind_shares_its_prefix_and_ends_in_a_fresh_turn() -> None:
+    workload = Workload.for_pool(seed=5, page_size=4, pool_tokens=1024)
+    system = workload.system
+    assert len(system) == 1024 // 8 + 2
+    first, second = (workload.prompt(Kind.SYSTEM, 0, 2) for _ in range(2))
+    assert first[: len(system)] == second[: len(system)] == system and first != second
+    shot = workload.prompt(Kind.FEW_SHOT, 4, 1)
+    assert (
+        shot[: len(workload.templates[1])] == workload.templates[1] and workload.templates[1][: len(system)] == system
+    )
+    document = workload.prompt(Kind.DOCUMENT, 2, 1)
+    assert document[: len(workload.documents[2])] == workload.documents[2]
+    # no conversation yet: a multi-turn prompt starts one after the system prompt
+    assert workload.prompt(Kind.MULTI_TURN, 0, 1)[: len(system)] == system
+    answered = (*first, 1, 2, 3)
+    workload.answered(answered)
+    follow = workload.prompt(Kind.MULTI_TURN, 0, 1)
+    assert follow[: len(answered)] == answered and len(follow) > len(answered)
+    branch = workload.prompt(Kind.AGENT_TREE, 3, 1)
+    # the branch cuts after the system prompt, at a point the pick chooses, then a fresh tool call
+    cut = len(system) + 3 * 7 % (len(answered) - len(system) + 1)
+    assert branch[:cut] == answered[:cut] and len(branch) > cut and set(branch[cut:]).isdisjoint(answered)
+    for kind in Kind:
+        assert all(len(workload.prompt(kind, pick, 4)) <= workload.budget for pick in range(10))
+
+
+def test_a_conversation_past_the_budget_keeps_the_system_prompt_and_its_newest_tokens() -> None:
+    workload = Workload.for_pool(seed=1, page_size=16, pool_tokens=64)
+    assert workload.budget == 16 and len(workload.system) == 16
+    workload.answered(tuple(range(1, 40)))
+    prompt = workload.prompt(Kind.MULTI_TURN, 0, 2)
+    assert prompt[:16] == workload.system and len(prompt) == 17
+    workload = Workload.for_pool(seed=1, page_size=4, pool_tokens=256)
+    history = tuple(range(100, 180))
+    workload.answered(history)
+    prompt = workload.prompt(Kind.MULTI_TURN, 0, 1)
+    assert len(prompt) == workload.budget and prompt[: len(workload.system)] == workload.system
+
+
+def test_conversations_keep_the_newest_sixteen() -> None:
+    workload = Workload.for_pool(seed=1, page_size=1, pool_tokens=400)
+    for i in range(20):
+        workload.answered((i,))
+    assert workload.conversations == [(i,) for i in range(4, 20)]
+
+
+@pytest.mark.parametrize("kind", [kind.value for kind in Kind if kind != Kind.TENANTS])
+def test_in_the_hybrid_machine_a_second_request_of_a_kind_hits_what_the_first_cached(kind: str) -> None:
+    """The first request of ``kind`` runs to its end and is cached; the next one of that kind matches at least
+    the system prompt's (or the template's, the document's, the conversation's) whole pages."""
+    state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
+    state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
+    state.workload_request(kind=kind, pick=0, pages=1)
+    state.allocate_and_store(which=0, tokens=4096)
+    state.decode(which=0, token=1)
+    state.allocate_and_store(which=0, tokens=40)
+    state.cache_req(which=0, finished=True)
+    state.managers_keep_the_laws()
+    assert state.workload.conversations
+    before = STATS.hit_tokens, STATS.prompt_tokens
+    state.workload_request(kind=kind, pick=0, pages=1)
+    hit = STATS.hit_tokens - before[0]
+    assert hit >= len(state.workload.system) // 4 * 4 > 0 and STATS.prompt_tokens > before[1]
+    state.managers_keep_the_laws()
+    state.teardown()
+
+
+def test_in_the_hybrid_machine_another_tenants_request_never_hits_the_first_tenants_pages() -> None:
+    state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
+    state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
+    state.workload_request(kind=Kind.SYSTEM.value, pick=0, pages=1)
+    state.allocate_and_store(which=0, tokens=4096)
+    state.cache_req(which=0, finished=True)
+    before = STATS.hit_tokens
+    state.workload_request(kind=Kind.TENANTS.value, pick=0, pages=1)
+    assert STATS.hit_tokens == before
+    assert state.reqs[1][0].namespace == NAMESPACE_PALETTE[1]
+    state.teardown()
