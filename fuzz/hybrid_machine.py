@@ -448,7 +448,8 @@ class HybridMachine(RuleBasedStateMachine):
             laws.copied()
 
     @precondition(lambda self: self.reqs)
-    @rule(which=st.integers(0, 63), tokens=st.integers(1, 40))
+    # chunks of a few tokens (decode steps, small chunks), or of a chunked prefill's budget: long prompts finish
+    @rule(which=st.integers(0, 63), tokens=st.one_of(st.integers(1, 40), st.sampled_from([256, 2048])))
     def allocate_and_store(self, which: int, tokens: int) -> None:
         """A prefill chunk or a decode step: pages for ``tokens`` more tokens, then their KV stored."""
         STATS.record_rule("hybrid.allocate_and_store")

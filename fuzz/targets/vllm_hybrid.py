@@ -38,6 +38,7 @@ import inspect
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from radixspec.reference.hybrid_manager import HybridReq
@@ -53,6 +54,7 @@ from ..stats import STATS
 from .api import LifecycleProfile, PageKey, Profile, TargetInfo
 from .shims import install
 from .vllm import COORDINATOR_MODULES, VERSION, BlockView, RequestStandIn, import_vllm
+from .vllm import TARGET as BLOCK_POOL_TARGET
 
 PROFILE = LifecycleProfile(
     name=f"vllm {VERSION} HybridKVCacheCoordinator (full attention + sliding windows)",
@@ -358,11 +360,16 @@ class VllmHybridManager:
             for e in ends
         )
 
+    def drop_margin(self) -> int:
+        """Tokens past the limit EAGLE's drop may find before it drops them: the hybrid coordinator looks one
+        unit further (its proof margin, vLLM #32802), so the drop lands back at the limit."""
+        return self.rule.unit if self.rule.drop else 0
+
     def judge_hit(self, uid: int, request: HybridRequest, hit: int) -> None:
         """The hit is the hit rule's longest valid match of what the pool caches now, at most the prompt less its
-        last token (with EAGLE's drop, one unit more found, then dropped)."""
+        last token (with EAGLE's drop, one unit more found, then dropped: ``drop_margin``)."""
         limit = request.num_tokens - 1
-        margin = self.rule.unit if self.rule.drop else 0
+        margin = self.drop_margin()
         cached = lambda group, end: self.is_cached(request, group, end, limit + margin)  # noqa: E731
         hit_law(uid, hit, self.rule, cached, request.num_tokens, limit, "the pool's cached blocks", margin=margin)
 
@@ -640,6 +647,43 @@ def factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> V
     )
     STATS.record_rule(f"vllm-hybrid.groups[{groups}]")
     return manager
+
+
+class VllmDenseManager(VllmHybridManager):
+    """A dense model's cache: one full-attention group (vLLM's unitary coordinator), as most deployments run it;
+    with EAGLE no window group's drop masks the full group's."""
+
+    def group_kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
+        return (None,)
+
+    def drop_margin(self) -> int:
+        """The unitary coordinator finds at most the limit, then drops: no margin (so a prompt cached whole hits
+        one block less than under the hybrid coordinator)."""
+        return 0
+
+
+def dense_factory(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> VllmDenseManager:
+    """The dense model's manager, EAGLE (off, drop, lookahead) and deferred frees drawn from the pool size."""
+    manager = VllmDenseManager(
+        page_size,
+        windows,
+        num_pages,
+        eagle=EAGLE_MODES[num_pages % len(EAGLE_MODES)],
+        defer_free=num_pages // len(EAGLE_MODES) % 2 == 1,
+    )
+    STATS.record_rule(f"vllm.dense[eagle={manager.eagle}, defer_free={manager.defer_free}]")
+    return manager
+
+
+# the `vllm` target: the block pool under the cache machine, and a dense model's KVCacheManager path under the
+# hybrid machine's request lifecycle
+DENSE_TARGET = replace(
+    BLOCK_POOL_TARGET,
+    description=f"{BLOCK_POOL_TARGET.description}; a dense model through the request lifecycle (EAGLE drawn)",
+    hybrid_factory=dense_factory,
+    how=f"{BLOCK_POOL_TARGET.how}; the hybrid machine: a dense model's requests, the hit with EAGLE's drop checked",
+    engine_modules=COORDINATOR_MODULES,
+)
 
 
 TARGET = TargetInfo(
