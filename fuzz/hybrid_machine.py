@@ -125,6 +125,39 @@ def draw_pages(
     return rows
 
 
+def bad_rows(model: hy.HybridState, num_pages: int, whole: int, kind: str) -> list[list[int | None]]:
+    """Rows for ``whole`` pages that break the insert's contract as ``kind`` says (one of BAD_INSERTS): fresh
+    slots past the pool, then one misaligned, already cached, missing in a full group, a row short, a group
+    too few or too many."""
+    p, windows = model.page_size, model.windows
+    cached = [[e.slot_start for e in entries.values()] for entries in model.groups]
+    rows: list[list[int | None]] = [
+        [num_pages * p + (g * whole + k) * p for k in range(whole)] for g in range(len(windows))
+    ]
+    if kind == "misaligned" and p > 1 and whole:
+        rows[-1][-1] = (rows[-1][-1] or 0) + 1
+    elif kind == "duplicate" and whole and cached[-1]:
+        rows[-1][-1] = cached[-1][0]
+    elif kind == "missing" and whole and None in windows:
+        rows[windows.index(None)][-1] = None
+    elif kind == "short_row":
+        rows[0] = rows[0][:-1] if whole else [0]
+    elif kind == "groups":
+        rows = rows[:-1] if len(rows) > 1 else rows + rows
+    return rows
+
+
+def record_reach(model: hy.HybridState, tokens: int) -> None:
+    """The cache half's reach after a call on a key of ``tokens`` tokens."""
+    STATS.record_reach(
+        longest_key_tokens=tokens,
+        largest_tree_pages=max(len(g) for g in model.groups),
+        # one node per page in the trees: a path's nodes are its pages
+        deepest_path_nodes=max((len(key[1]) // model.page_size for g in model.groups for key in g), default=0),
+        most_namespaces=len({key[0] for g in model.groups for key in g}),
+    )
+
+
 def uncached_pages(model: hy.HybridState, num_pages: int) -> list[deque[int]]:
     """The cache half's ledger, per group: every page start of the pool that ``model`` does not cache, in order."""
     p = model.page_size
@@ -262,7 +295,7 @@ class HybridMachine(RuleBasedStateMachine):
         results = [replace(o, value=(o.value.unused, o.value.handle.cached_len)) if o.ok else o for o in got]
         self.same(f"insert_prefix of {len(tokens)} tokens (pool short: {full_short})", results)
         self.settle_ledger()
-        self.record_reach(len(tokens))
+        record_reach(self.model, len(tokens))
         if not got[0].ok:
             STATS.record_rejection(got[0].error_class)
             return multiple()
@@ -273,21 +306,7 @@ class HybridMachine(RuleBasedStateMachine):
     def insert_bad_pages(self, tokens: tuple[int, ...], kind: str, namespace: Namespace) -> None:
         """A bad row: every implementation raises the same error and changes nothing."""
         STATS.record_rule(f"hybrid.insert_bad_pages[{kind}]")
-        p, whole = self.page_size, len(tokens) // self.page_size
-        cached = [[e.slot_start for e in entries.values()] for entries in self.model.groups]
-        rows: list[list[int | None]] = [
-            [self.num_pages * p + (g * whole + k) * p for k in range(whole)] for g in range(len(self.windows))
-        ]
-        if kind == "misaligned" and p > 1 and whole:
-            rows[-1][-1] = (rows[-1][-1] or 0) + 1
-        elif kind == "duplicate" and whole and cached[-1]:
-            rows[-1][-1] = cached[-1][0]
-        elif kind == "missing" and whole and None in self.windows:
-            rows[self.windows.index(None)][-1] = None
-        elif kind == "short_row":
-            rows[0] = rows[0][:-1] if whole else [0]
-        elif kind == "groups":
-            rows = rows[:-1] if len(rows) > 1 else rows + rows
+        rows = bad_rows(self.model, self.num_pages, len(tokens) // self.page_size, kind)
         before = self.snapshot()
         got = [Outcome.of(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
         got += [Outcome.of(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
@@ -313,7 +332,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.same(
             f"match_prefix of {len(tokens)} tokens", [(h.cached_len, m) for h, m in zip(handles, pages, strict=True)]
         )
-        self.record_reach(len(tokens))
+        record_reach(self.model, len(tokens))
         return (namespace, tuple(handles))
 
     @precondition(lambda self: not self.foreign)
@@ -366,15 +385,6 @@ class HybridMachine(RuleBasedStateMachine):
         """The model's state, copied (to tell that a rejected call changed nothing)."""
         return (tuple(dict(g) for g in self.model.groups), dict(self.model.locks), self.model.clock)
 
-    def record_reach(self, tokens: int) -> None:
-        STATS.record_reach(
-            longest_key_tokens=tokens,
-            largest_tree_pages=max(len(g) for g in self.model.groups),
-            # one node per page in the trees: a path's nodes are its pages
-            deepest_path_nodes=max((len(key[1]) // self.page_size for g in self.model.groups for key in g), default=0),
-            most_namespaces=len({key[0] for g in self.model.groups for key in g}),
-        )
-
     @invariant()
     def caches_agree(self) -> None:
         """Every tree's abstract state is the spec's state; every tree passes its own integrity check."""
@@ -409,6 +419,9 @@ class HybridMachine(RuleBasedStateMachine):
         prompt = self.workload.prompt(Kind(kind), pick, pages)
         uid, self.next_uid = self.next_uid, self.next_uid + 1
         self.submit(uid, list(prompt), NAMESPACE_PALETTE[1] if kind == Kind.TENANTS else None)
+        if uid in self.reqs:
+            STATS.rules[f"hybrid.workload[{kind}] tokens"] += len(prompt)
+            STATS.rules[f"hybrid.workload[{kind}] tokens hit"] += self.reqs[uid][0].cached_len
 
     def submit(self, uid: int, prompt: list[int], namespace: Namespace) -> None:
         """Request ``uid`` matched and locked on every manager, or admitted by none (nothing changed)."""
@@ -474,6 +487,22 @@ class HybridMachine(RuleBasedStateMachine):
         if self.reqs[uid][0].computed == len(self.reqs[uid][0].input_ids):
             for req in self.reqs[uid]:
                 req.input_ids.append(token)
+
+    @precondition(lambda self: self.reqs)
+    @rule(which=st.integers(0, 63), answer=st.integers(0, 3))
+    def serve(self, which: int, answer: int) -> None:
+        """A request served to its end as an engine serves it: its prefill in chunks of the budget, one decode
+        step, then cached as finished (what a later turn of its conversation, or its prefix's next request, hits).
+        A chunk the pool has no room for stops it there: it waits, running."""
+        STATS.record_rule("hybrid.serve")
+        uid = sorted(self.reqs)[which % len(self.reqs)]
+        while (done := self.reqs[uid][0].computed) < len(self.reqs[uid][0].input_ids):
+            self.allocate_and_store(sorted(self.reqs).index(uid), 2048)
+            if self.reqs[uid][0].computed == done:
+                return
+        self.decode(sorted(self.reqs).index(uid), answer)
+        self.allocate_and_store(sorted(self.reqs).index(uid), 1)
+        self.cache_req(sorted(self.reqs).index(uid), finished=True)
 
     @precondition(lambda self: self.reqs)
     @rule(which=st.integers(0, 63), finished=st.booleans())
