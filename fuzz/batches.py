@@ -50,6 +50,8 @@ class BatchSpec:
     shallow: bool = False
     # --coverage: the engine modules whose lines and branches this batch measures (fuzz/engine_coverage.py)
     coverage: tuple[str, ...] = ()
+    # a swarm batch: its seed picks the rules it turns off (fuzz/machines.py, swarm_off); None: every rule on
+    swarm: int | None = None
 
 
 @dataclass
@@ -110,7 +112,7 @@ def machine_class(spec: BatchSpec) -> type[RuleBasedStateMachine]:
     """The state machine class the spec names (a target is resolved here, in the worker)."""
     from .machines import machine_for
 
-    return machine_for(spec.machine, spec.targets, spec.device, spec.lru, spec.shallow)
+    return machine_for(spec.machine, spec.targets, spec.device, spec.lru, spec.shallow, spec.swarm)
 
 
 def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
@@ -124,12 +126,14 @@ def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:
 
 def run_examples(spec: BatchSpec, notify: Notify | None) -> BatchResult:
     """The batch's examples, shrinking included, and what they found."""
-    from .machines import FailureClock, Stop
+    from .machines import FailureClock, Stop, record_swarm
 
     STATS.reset()
     Stop.deadline = spec.deadline
     try:
         machine = machine_class(spec)
+        if spec.swarm is not None:
+            record_swarm(spec.machine, machine)
         seed_machine(machine, spec.seed)
         base = settings.get_profile(profiles.PREFIX + "campaign")
         database = database_for(spec.database)

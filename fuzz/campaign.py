@@ -164,8 +164,10 @@ class Campaign:
         index = state.batches
         state.batches += 1
         # every other batch of a machine is shallow, its first included: cheap examples first, so that the
-        # deep states cost shallow bugs no time
+        # deep states cost shallow bugs no time; every other deep batch is a swarm batch, half its rules off, so
+        # that rare interleavings are not drowned by the common ones
         shallow = index % 2 == 0
+        swarm = index % 4 == 3 and not getattr(self.args, "no_swarm", False)
         state.examples += examples
         deadline = (self.start + self.budget_s - MARGIN_S) if self.budget_s else float("inf")
         return BatchSpec(
@@ -182,6 +184,7 @@ class Campaign:
             database=self.args.db,
             shallow=shallow,
             coverage=self.engine_modules,
+            swarm=batch_seed(self.args.seed, f"{state.name}:swarm", index) if swarm else None,
         )
 
     @property

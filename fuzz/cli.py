@@ -177,6 +177,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=positive_int, default=CAMPAIGN_STEPS, help="steps per example")
     parser.add_argument("--no-shrink", action="store_true", help="report the first failing example as found")
     parser.add_argument(
+        "--no-swarm",
+        action="store_true",
+        help="every batch runs every rule (by default every fourth batch of a machine is a swarm batch: each of its"
+        " rules off with probability one half; the summary counts them)",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="after a failure, keep running that machine and report every distinct failure (to survey a target)",

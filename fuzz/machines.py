@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -61,6 +63,48 @@ class FailureClock:
                 cls.notify(f"{type(failure).__name__}: {failure}")
 
 
+def rule_names(machine: type[RuleBasedStateMachine]) -> list[str]:
+    """The names of ``machine``'s rules (its initializers and invariants are not rules), sorted."""
+    return sorted(name for name, member in inspect.getmembers(machine) if hasattr(member, "hypothesis_stateful_rule"))
+
+
+def swarm_off(machine: type[RuleBasedStateMachine], seed: int) -> tuple[str, ...]:
+    """The rules a swarm batch of seed ``seed`` turns off: each with probability one half (swarm testing: Groce et
+    al., ISSTA 2012), never all of them."""
+    draw = random.Random(seed)
+    rules = rule_names(machine)
+    off = [name for name in rules if draw.random() < 0.5]
+    if len(off) == len(rules):
+        off.pop(draw.randrange(len(off)))
+    return tuple(off)
+
+
+def without_rules(machine: type[RuleBasedStateMachine], names: tuple[str, ...]) -> dict[str, object]:
+    """Class attributes that hide ``names`` from Hypothesis's rule list: each a plain method calling the rule's
+    body (a regression program that names it still runs), with no rule marker."""
+
+    def hidden(name: str) -> Callable[..., object]:
+        body = getattr(machine, name)
+
+        def call(self: RuleBasedStateMachine, *args: object, **kwargs: object) -> object:
+            return body(self, *args, **kwargs)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    return {name: hidden(name) for name in names}
+
+
+def record_swarm(name: str, machine: type[RuleBasedStateMachine]) -> None:
+    """Count a swarm batch of machine ``name`` and each rule it turned off (the summary's configurations)."""
+    from .stats import STATS
+
+    off: tuple[str, ...] = getattr(machine, "SWARM_OFF", ())
+    STATS.rules[f"swarm[{name}] batches"] += 1
+    for rule in off:
+        STATS.rules[f"swarm[{name}] off: {rule}"] += 1
+
+
 def executes(target: str | TargetInfo) -> bool:
     """Whether ``target`` is a tiered lifecycle target the machine runs the transfers of (ours never are)."""
     if isinstance(target, TargetInfo):
@@ -74,12 +118,13 @@ def machine_for(
     device: str = "cpu",
     lru: str | None = None,
     shallow: bool = False,
+    swarm: int | None = None,
 ) -> type[RuleBasedStateMachine]:
     """The machine ``name`` driving the spec beside ``targets`` (names as --impl and --target take them, or
     TargetInfo objects: radixspec.testing passes a user's factory so; the
     kv machine: the pool on ``device``), in LRU mode ``lru`` (default: the profiles'); ``shallow``: a shallow
-    batch's machine (the cache machine grows no big trees and no long keys). Notes the time of its first
-    failure."""
+    batch's machine (the cache machine grows no big trees and no long keys); ``swarm``: a swarm batch's seed (the
+    rules ``swarm_off`` picks are off). Notes the time of its first failure."""
     base = machine_class(name)
     if name == "hybrid" and any(executes(target) for target in targets):
         from .hybrid_executor import TieredHybridMachine
@@ -116,4 +161,7 @@ def machine_for(
         attributes["DEVICE"] = device
     else:
         attributes["IMPLS"] = targets
+    if swarm is not None:
+        attributes["SWARM_OFF"] = off = swarm_off(base, swarm)
+        attributes.update(without_rules(base, off))
     return type(base.__name__, (base,), attributes)

@@ -62,6 +62,17 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
         )
     if summary.coverage is not None:
         print_coverage(p, summary.coverage, quiet)
+    swarms = {
+        rule[len("swarm[") : -len("] batches")]: n
+        for rule, n in s.rules.items()
+        if rule.startswith("swarm[") and rule.endswith("] batches")
+    }
+    if swarms:
+        p(
+            "swarm batches: "
+            + ", ".join(f"{machine} {n}" for machine, n in swarms.items())
+            + " (each rule off with probability one half; which, counted per rule without --quiet and in --json)"
+        )
     fresh = " (fresh)" if summary.seed_was_fresh else ""
     p(f"seed {summary.seed}{fresh}: radixspec fuzz --seed {summary.seed} with the same options reruns it")
     if quiet:
