@@ -490,11 +490,11 @@ class HybridMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.reqs)
     @rule(which=st.integers(0, 63), answer=st.integers(0, 3))
-    def serve(self, which: int, answer: int) -> None:
-        """A request served to its end as an engine serves it: its prefill in chunks of the budget, one decode
+    def serve_running(self, which: int, answer: int) -> None:
+        """A running request served to its end as an engine serves it: its prefill in chunks of the budget, one decode
         step, then cached as finished (what a later turn of its conversation, or its prefix's next request, hits).
         A chunk the pool has no room for stops it there: it waits, running."""
-        STATS.record_rule("hybrid.serve")
+        STATS.record_rule("hybrid.serve_running")
         uid = sorted(self.reqs)[which % len(self.reqs)]
         while (done := self.reqs[uid][0].computed) < len(self.reqs[uid][0].input_ids):
             self.allocate_and_store(sorted(self.reqs).index(uid), 2048)

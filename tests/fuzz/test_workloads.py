@@ -96,11 +96,11 @@ def test_in_the_hybrid_machine_another_tenants_request_never_hits_the_first_tena
     state.teardown()
 
 
-def test_serve_runs_a_request_to_its_end_and_a_later_turn_of_its_conversation_hits_it() -> None:
+def test_serve_running_runs_a_request_to_its_end_and_a_later_turn_of_its_conversation_hits_it() -> None:
     state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
     state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
     state.workload_request(kind=Kind.MULTI_TURN.value, pick=0, pages=2)
-    state.serve(which=0, answer=2)
+    state.serve_running(which=0, answer=2)
     # prefilled whole, one token decoded, cached as finished: its prompt and answer open a conversation
     assert not state.reqs and len(state.workload.conversations[0]) == len(state.workload.system) + 7 + 1
     state.managers_keep_the_laws()
