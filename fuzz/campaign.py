@@ -71,6 +71,8 @@ __all__ = [
     "run",
 ]
 
+# a machine's batches before its first swarm batch
+SWARM_FROM = 32
 # seconds a batch keeps free before the budget ends (its shrinking ends there), and the grace after it
 MARGIN_S, GRACE_S = 4.0, 5.0
 
@@ -164,10 +166,11 @@ class Campaign:
         index = state.batches
         state.batches += 1
         # every other batch of a machine is shallow, its first included: cheap examples first, so that the
-        # deep states cost shallow bugs no time; every other deep batch is a swarm batch, half its rules off, so
-        # that rare interleavings are not drowned by the common ones
+        # deep states cost shallow bugs no time; past the first SWARM_FROM batches (where the common bugs are
+        # found: a swarm batch there doubled a planted bug's catch time), every other deep batch is a swarm batch,
+        # half its rules off, so that rare interleavings are not drowned by the common ones
         shallow = index % 2 == 0
-        swarm = index % 4 == 3 and not getattr(self.args, "no_swarm", False)
+        swarm = index >= SWARM_FROM and index % 4 == 3 and not getattr(self.args, "no_swarm", False)
         state.examples += examples
         deadline = (self.start + self.budget_s - MARGIN_S) if self.budget_s else float("inf")
         return BatchSpec(

@@ -179,8 +179,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-swarm",
         action="store_true",
-        help="every batch runs every rule (by default every fourth batch of a machine is a swarm batch: each of its"
-        " rules off with probability one half; the summary counts them)",
+        help="every batch runs every rule (by default, past a machine's first 32 batches, every fourth is a swarm"
+        " batch: each of its rules off with probability one half; the summary counts them)",
     )
     parser.add_argument(
         "--keep-going",

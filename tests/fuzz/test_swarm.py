@@ -1,4 +1,5 @@
-"""Swarm batches: every fourth batch of a machine turns each of its rules off with probability one half."""
+"""Swarm batches: past a machine's first batches, every fourth turns each of its rules off with probability one
+half."""
 
 from __future__ import annotations
 
@@ -35,19 +36,23 @@ def test_a_swarm_machine_runs_without_its_rules_off_and_still_answers_them_by_na
     assert callable(getattr(swarm, off[0]))
 
 
-def test_every_fourth_batch_is_a_swarm_batch_unless_turned_off() -> None:
-    for argv, expected in ((["--minutes", "1"], [False, False, False, True] * 2), (["--no-swarm"], [False] * 8)):
+def test_past_the_first_batches_every_fourth_batch_is_a_swarm_batch_unless_turned_off() -> None:
+    first = [False] * campaign.SWARM_FROM
+    for argv, expected in (
+        (["--minutes", "1"], first + [False, False, False, True] * 2),
+        (["--no-swarm"], first + [False] * 8),
+    ):
         run = campaign.Campaign(campaign.parse_args(["--machine", "cache", *argv]), io.StringIO())
         run.start = time.time()
         run.machines = {"cache": campaign.MachineState("cache")}
-        specs = [run.next_spec() for _ in range(8)]
+        specs = [run.next_spec() for _ in range(len(expected))]
         assert [spec is not None and spec.swarm is not None for spec in specs] == expected
         swarms = {spec.swarm for spec in specs if spec is not None and spec.swarm is not None}
         assert len(swarms) == expected.count(True)
 
 
 def test_a_campaign_counts_its_swarm_batches_and_the_rules_they_turned_off(tmp_path: Path) -> None:
-    argv = ["--machine", "cache", "--impl", "reference", "--examples", "200", "--batch", "25", "--workers", "0"]
+    argv = ["--machine", "cache", "--impl", "reference", "--examples", "360", "--batch", "9", "--workers", "0"]
     args = campaign.parse_args([*argv, "--seed", "3", "--out", str(tmp_path), "--json", str(tmp_path / "s.json")])
     out = io.StringIO()
     assert campaign.run(args, out) == 0
