@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from hypothesis import reject
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from .registry import IMPLEMENTATIONS, MACHINES
 from .targets import resolve
@@ -79,6 +79,12 @@ def swarm_off(machine: type[RuleBasedStateMachine], seed: int) -> tuple[str, ...
     return tuple(off)
 
 
+def swarm_idle(self: RuleBasedStateMachine) -> None:
+    """A step that does nothing: a swarm machine's rule that can always run (where every rule it kept waits on a
+    precondition, Hypothesis would call the machine broken). A plain method on every other machine, so that a
+    program of a swarm batch replays on the whole machine."""
+
+
 def without_rules(machine: type[RuleBasedStateMachine], names: tuple[str, ...]) -> dict[str, object]:
     """Class attributes that hide ``names`` from Hypothesis's rule list: each a plain method calling the rule's
     body (a regression program that names it still runs), with no rule marker."""
@@ -101,8 +107,8 @@ def record_swarm(name: str, machine: type[RuleBasedStateMachine]) -> None:
 
     off: tuple[str, ...] = getattr(machine, "SWARM_OFF", ())
     STATS.rules[f"swarm[{name}] batches"] += 1
-    for rule in off:
-        STATS.rules[f"swarm[{name}] off: {rule}"] += 1
+    for hidden in off:
+        STATS.rules[f"swarm[{name}] off: {hidden}"] += 1
 
 
 def executes(target: str | TargetInfo) -> bool:
@@ -161,7 +167,9 @@ def machine_for(
         attributes["DEVICE"] = device
     else:
         attributes["IMPLS"] = targets
+    attributes["swarm_idle"] = swarm_idle
     if swarm is not None:
         attributes["SWARM_OFF"] = off = swarm_off(base, swarm)
         attributes.update(without_rules(base, off))
+        attributes["swarm_idle"] = rule()(swarm_idle)
     return type(base.__name__, (base,), attributes)
