@@ -55,7 +55,8 @@ from .targets.layers import our_hybrid_caches
 from .targets.ours import SpecHybridCache
 from .workloads import Kind, Workload
 
-hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16))
+# small pages often (splits, partial pages), any size up to 16, and the pages engines run (16 to 64 tokens)
+hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16), st.sampled_from([16, 32, 64]))
 BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
 # a path's namespace and its handle in each implementation (the spec's, then each cache's: each of its own type)
 Handles = tuple[Namespace, tuple[Any, ...]]
@@ -225,7 +226,9 @@ class HybridMachine(RuleBasedStateMachine):
             info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
-                self.page_size = page_size = info.page_sizes[page_size % len(info.page_sizes)]
+                if page_size not in info.page_sizes:
+                    page_size = info.page_sizes[page_size % len(info.page_sizes)]
+                self.page_size = page_size
                 self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]

@@ -46,6 +46,10 @@ COMPONENT_MODULES = {
 }
 
 
+# the unified targets' page sizes: the small ones (splits and partial pages often), and those engines run
+PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
 def engine_modules(cores: tuple[str, ...], *components: str) -> tuple[str, ...]:
     """The modules of SGLang's unified cache that a target on ``cores`` with ``components`` runs."""
     modules = [*UNIFIED_MODULES]

@@ -50,7 +50,7 @@ from ..lifecycle import KVCopy, Pool, hit_law
 from ..stats import STATS
 from .api import LifecycleProfile, Profile, TargetError, TargetInfo
 from .sglang import VERSION
-from .sglang_modules import engine_modules, import_unified_cache, mapping_pool
+from .sglang_modules import PAGE_SIZES, engine_modules, import_unified_cache, mapping_pool
 
 if TYPE_CHECKING:
     import torch
@@ -907,7 +907,7 @@ def target(argument: str | None) -> TargetInfo:
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         profile=PROFILE,
-        page_sizes=(1, 2, 4, 8),
+        page_sizes=PAGE_SIZES,
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the pools, the events",
         probe=import_unified_cache,
         engine_modules=engine_modules(cores),

@@ -50,7 +50,7 @@ from ..lifecycle import Pool, StateShadow
 from ..stats import STATS
 from .api import TargetError, TargetInfo, mix
 from .sglang import VERSION
-from .sglang_modules import engine_modules, import_unified_cache
+from .sglang_modules import PAGE_SIZES, engine_modules, import_unified_cache
 from .sglang_unified import (
     CORES,
     POLICIES,
@@ -503,7 +503,7 @@ def target(argument: str | None) -> TargetInfo:
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         profile=PROFILE,
-        page_sizes=(1, 2, 4, 8),
+        page_sizes=PAGE_SIZES,
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the states, the pools",
         probe=import_mamba_cache,
         engine_modules=engine_modules(cores, "swa", "mamba"),

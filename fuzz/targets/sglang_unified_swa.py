@@ -28,7 +28,7 @@ from radixspec.spec import hybrid as hy
 from ..stats import STATS
 from .api import TargetError, TargetInfo
 from .sglang import VERSION
-from .sglang_modules import engine_modules, import_unified_cache
+from .sglang_modules import PAGE_SIZES, engine_modules, import_unified_cache
 from .sglang_unified import CORES, POLICIES, BothCores, SGLangUnifiedManager, SlidingWindow, unified_profile
 
 PROFILE = unified_profile(
@@ -72,7 +72,7 @@ def target(argument: str | None) -> TargetInfo:
         requires=(("sglang", f"radixspec targets install sglang  (pip install --no-deps sglang=={VERSION})"),),
         hybrid_factory=factory,
         profile=PROFILE,
-        page_sizes=(1, 2, 4, 8),
+        page_sizes=PAGE_SIZES,
         how="the hybrid machine: requests as SGLang's scheduler drives them; the hit, the window, both pools",
         probe=import_unified_cache,
         engine_modules=engine_modules(cores, "swa"),

@@ -87,7 +87,7 @@ paged = importlib.import_module("sglang.srt.mem_cache.allocator.paged")
 extend = paged.PagedTokenToKVPoolAllocator.alloc_extend
 def reused(self, *args, **kwargs):
     out = extend(self, *args, **kwargs)
-    if out is not None and len(out) > self.page_size and int(out[0]) % self.page_size == 0:
+    if out is not None and len(out) >= 2 * self.page_size and int(out[0]) % self.page_size == 0:
         out[: self.page_size] = out[self.page_size : 2 * self.page_size]
     return out
 paged.PagedTokenToKVPoolAllocator.alloc_extend = reused
