@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from radixspec.fuzz.regression import build_machine
@@ -62,19 +64,23 @@ def test_conversations_keep_the_newest_sixteen() -> None:
     assert workload.conversations == [(i,) for i in range(4, 20)]
 
 
+def served_first(kind: str, pages: int = 1) -> Any:
+    """The hybrid machine over our reference (pages of 4, 256 of them) after one request of ``kind`` was served
+    to its end (``serve_running``: prefilled whole, one token decoded, cached as finished)."""
+    state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
+    state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
+    state.workload_request(kind=kind, pick=0, pages=pages)
+    state.serve_running(which=0, answer=2)
+    assert not state.reqs and state.workload.conversations
+    state.managers_keep_the_laws()
+    return state
+
+
 @pytest.mark.parametrize("kind", [kind.value for kind in Kind if kind != Kind.TENANTS])
 def test_in_the_hybrid_machine_a_second_request_of_a_kind_hits_what_the_first_cached(kind: str) -> None:
     """The first request of ``kind`` runs to its end and is cached; the next one of that kind matches at least
     the system prompt's (or the template's, the document's, the conversation's) whole pages."""
-    state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
-    state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
-    state.workload_request(kind=kind, pick=0, pages=1)
-    state.allocate_and_store(which=0, tokens=4096)
-    state.decode(which=0, token=1)
-    state.allocate_and_store(which=0, tokens=40)
-    state.cache_req(which=0, finished=True)
-    state.managers_keep_the_laws()
-    assert state.workload.conversations
+    state = served_first(kind)
     before = STATS.hit_tokens, STATS.prompt_tokens
     state.workload_request(kind=kind, pick=0, pages=1)
     hit = STATS.hit_tokens - before[0]
@@ -84,11 +90,7 @@ def test_in_the_hybrid_machine_a_second_request_of_a_kind_hits_what_the_first_ca
 
 
 def test_in_the_hybrid_machine_another_tenants_request_never_hits_the_first_tenants_pages() -> None:
-    state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
-    state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
-    state.workload_request(kind=Kind.SYSTEM.value, pick=0, pages=1)
-    state.allocate_and_store(which=0, tokens=4096)
-    state.cache_req(which=0, finished=True)
+    state = served_first(Kind.SYSTEM.value)
     before = STATS.hit_tokens
     state.workload_request(kind=Kind.TENANTS.value, pick=0, pages=1)
     assert STATS.hit_tokens == before
@@ -97,13 +99,9 @@ def test_in_the_hybrid_machine_another_tenants_request_never_hits_the_first_tena
 
 
 def test_serve_running_runs_a_request_to_its_end_and_a_later_turn_of_its_conversation_hits_it() -> None:
-    state = build_machine("hybrid", targets=("reference",), lru=None, device="cpu")()
-    state.setup(page_size=4, num_pages=256, windows=[None], first=[([0], [])])
-    state.workload_request(kind=Kind.MULTI_TURN.value, pick=0, pages=2)
-    state.serve_running(which=0, answer=2)
-    # prefilled whole, one token decoded, cached as finished: its prompt and answer open a conversation
-    assert not state.reqs and len(state.workload.conversations[0]) == len(state.workload.system) + 7 + 1
-    state.managers_keep_the_laws()
+    state = served_first(Kind.MULTI_TURN.value, pages=2)
+    # its prompt (the system prompt and a turn of 7 tokens) and its answer (one token) open a conversation
+    assert len(state.workload.conversations[0]) == len(state.workload.system) + 7 + 1
     before = STATS.hit_tokens
     state.workload_request(kind=Kind.MULTI_TURN.value, pick=0, pages=1)
     assert STATS.hit_tokens - before == len(state.workload.conversations[0]) // 4 * 4

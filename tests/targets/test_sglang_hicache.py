@@ -911,9 +911,16 @@ def test_each_check_catches_its_planted_bug_under_a_component(target: str, law: 
     began = time.monotonic()
     done = run(CAMPAIGN.format(plant=plant, target=target, out=str(tmp_path), examples=400))
     assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
-    # the law's name (a key's second word only tells plants of one law apart)
-    assert law.split()[0] + ":" in done.stdout + done.stderr, done.stdout[-3000:]
+    # the law's name (a key's second word only tells plants of one law apart), or another law the plant breaks too
+    laws = (law.split()[0], *ALSO_CAUGHT_BY.get(law, ()))
+    assert any(name + ":" in done.stdout + done.stderr for name in laws), done.stdout[-3000:]
     assert time.monotonic() - began < 120
+
+
+# plants that break a second law as well, which may run first: a storage backup keyed by its first page serves a
+# prefetch whose state is another prefix's (the_requests_state_is_its_own has named it first since the workload
+# models of 2026-12-07; hit_is_the_longest_valid_match before)
+ALSO_CAUGHT_BY = {"hit_is_the_longest_valid_match storage": ("the_requests_state_is_its_own",)}
 
 
 # FULL + MAMBA (the extra buffer: a snapshot every two tokens), write-through: SETUP's three prompts, the third
@@ -960,10 +967,10 @@ def test_finding_26_a_declined_load_back_leaves_a_device_hit_with_a_cleared_stat
     uncounted = WITHOUT_STORAGE + (
         "from radixspec.fuzz.targets.sglang_hicache_mamba import TieredState\nTieredState.known_cleared_state = False"
     )
-    # seed 2: since the machine's readmit rule (2026-12-06) seed 0 finds it no more within 600 examples; seed 2 does
-    # after 4 s
+    # seed 2: since the machine's readmit rule (2026-12-06) seed 0 finds it no more within 600 examples; seed 2 did
+    # after 4 s, and since the workload models (2026-12-07, fewer of the random prompts that reach it) after 20 s
     campaign = CAMPAIGN.replace('"--seed", "0"', '"--seed", "2"')
-    done = run(campaign.format(plant=uncounted, target="sglang-hicache:mamba", out=str(tmp_path), examples=150))
+    done = run(campaign.format(plant=uncounted, target="sglang-hicache:mamba", out=str(tmp_path), examples=500))
     assert "exit 1" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     assert "the_requests_state_is_its_own:" in done.stdout + done.stderr, done.stdout[-3000:]
     assert "which holds the state of 0 tokens" in done.stdout + done.stderr, done.stdout[-3000:]
