@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -159,11 +160,14 @@ def analyse(modules: tuple[str, ...], arcs: Mapping[str, Iterable[Arc]]) -> tupl
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder, "coverage.json")
             analysis.json_report(morfs=[str(path) for path in installed.values()], outfile=str(out))
-            report = json.loads(out.read_text())["files"]
+            # keyed by each file's name as coverage.py shows it: relative to the working directory when the file
+            # lies under it (an engine installed in a virtualenv inside the folder the campaign runs in)
+            files = json.loads(out.read_text())["files"]
+            report = {os.path.realpath(name): entry for name, entry in files.items()}
     result = []
     for module in modules:
         path = files[module]
-        entry = report.get(str(path), {}) if path is not None else {}
+        entry = report.get(os.path.realpath(path), {}) if path is not None else {}
         summary: dict[str, int] = entry.get("summary", {})  # type: ignore[assignment]
         missing: list[int] = entry.get("missing_lines", [])  # type: ignore[assignment]
         result.append(
