@@ -162,8 +162,8 @@ def analyse(modules: tuple[str, ...], arcs: Mapping[str, Iterable[Arc]]) -> tupl
             analysis.json_report(morfs=[str(path) for path in installed.values()], outfile=str(out))
             # keyed by each file's name as coverage.py shows it: relative to the working directory when the file
             # lies under it (an engine installed in a virtualenv inside the folder the campaign runs in)
-            files = json.loads(out.read_text())["files"]
-            report = {os.path.realpath(name): entry for name, entry in files.items()}
+            named = json.loads(out.read_text())["files"]
+            report = {os.path.realpath(name): entry for name, entry in named.items()}
     result = []
     for module in modules:
         path = files[module]
