@@ -131,3 +131,29 @@ def test_the_split_and_the_checkpoints_follow_each_eagle_mode(eagle: str) -> Non
     prompt = list(range(100, 130))
     assert run(manager, 0, prompt)[0] == 0
     assert run(manager, 1, prompt)[0] > 0
+
+
+def test_finding_32_a_partial_hit_then_an_internal_checkpoint_caches_a_block_under_a_state_it_does_not_hold() -> None:
+    """Finding 32 (docs/findings.md, a lead: the trace below is vLLM's code, no standalone reproducer yet). Pages of
+    8, hash unit 2, partial hits, prefill checkpoints, EAGLE's drop. Request 0 (41 tokens) is served and cached;
+    request 3 continues its 42 tokens with 12 more and hits 38 (inside the block of [32, 40)): the copy on write
+    puts the 38-token state in a fresh block at index 4, and the scheduler's split runs [38, 54) as one chunk (an
+    internal checkpoint at 52 lifts the stop at the block boundary). Nothing writes the state at 40, yet the manager
+    caches that block under the 40-token hash: a later hit of 40 tokens would resume from the state of 38."""
+    from radixspec.fuzz.regression import build_machine
+    from radixspec.spec.errors import IntegrityError
+
+    state = build_machine("hybrid", targets=("vllm-mamba",), lru=None, device="cpu")()
+    state.setup(page_size=8, num_pages=30, first=[([], [])], windows=[None])
+    manager = state.managers[0]
+    assert (manager.unit, manager.partial_hits, manager.mamba.checkpoints, manager.eagle) == (2, True, True, "drop")
+    state.workload_request(kind="multi-turn", pages=1, pick=0)
+    state.workload_request(kind="system prompt", pages=1, pick=0)
+    state.workload_request(kind="system prompt", pages=1, pick=0)
+    state.serve_running(answer=0, which=0)
+    state.managers_keep_the_laws()
+    state.workload_request(kind="multi-turn", pages=2, pick=0)
+    assert state.reqs[3][0].cached_len == 38
+    with pytest.raises(IntegrityError, match=r"cached_states_are_their_prefix: .* the state of 38 tokens, not .* 40"):
+        state.serve_running(answer=0, which=20)
+        state.managers_keep_the_laws()
