@@ -531,6 +531,175 @@ def test_vllm_eagle_hit_keeps_a_window_proof_made_at_a_longer_length_after_mamba
     assert seen == {"hit": 4, "cached_window_blocks": [0, 2, 3], "window_rule_at_hit": 0}
 
 
+# Finding 32, standalone: vLLM's own modules only (KVCacheManager with a full-attention and a Mamba `align` group,
+# block size 8, hash unit 2, EAGLE's block drop, internal prefill checkpoints), with the scheduler's split and the
+# worker's checkpoint rule compiled from vLLM's own source. A (41 tokens) is served; B continues A's 42 tokens with
+# 12 more, hits 38 inside a block, and one chunk [38, 54) runs; the block B copied the state of 38 tokens into is
+# cached under the 40-token hash. C, sharing B's first 48 tokens, then hits 40 and resumes from that block.
+VLLM_MAMBA_PARTIAL_HIT_CHECKPOINT = """import __future__, ast, json, os, types
+from radixspec.fuzz.targets.vllm_mamba import import_mamba
+from radixspec.fuzz.targets.vllm_offload_connector import import_connector
+
+v = import_connector()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+import_mamba()  # and MambaManager registered for MambaSpec (the registry fills itself from a platform)
+import vllm
+from vllm.utils.hashing import sha256
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, make_block_hash_with_group_id
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec,
+                                        get_mamba_prefill_checkpoint_position, is_mamba_prefill_checkpoint_valid)
+
+
+def vllm_function(relative_path, name):
+    # vLLM's own function, compiled from its source file: its module does not import on a CPU-only machine. In
+    # vLLM's environment: `from vllm.v1.core.sched.scheduler import Scheduler` (Scheduler._mamba_block_aligned_split)
+    # and `from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints`
+    path = os.path.join(vllm.__path__[0], relative_path)
+    tree = ast.parse(open(path).read())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    scope = dict(cdiv=cdiv, get_mamba_prefill_checkpoint_position=get_mamba_prefill_checkpoint_position,
+                 is_mamba_prefill_checkpoint_valid=is_mamba_prefill_checkpoint_valid)
+    exec(compile(ast.Module([node], []), path, "exec", __future__.annotations.compiler_flag, True), scope)
+    return scope[name]
+
+
+split = vllm_function("v1/core/sched/scheduler.py", "_mamba_block_aligned_split")  # scheduler.py 546-662
+checkpoints = vllm_function("model_executor/layers/mamba/checkpoint.py", "compute_mamba_prefill_checkpoints")
+
+P, U, K = 8, 2, 1  # block size, hash unit (prefix_match_unit), speculative tokens (EAGLE/MTP)
+# the Mamba layers' spec as MambaBase.get_kv_cache_spec builds it with num_speculative_tokens=K, plus one internal
+# prefill checkpoint block on the hash unit's grid (as Qwen's GDN layer declares it where it exports them)
+mamba = MambaSpec(block_size=P, shapes=((1,),), dtypes=(v.torch.float32,), mamba_cache_mode="align",
+                  num_speculative_blocks=K, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=U)
+attention = FullAttentionSpec(block_size=P, num_kv_heads=1, head_size=1, dtype=v.torch.float32)
+config = KVCacheConfig(num_blocks=40, kv_cache_tensors=[], prefix_cache_retention_interval=0,  # vLLM's default
+                       kv_cache_groups=[KVCacheGroupSpec(["attn"], attention), KVCacheGroupSpec(["mamba"], mamba)])
+# EAGLE's trailing-block drop (no lookahead hashes), as Scheduler.__init__ passes it
+kvm = KVCacheManager(config, max_model_len=4096, scheduler_block_size=P, hash_block_size=U, use_eagle=True)
+assert kvm.coordinator.enable_partial_hash_hits
+init_none_hash(sha256)
+hasher = get_request_block_hasher(U, sha256)
+pool = kvm.block_pool
+# what _mamba_block_aligned_split reads of the Scheduler, as Scheduler.__init__ sets it (scheduler.py 296-345,
+# 432-464): mamba_partial_cache_hit, checkpoint blocks on every Mamba group, no shared-prefix checkpoint option
+scheduler = types.SimpleNamespace(
+    block_size=P, hash_block_size=U, cache_config=types.SimpleNamespace(block_size=P), use_eagle_block_drop=True,
+    num_hash_lookahead_tokens=0, mamba_has_prefill_checkpoint_blocks=True, mamba_prefill_checkpoint_alignment=U,
+    mamba_partial_cache_hit=True, mamba_shared_prefix_checkpoint=kvm.mamba_shared_prefix_checkpoint,
+    max_num_scheduled_tokens=8192, scheduler_config=types.SimpleNamespace(long_prefill_token_threshold=0))
+state = {}  # the worker: block id -> the number of tokens whose Mamba state it holds (written by a forward only)
+state_idx = {}  # the worker's mamba_state_idx
+
+
+def new_request(rid, tokens):
+    r = types.SimpleNamespace(
+        request_id=rid, all_token_ids=list(tokens), num_prompt_tokens=len(tokens), num_tokens=len(tokens),
+        num_computed_tokens=0, block_hashes=[], mm_features=[], lora_request=None, cache_salt=None,
+        prompt_embeds=None, session_id=None, shared_prefix_boundary=0, skip_reading_prefix_cache=False,
+        num_in_flight_tokens=0, num_preemptions=0, status=v.status.WAITING)
+    r.block_hashes.extend(hasher(r))
+    return r
+
+
+def schedule(r):
+    # Scheduler.schedule for a waiting request: the lookup, the split, allocate_slots (which caches the blocks)
+    kvm.new_step_starts()
+    blocks, hit, r.shared_prefix_boundary = kvm.get_computed_blocks(r)
+    num_new = split(scheduler, r, r.num_tokens - hit, hit, 0)
+    new = kvm.allocate_slots(r, num_new, num_new_computed_tokens=hit, new_computed_blocks=blocks if hit else None,
+                             num_lookahead_tokens=K)
+    assert new is not None
+    r.status = v.status.RUNNING
+    return hit, num_new
+
+
+def forward(r, hit, num_new):
+    # the worker: the copy-on-write copies, preprocess_mamba (mamba_utils.py 1446-1549: the running state copied
+    # from the block of the step before to the step's last block), the forward, and the internal checkpoint at
+    # compute_mamba_prefill_checkpoints' position, exported into its column
+    copies, retained = kvm.take_kv_cache_block_copies()
+    row = [b.block_id for b in kvm.get_blocks(r.request_id).blocks[1]]
+    copies = [[c.src_block_id, c.dst_block_id] for c in copies if c.dst_block_id in row]  # the Mamba group's
+    for source, copy in copies:
+        state[copy] = state[source]
+    begin, end = hit, hit + num_new
+    previous = state_idx.get(r.request_id, (begin - 1) // P)
+    num_blocks = cdiv(end, P) + K
+    current = num_blocks - 1 - K
+    state_idx[r.request_id] = current
+    resumes_from = None if previous == -1 else dict(block=row[previous], state_of=state[row[previous]])
+    if previous not in (-1, current):
+        state[row[current]] = state[row[previous]]
+    (offset,), (column,) = checkpoints([end], [num_new], U, P, U, True, U)
+    if column >= 0:
+        state[row[column]] = begin + offset
+    state[row[current]] = end
+    pool.free_blocks(retained)  # Scheduler._free_cow_retained_blocks once the copies ran
+    r.num_computed_tokens = end
+    checkpoint = begin + offset if column >= 0 else None
+    return dict(hit=hit, chunk=[begin, end], checkpoint=checkpoint, mamba_row=row, copies=copies,
+                resumes_from=resumes_from)
+
+
+def finish(r, sampled):  # the step samples one token and the request ends (max_tokens=1)
+    r.all_token_ids.append(sampled)
+    r.num_tokens += 1
+    r.block_hashes.extend(hasher(r))
+    kvm.free(r)
+
+
+def cached_under(r, tokens, group=1):
+    # the BlockPool's block-hash-to-block map: the blocks the group caches under the hash of r's first tokens
+    entry = pool.cached_block_hash_to_block._cache.get(
+        make_block_hash_with_group_id(r.block_hashes[tokens // U - 1], group))
+    return [] if entry is None else [entry.block_id] if hasattr(entry, "block_id") else sorted(entry)
+
+
+A = new_request("A", range(1000, 1041))  # 41 tokens
+a = forward(A, *schedule(A))
+finish(A, 2000)
+B = new_request("B", A.all_token_ids + list(range(3000, 3012)))  # A's 42 tokens and 12 more: 54
+b = forward(B, *schedule(B))
+finish(B, 4000)
+held = cached_under(B, 40)
+C = new_request("C", B.all_token_ids[:48] + list(range(5000, 5006)))  # B's first 48 tokens and 6 more
+c = forward(C, *schedule(C))
+print(json.dumps(dict(A=a, B=b, cached_under_40=held, state_of=[state.get(block) for block in held],
+                      C=dict(hit=c["hit"], resumes_from=c["resumes_from"]))))
+"""
+
+
+@needs_vllm
+def test_vllm_mamba_a_partial_hit_then_an_internal_checkpoint_caches_a_block_under_the_wrong_state() -> None:
+    """Finding 32 (vllm-mamba, seed 21; docs/findings.md): full attention and a Mamba group in ``align`` mode, blocks
+    of 8, hash unit 2, EAGLE's block drop, internal prefill checkpoints. A (41 tokens) leaves its checkpoint of 38 in
+    its block [32, 40). B, continuing A's 42 tokens with 12 more, hits 38: ``MambaManager.allocate_new_blocks`` copies
+    that state into a fresh block at index 4 and leaves ``num_cached_block`` at 4; the scheduler's split runs [38, 54)
+    as one chunk (the internal checkpoint at 52 lifts the stop at 40), so no forward writes the state of 40, yet
+    ``allocate_slots`` caches the block under the 40-token hash. C, sharing B's first 48 tokens, hits 40 there and
+    resumes from the state of 38 tokens (two tokens of its prefix never enter its recurrent state)."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_MAMBA_PARTIAL_HIT_CHECKPOINT], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    a, b, c = seen["A"], seen["B"], seen["C"]
+    # A: one chunk, its checkpoint at 38 exported into its block at index 4
+    assert (a["hit"], a["chunk"], a["checkpoint"]) == (0, [0, 41], 38)
+    # B: a hit inside A's block at index 4, copied on write into a fresh block there; one chunk to its prompt's end
+    assert (b["hit"], b["chunk"], b["checkpoint"]) == (38, [38, 54], 52)
+    assert b["copies"] == [[a["mamba_row"][4], b["mamba_row"][4]]]
+    assert b["resumes_from"] == {"block": b["mamba_row"][4], "state_of": 38}
+    # the 40-token hash names that block, which holds the state of 38 tokens
+    assert seen["cached_under_40"] == [b["mamba_row"][4]]
+    assert seen["state_of"] == [38]
+    # a later request hits 40 and resumes from it
+    assert c == {"hit": 40, "resumes_from": {"block": b["mamba_row"][4], "state_of": 38}}
+
+
 # Finding 18, standalone: vLLM's KV offloading modules only. A promotion the tiering manager completes inside
 # reset_cache publishes a CPU "stored" event after the reset, for a key the CPU tier no longer holds.
 VLLM_TIERING_RESET_STALE_EVENT = """import hashlib, json, os, sys, types
