@@ -63,10 +63,13 @@ class NaivePrefixCache(_ReferencePrefixCache):
         p = self.page_size
         whole = slots[: align_down(slots.numel(), p)]
         if whole.numel():
-            bad = first_bad_page(whole, p)
-            if bad < whole.numel() // p:
+            # the first page in order that is misaligned or takes an earlier page's slot (as the spec checks them)
+            bad, pages = first_bad_page(whole, p), whole.numel() // p
+            seen: set[int] = set()
+            twice = next((i for i, start in enumerate(whole[::p].tolist()) if start in seen or seen.add(start)), pages)
+            if bad < pages and bad <= twice:
                 raise MisalignedPageError(f"page {bad} is not an aligned run of {p}")
-            if torch.unique(whole[::p]).numel() != whole.numel() // p:
+            if twice < pages:
                 raise DuplicateSlotError("a slot is given to two pages")
         # UPDATE
         self.clock += 1

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from radixspec import optimized, reference
@@ -75,6 +75,9 @@ def apply(cache: Any, op: tuple[Any, ...], own: Any) -> Any:
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 4), st.lists(ops, max_size=12))
+# found by a suite run (2026-12-07): page 1 takes page 0's slots and page 2 is misaligned; the first in page order is
+# refused (the optimized cache checked every page's alignment first)
+@example(2, [("insert", [0, 0, 0, 0, 0, 0], [0, 1, 0, 1, 0, 0], None)])
 def test_the_optimized_naive_cache_is_the_reference_naive_cache(page_size: int, program: list[Any]) -> None:
     slow, fast = reference.NaivePrefixCache(page_size), optimized.NaivePrefixCache(page_size)
     for op in program:
