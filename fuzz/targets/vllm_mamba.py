@@ -56,6 +56,11 @@ PROFILE = LifecycleProfile(
 )
 
 
+# finding 32 (docs/findings.md): a hit inside a block, then a chunk the internal checkpoint runs past the block's end,
+# caches the copy-on-write block under its full hash while it holds the state of the hit
+FINDING_32 = "a partial hit's block cached under its full hash holds the state of the hit (finding 32)"
+
+
 @functools.cache
 def import_mamba() -> types.ModuleType:
     """vLLM's coordinator with its Mamba manager registered, and the checkpoint rules the worker follows (once a
@@ -100,6 +105,9 @@ class MambaGroup:
         self.state_at: dict[int, int] = {}
         # request -> where the scheduler's split ends the chunk allocated last
         self.chunk_end: dict[int, int] = {}
+        # finding 32 counted (the shadow then takes the block as holding its entry's state, so the checks go on);
+        # off, cached_states_are_their_prefix names it
+        self.known_partial_checkpoint = True
 
     def kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
         """Full attention, a window where one was drawn, the Mamba group."""
@@ -240,10 +248,27 @@ class MambaGroup:
         self.state_at.pop(uid, None)
         self.chunk_end.pop(uid, None)
 
+    def is_finding_32(self, m: VllmHybridManager, block: int, namespace: Namespace, tokens: tuple[int, ...]) -> bool:
+        """Finding 32's mark: with partial hits and prefill checkpoints, a block cached under the entry of
+        ``tokens`` (a whole block's end) holds the state of a shorter prefix of them ending inside that block."""
+        held = self.state.get(block)
+        return (
+            m.partial_hits
+            and self.checkpoints
+            and held is not None
+            and held[0] == namespace
+            and len(tokens) - m.page_size < len(held[1]) < len(tokens)
+            and tokens[: len(held[1])] == held[1]
+        )
+
     def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None:
         """Every cached Mamba entry holds the state of its prefix; every live request's step resumes from its own."""
         for block, group, namespace, tokens in m.entries():
             if group == self.group:
+                if self.known_partial_checkpoint and self.is_finding_32(m, block.block_id, namespace, tokens):
+                    STATS.rules[f"vllm-mamba.known: {FINDING_32}"] += 1
+                    self.state.write(block.block_id, namespace, tokens)
+                    continue
                 self.check_state(-1, block, namespace, tokens, "cached_states_are_their_prefix")
         for req in live_reqs:
             if req.computed:

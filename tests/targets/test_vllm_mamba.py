@@ -133,19 +133,26 @@ def test_the_split_and_the_checkpoints_follow_each_eagle_mode(eagle: str) -> Non
     assert run(manager, 1, prompt)[0] > 0
 
 
-def test_finding_32_a_partial_hit_then_an_internal_checkpoint_caches_a_block_under_a_state_it_does_not_hold() -> None:
-    """Finding 32 (docs/findings.md, a lead: the trace below is vLLM's code, no standalone reproducer yet). Pages of
+@pytest.mark.parametrize("counted", ["counted", "uncounted"])
+def test_finding_32_a_partial_hit_then_an_internal_checkpoint_caches_a_block_under_a_state_it_does_not_hold(
+    counted: str,
+) -> None:
+    """Finding 32 (docs/findings.md; standalone: ``VLLM_MAMBA_PARTIAL_HIT_CHECKPOINT``). Pages of
     8, hash unit 2, partial hits, prefill checkpoints, EAGLE's drop. Request 0 (41 tokens) is served and cached;
     request 3 continues its 42 tokens with 12 more and hits 38 (inside the block of [32, 40)): the copy on write
     puts the 38-token state in a fresh block at index 4, and the scheduler's split runs [38, 54) as one chunk (an
     internal checkpoint at 52 lifts the stop at the block boundary). Nothing writes the state at 40, yet the manager
-    caches that block under the 40-token hash: a later hit of 40 tokens would resume from the state of 38."""
+    caches that block under the 40-token hash: a later hit of 40 tokens would resume from the state of 38. The
+    target counts it (``counted``); uncounted, ``cached_states_are_their_prefix`` names it."""
     from radixspec.fuzz.regression import build_machine
+    from radixspec.fuzz.stats import STATS
+    from radixspec.fuzz.targets.vllm_mamba import FINDING_32
     from radixspec.spec.errors import IntegrityError
 
     state = build_machine("hybrid", targets=("vllm-mamba",), lru=None, device="cpu")()
     state.setup(page_size=8, num_pages=30, first=[([], [])], windows=[None])
     manager = state.managers[0]
+    manager.mamba.known_partial_checkpoint = counted == "counted"
     assert (manager.unit, manager.partial_hits, manager.mamba.checkpoints, manager.eagle) == (2, True, True, "drop")
     state.workload_request(kind="multi-turn", pages=1, pick=0)
     state.workload_request(kind="system prompt", pages=1, pick=0)
@@ -154,6 +161,12 @@ def test_finding_32_a_partial_hit_then_an_internal_checkpoint_caches_a_block_und
     state.managers_keep_the_laws()
     state.workload_request(kind="multi-turn", pages=2, pick=0)
     assert state.reqs[3][0].cached_len == 38
+    if counted == "counted":
+        before = STATS.rules[f"vllm-mamba.known: {FINDING_32}"]
+        state.serve_running(answer=0, which=20)
+        state.managers_keep_the_laws()
+        assert STATS.rules[f"vllm-mamba.known: {FINDING_32}"] == before + 1
+        return
     with pytest.raises(IntegrityError, match=r"cached_states_are_their_prefix: .* the state of 38 tokens, not .* 40"):
         state.serve_running(answer=0, which=20)
         state.managers_keep_the_laws()
