@@ -52,6 +52,8 @@ class BatchSpec:
     coverage: tuple[str, ...] = ()
     # a swarm batch: its seed picks the rules it turns off (fuzz/machines.py, swarm_off); None: every rule on
     swarm: int | None = None
+    # a production batch: the machines that drive requests draw production pools (thousands of pages) too
+    production: bool = False
 
 
 @dataclass
@@ -112,7 +114,7 @@ def machine_class(spec: BatchSpec) -> type[RuleBasedStateMachine]:
     """The state machine class the spec names (a target is resolved here, in the worker)."""
     from .machines import machine_for
 
-    return machine_for(spec.machine, spec.targets, spec.device, spec.lru, spec.shallow, spec.swarm)
+    return machine_for(spec.machine, spec.targets, spec.device, spec.lru, spec.shallow, spec.swarm, spec.production)
 
 
 def run_batch(spec: BatchSpec, notify: Notify | None = None) -> BatchResult:

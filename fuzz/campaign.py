@@ -73,6 +73,8 @@ __all__ = [
 
 # a machine's batches before its first swarm batch
 SWARM_FROM = 32
+# a machine's batches before its first production batch
+PRODUCTION_FROM = 16
 # seconds a batch keeps free before the budget ends (its shrinking ends there), and the grace after it
 MARGIN_S, GRACE_S = 4.0, 5.0
 
@@ -169,8 +171,11 @@ class Campaign:
         # deep states cost shallow bugs no time; past the first SWARM_FROM batches (where the common bugs are
         # found: a swarm batch there doubled a planted bug's catch time), every other deep batch is a swarm batch,
         # half its rules off, so that rare interleavings are not drowned by the common ones
+        # past PRODUCTION_FROM, every other deep batch that is not a swarm batch is a production batch: the
+        # machines that drive requests draw production pools too (an example there costs as much as hundreds)
         shallow = index % 2 == 0
         swarm = index >= SWARM_FROM and index % 4 == 3 and not getattr(self.args, "no_swarm", False)
+        production = index >= PRODUCTION_FROM and index % 4 == 1
         state.examples += examples
         deadline = (self.start + self.budget_s - MARGIN_S) if self.budget_s else float("inf")
         return BatchSpec(
@@ -188,6 +193,7 @@ class Campaign:
             shallow=shallow,
             coverage=self.engine_modules,
             swarm=batch_seed(self.args.seed, f"{state.name}:swarm", index) if swarm else None,
+            production=production,
         )
 
     @property

@@ -57,6 +57,20 @@ from .workloads import Kind, Workload
 
 # small pages often (splits, partial pages), any size up to 16, and the pages engines run (16 to 64 tokens)
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16), st.sampled_from([16, 32, 64]))
+# small pools evict often; big ones let trees and keys grow (half and half: with two small draws in three, a planted
+# storage bug of sglang-hicache went uncaught in 400 examples); the biggest (one example in 32 of the production
+# batches: each costs as much as hundreds of small ones), filled by bursts, hold the pages of a production cache
+# (drawn by name: one_of takes each strategy once, however often it is listed)
+PRODUCTION_POOL = 1024
+# a burst's prompt tokens at most: the lifecycle laws follow each token in Python (a burst of 64 prompts of 4,096
+# tokens took seconds under vllm-mamba)
+BURST_TOKENS = 32_768
+POOL_SIZES = {
+    "small": st.integers(4, 40),
+    "big": st.integers(41, 400),
+    "production": st.integers(PRODUCTION_POOL, 8192),
+}
+hybrid_pool_sizes = st.sampled_from(["small"] * 16 + ["big"] * 15 + ["production"]).flatmap(POOL_SIZES.__getitem__)
 BAD_INSERTS = ("misaligned", "duplicate", "missing", "short_row", "groups")
 # a path's namespace and its handle in each implementation (the spec's, then each cache's: each of its own type)
 Handles = tuple[Namespace, tuple[Any, ...]]
@@ -99,6 +113,16 @@ def manager_outcome(call: Callable[[], object], foreign: bool, manager: object =
     if got.error is not None and issubclass(got.error, IntegrityError):
         raise AssertionError(got.message)
     return got
+
+
+def same(names: list[str], what: str, outcomes: Sequence[object]) -> Outcome:
+    """The one outcome every implementation had (the spec's first, then ``names``': the judge's exact comparison of
+    values, error classes and words), or an AssertionError naming the first that differs; plain values are outcomes
+    of calls that returned them."""
+    judged = [o if isinstance(o, Outcome) else Outcome(True, o) for o in outcomes]
+    for name, got in zip(names, judged[1:], strict=True):
+        expect_same(what, judged[0], got, name)
+    return judged[0]
 
 
 def same_requests(names: list[str], what: str, reqs: list[HybridReq]) -> None:
@@ -148,6 +172,29 @@ def bad_rows(model: hy.HybridState, num_pages: int, whole: int, kind: str) -> li
     return rows
 
 
+def first_sequences(page_size: int, first: list[tuple[list[int], list[int]]]) -> list[tuple[int, ...]]:
+    """The example's first keys, as drawn at set-up."""
+    return [tuple(build_sequence(page_size, pages, tail)) for pages, tail in first]
+
+
+def caches_agree(model: hy.HybridState, names: list[str], caches: list[HybridCache]) -> None:
+    """Every tree's abstract state is the spec's state ``model``; every tree passes its own integrity check."""
+    if not caches:
+        return
+    hy.check_hybrid_invariants(model, [hy.size_info(model, g) for g in range(len(model.windows))])
+    expected = snapshot(model)
+    for name, cache in zip(names, caches, strict=True):
+        cache.check_integrity()
+        state = cache.abstract_state()
+        got = (tuple(state.groups), dict(state.locks), state.clock)
+        assert got == expected, f"{name}'s abstract state differs from the spec's ({len(expected[0][0])} pages)"
+
+
+def snapshot(model: hy.HybridState) -> Snapshot:
+    """The model's state, copied (to tell that a rejected call changed nothing)."""
+    return (tuple(dict(g) for g in model.groups), dict(model.locks), model.clock)
+
+
 def record_reach(model: hy.HybridState, tokens: int) -> None:
     """The cache half's reach after a call on a key of ``tokens`` tokens."""
     STATS.record_reach(
@@ -174,6 +221,8 @@ class HybridMachine(RuleBasedStateMachine):
 
     # the implementations beside the spec (radixspec.fuzz.machines.machine_for sets them from --impl)
     IMPLS: ClassVar[tuple[str | TargetInfo, ...]] = tuple(our_hybrid_caches())
+    # a production batch's machine (machine_for sets it; a regression file's too): production pools drawn
+    PRODUCTION: ClassVar[bool] = False
 
     seqs = Bundle("hybrid_seqs")
     handles = Bundle("hybrid_handles")
@@ -205,17 +254,18 @@ class HybridMachine(RuleBasedStateMachine):
         # the example's traffic shapes (fuzz/workloads.py), sized to the pool at set-up
         self.workload = Workload.for_pool(0, 1, 8)
 
-    # small pools evict often; big ones let trees and keys grow
     @initialize(
         target=seqs,
         page_size=hybrid_page_sizes,
-        num_pages=st.one_of(st.integers(4, 40), st.integers(4, 40), st.integers(41, 400)),
+        num_pages=hybrid_pool_sizes,
         windows=window_choices,
         first=st.lists(st.tuples(page_choices, tail_choices), min_size=1, max_size=3),
     )
     def setup(
         self, page_size: int, num_pages: int, windows: list[WindowChoice], first: list[tuple[list[int], list[int]]]
     ) -> MultipleResults[tuple[int, ...]]:
+        if not self.PRODUCTION and num_pages >= PRODUCTION_POOL:
+            num_pages = 41 + num_pages % 360  # a big pool instead
         self.page_size, self.num_pages = page_size, num_pages
         self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
         self.windows = hy.check_windows([window_for(choice, page_size) for choice in windows])
@@ -234,7 +284,7 @@ class HybridMachine(RuleBasedStateMachine):
             self.foreign, self.windows, self.managers = True, target.windows, [target]
             self.laws = laws_for(target)
             self.page_counter = target if isinstance(target, CountsPages) else None
-            return multiple(*self.first_sequences(first))
+            return multiple(*first_sequences(self.page_size, first))
         self.model = hy.new_state(page_size, self.windows)
         makers = [SpecHybridCache, *(ours[name] for name in self.names)]
         self.caches = [make(page_size, self.windows) for make in makers[1:]]
@@ -242,10 +292,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.ours = [HybridCacheManager(make(page_size, self.windows), num_pages) for make in makers]
         self.managers = list(self.ours)
         self.laws = laws_for(self.ours[0])
-        return multiple(*self.first_sequences(first))
-
-    def first_sequences(self, first: list[tuple[list[int], list[int]]]) -> list[tuple[int, ...]]:
-        return [tuple(build_sequence(self.page_size, pages, tail)) for pages, tail in first]
+        return multiple(*first_sequences(self.page_size, first))
 
     # ------------------------------------------------------------ sequences
 
@@ -269,19 +316,6 @@ class HybridMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the cache half
 
-    def same(self, what: str, outcomes: Sequence[object]) -> Outcome:
-        """The one outcome every implementation had (the judge's exact comparison: values, error classes and
-        words), or an AssertionError naming the first that differs; plain values are outcomes of calls that
-        returned them."""
-        judged = [o if isinstance(o, Outcome) else Outcome(True, o) for o in outcomes]
-        for name, got in zip(self.names, judged[1:], strict=True):
-            expect_same(what, judged[0], got, name)
-        return judged[0]
-
-    def settle_ledger(self) -> None:
-        """The ledger after a call: every page start of the pool that the model does not cache, in order."""
-        self.free = uncached_pages(self.model, self.num_pages)
-
     @precondition(lambda self: not self.foreign)
     @rule(
         target=handles,
@@ -296,8 +330,8 @@ class HybridMachine(RuleBasedStateMachine):
         got = [Outcome.of(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
         got += [Outcome.of(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
         results = [replace(o, value=(o.value.unused, o.value.handle.cached_len)) if o.ok else o for o in got]
-        self.same(f"insert_prefix of {len(tokens)} tokens (pool short: {full_short})", results)
-        self.settle_ledger()
+        same(self.names, f"insert_prefix of {len(tokens)} tokens (pool short: {full_short})", results)
+        self.free = uncached_pages(self.model, self.num_pages)
         record_reach(self.model, len(tokens))
         if not got[0].ok:
             STATS.record_rejection(got[0].error_class)
@@ -310,15 +344,15 @@ class HybridMachine(RuleBasedStateMachine):
         """A bad row: every implementation raises the same error and changes nothing."""
         STATS.record_rule(f"hybrid.insert_bad_pages[{kind}]")
         rows = bad_rows(self.model, self.num_pages, len(tokens) // self.page_size, kind)
-        before = self.snapshot()
+        before = snapshot(self.model)
         got = [Outcome.of(lambda: hy.insert_prefix(self.model, tokens, rows, namespace))]
         got += [Outcome.of(lambda c=c: c.insert_prefix(tokens, rows, namespace)) for c in self.caches]
         results = [replace(o, value=(o.value.unused, o.value.handle.cached_len)) if o.ok else o for o in got]
-        self.same(f"insert_prefix with a {kind} row", results)
+        same(self.names, f"insert_prefix with a {kind} row", results)
         if not got[0].ok:
-            assert self.snapshot() == before, f"a rejected insert ({got[0]}) changed the cache"
+            assert snapshot(self.model) == before, f"a rejected insert ({got[0]}) changed the cache"
             STATS.record_rejection(got[0].error_class)
-        self.settle_ledger()
+        self.free = uncached_pages(self.model, self.num_pages)
 
     @precondition(lambda self: not self.foreign)
     @rule(target=handles, tokens=seqs, namespace=st.sampled_from(NAMESPACE_PALETTE[:3]))
@@ -332,8 +366,10 @@ class HybridMachine(RuleBasedStateMachine):
             hy.get_matched_pages(self.model, handles[0]),
             *(c.get_matched_pages(h) for c, h in zip(self.caches, handles[1:], strict=True)),
         ]
-        self.same(
-            f"match_prefix of {len(tokens)} tokens", [(h.cached_len, m) for h, m in zip(handles, pages, strict=True)]
+        same(
+            self.names,
+            f"match_prefix of {len(tokens)} tokens",
+            [(h.cached_len, m) for h, m in zip(handles, pages, strict=True)],
         )
         record_reach(self.model, len(tokens))
         return (namespace, tuple(handles))
@@ -349,7 +385,7 @@ class HybridMachine(RuleBasedStateMachine):
             Outcome.of(lambda c=c, h=h: getattr(c, operation)(h))
             for c, h in zip(self.caches, per_impl[1:], strict=True)
         ]
-        self.same(f"{operation} of a handle of cached_len {per_impl[0].cached_len}", got)
+        same(self.names, f"{operation} of a handle of cached_len {per_impl[0].cached_len}", got)
 
     @precondition(lambda self: not self.foreign)
     @rule(group=st.integers(0, 2), share=st.integers(0, 8), bad=st.sampled_from([None] * 5 + [-1, 3, True]))
@@ -362,17 +398,17 @@ class HybridMachine(RuleBasedStateMachine):
         size: Any = min(1, evictable) if share == 0 else evictable * share // 8
         if bad is not None:
             group, size = (bad, size) if share % 2 else (group, [-1, 1 << 40, 1.0][share % 3])
-        before = self.snapshot()
+        before = snapshot(self.model)
         got = [Outcome.of(lambda: hy.evict(self.model, group, size))]
         got += [Outcome.of(lambda c=c: c.evict(group, size)) for c in self.caches]
-        self.same(f"evict({group!r}, {size!r})", got)
+        same(self.names, f"evict({group!r}, {size!r})", got)
         if bad is not None:
-            assert not got[0].ok and self.snapshot() == before, f"evict({group!r}, {size!r}) was accepted"
+            assert not got[0].ok and snapshot(self.model) == before, f"evict({group!r}, {size!r}) was accepted"
             STATS.record_rejection(got[0].error_class)
         else:
             STATS.record_reach(largest_evict_pages=-(-size // self.page_size))
             STATS.evicted_pages += -(-size // self.page_size)
-        self.settle_ledger()
+        self.free = uncached_pages(self.model, self.num_pages)
 
     @precondition(lambda self: not self.foreign and self.model.clock % 8 == 7)
     @rule()
@@ -381,25 +417,13 @@ class HybridMachine(RuleBasedStateMachine):
         STATS.record_rule("hybrid.reset")
         got = [Outcome.of(lambda: hy.reset(self.model))]
         got += [Outcome.of(lambda c=c: c.reset()) for c in self.caches]
-        self.same("reset", got)
-        self.settle_ledger()
-
-    def snapshot(self) -> Snapshot:
-        """The model's state, copied (to tell that a rejected call changed nothing)."""
-        return (tuple(dict(g) for g in self.model.groups), dict(self.model.locks), self.model.clock)
+        same(self.names, "reset", got)
+        self.free = uncached_pages(self.model, self.num_pages)
 
     @invariant()
     def caches_agree(self) -> None:
         """Every tree's abstract state is the spec's state; every tree passes its own integrity check."""
-        if not self.caches:
-            return
-        hy.check_hybrid_invariants(self.model, [hy.size_info(self.model, g) for g in range(len(self.windows))])
-        expected = self.snapshot()
-        for name, cache in zip(self.names, self.caches, strict=True):
-            cache.check_integrity()
-            state = cache.abstract_state()
-            got = (tuple(state.groups), dict(state.locks), state.clock)
-            assert got == expected, f"{name}'s abstract state differs from the spec's ({len(expected[0][0])} pages)"
+        caches_agree(self.model, self.names, self.caches)
 
     # ------------------------------------------------------------ the manager half
 
@@ -421,12 +445,12 @@ class HybridMachine(RuleBasedStateMachine):
             return
         prompt = self.workload.prompt(Kind(kind), pick, pages)
         uid, self.next_uid = self.next_uid, self.next_uid + 1
-        self.submit(uid, list(prompt), NAMESPACE_PALETTE[1] if kind == Kind.TENANTS else None)
+        self.submit(uid, list(prompt), NAMESPACE_PALETTE[1] if kind == Kind.TENANTS else None, workload=True)
         if uid in self.reqs:
             STATS.rules[f"hybrid.workload[{kind}] tokens"] += len(prompt)
             STATS.rules[f"hybrid.workload[{kind}] tokens hit"] += self.reqs[uid][0].cached_len
 
-    def submit(self, uid: int, prompt: list[int], namespace: Namespace) -> None:
+    def submit(self, uid: int, prompt: list[int], namespace: Namespace, workload: bool = False) -> None:
         """Request ``uid`` matched and locked on every manager, or admitted by none (nothing changed)."""
         reqs = [HybridReq(uid, list(prompt), namespace) for _ in self.managers]
         got = [
@@ -434,7 +458,7 @@ class HybridMachine(RuleBasedStateMachine):
             for manager, req in zip(self.managers, reqs, strict=True)
         ]
         self.copied()
-        if not self.same(f"match_req of request {uid}", got).ok:
+        if not same(self.names, f"match_req of request {uid}", got).ok:
             # not admitted (an engine's scheduler waits for a free row or state slot): nothing changed
             STATS.record_rule("hybrid.match_req[not admitted]")
             return
@@ -442,7 +466,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.reqs[uid] = reqs
         if reqs[0].cached_len:
             STATS.record_rule("hybrid.match_req[hit]")
-        STATS.record_prompt(len(prompt), reqs[0].cached_len)
+        STATS.record_prompt(len(prompt), reqs[0].cached_len, workload)
         STATS.record_reach(longest_key_tokens=len(prompt), most_running_requests=len(self.reqs))
         # a foreign manager's reach where it can tell (cached_page_count() is optional: a user's may not have it)
         if self.page_counter is not None:
@@ -455,7 +479,7 @@ class HybridMachine(RuleBasedStateMachine):
             for m, r in zip(self.managers, self.reqs[uid], strict=True)
         ]
         self.copied()
-        self.same(f"{what} of request {uid}", got)
+        same(self.names, f"{what} of request {uid}", got)
         same_requests(self.names, what, self.reqs[uid])
         return got
 
@@ -494,18 +518,47 @@ class HybridMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.reqs)
     @rule(which=st.integers(0, 63), answer=st.integers(0, 3))
     def serve_running(self, which: int, answer: int) -> None:
-        """A running request served to its end as an engine serves it: its prefill in chunks of the budget, one decode
-        step, then cached as finished (what a later turn of its conversation, or its prefix's next request, hits).
-        A chunk the pool has no room for stops it there: it waits, running."""
+        """A running request served to its end, as an engine serves it, in one step: prefill in chunks of the budget
+        (up to one the pool has no room for), a decode step, then cached as finished (what its next turn hits)."""
+        steps = STATS.steps
         STATS.record_rule("hybrid.serve_running")
         uid = sorted(self.reqs)[which % len(self.reqs)]
         while (done := self.reqs[uid][0].computed) < len(self.reqs[uid][0].input_ids):
             self.allocate_and_store(sorted(self.reqs).index(uid), 2048)
             if self.reqs[uid][0].computed == done:
-                return
-        self.decode(sorted(self.reqs).index(uid), answer)
-        self.allocate_and_store(sorted(self.reqs).index(uid), 1)
-        self.cache_req(sorted(self.reqs).index(uid), finished=True)
+                break  # no room: it waits, running
+        else:
+            self.decode(sorted(self.reqs).index(uid), answer)
+            self.allocate_and_store(sorted(self.reqs).index(uid), 1)
+            self.cache_req(sorted(self.reqs).index(uid), finished=True)
+        STATS.steps = steps + 1
+
+    @rule(
+        kind=st.sampled_from([kind.value for kind in Kind]),
+        pick=st.integers(0, 63),
+        count=st.sampled_from([4, 16, 64]),
+        pages=st.sampled_from([1, 4, 16, 64]),
+    )
+    def serve_burst(self, kind: str, pick: int, count: int, pages: int) -> None:
+        """A burst, in bulk: ``count`` requests of ``kind`` (turns of about ``pages`` pages; below production pools
+        4 of 4 pages; prompts of ``BURST_TOKENS`` in all) arrive, the first served alone, then the rest, admitted
+        together, each to its end; those the pool had no room for are aborted. A warm cache and a big tree in one
+        step (its checks run after it)."""
+        steps = STATS.steps
+        STATS.record_rule(f"hybrid.serve_burst[{kind}]")
+        first, began, production = self.next_uid, STATS.prompt_tokens, self.num_pages >= PRODUCTION_POOL
+        for i in range(count if production else min(count, 4)):
+            if STATS.prompt_tokens - began >= BURST_TOKENS:
+                break
+            self.workload_request(kind, pick + i, pages if production else min(pages, 4))
+            if i == 0 and first in self.reqs:
+                self.serve_running(sorted(self.reqs).index(first), 0)
+        for uid in range(first + 1, self.next_uid):
+            if uid in self.reqs:
+                self.serve_running(sorted(self.reqs).index(uid), uid % 4)
+        for uid in [uid for uid in range(first, self.next_uid) if uid in self.reqs]:
+            self.cache_req(sorted(self.reqs).index(uid), finished=True)
+        STATS.steps = steps + 1
 
     @precondition(lambda self: self.reqs)
     @rule(which=st.integers(0, 63), finished=st.booleans())
@@ -535,7 +588,7 @@ class HybridMachine(RuleBasedStateMachine):
             evicted = manager.cache.evict(group, size)
             manager.free_slots[group].extend(evicted[:: self.page_size])
             got.append(evicted)
-        self.same(f"evicting group {group} of the managers' caches", got)
+        same(self.names, f"evicting group {group} of the managers' caches", got)
 
     @invariant()
     def managers_keep_the_laws(self) -> None:

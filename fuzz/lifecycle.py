@@ -36,6 +36,7 @@ from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
+from radixspec.spec.helpers import align_down, div_ceil
 
 # a slot of a pool, as one int: pool * SLOTS_PER_POOL + slot
 SLOTS_PER_POOL = 1 << 40
@@ -169,6 +170,11 @@ class LifecycleLaws:
         self.ids: dict[int, list[int]] = {}
         # per live request, the slots of the pages it attends, as last seen: they change only in cache_req
         self.attended: dict[int, dict[tuple[int, int], int]] = {}
+        # per live request, its computed tokens and per group the slot of each position, when its KV was last
+        # found its own; and the shadow's slots written since the last check: a position checked then, whose slot
+        # is the same and was not written since, holds what it held (the check reads only the others)
+        self.verified: dict[int, tuple[int, list[list[int | None]]]] = {}
+        self.written: set[int] = set()
 
     def fail(self, law: str, problem: str) -> IntegrityError:
         return IntegrityError(f"{self.label}{law}: {problem}")
@@ -193,6 +199,7 @@ class LifecycleLaws:
                 slot = row[position]
                 if slot is not None:
                     self.shadow[base + slot] = (group, ids[position])
+                    self.written.add(base + slot)
 
     def copied(self) -> None:
         """The copies the target's worker made since last asked (vLLM's copy-on-write of a partial hit)."""
@@ -204,6 +211,7 @@ class LifecycleLaws:
             base = pool * SLOTS_PER_POOL
             source_base = base if source_pool is None else source_pool * SLOTS_PER_POOL
             for offset in range(size):
+                self.written.add(base + target + offset)
                 held = self.shadow.get(source_base + source + offset)
                 if held is None:
                     self.shadow.pop(base + target + offset, None)
@@ -213,6 +221,7 @@ class LifecycleLaws:
     def finished(self, uid: int, cached: bool) -> None:
         """``cache_req``: the request's attended slots may move; a finished request is forgotten."""
         self.attended.pop(uid, None)
+        self.verified.pop(uid, None)
         if cached:
             self.ids.pop(uid, None)
 
@@ -228,6 +237,7 @@ class LifecycleLaws:
         for req in live_reqs:
             self.attended_pages_stay_put(req)
             self.attended_kv_is_the_requests(req)
+        self.written.clear()
         pools = getattr(self.view, "pools", None)
         if pools is not None:
             self.pages_are_partitioned(pools(list(live_reqs)))
@@ -256,20 +266,34 @@ class LifecycleLaws:
         slots, p = self.slots(req), self.page_size
         # slots a copy still in flight will write (a tier's load): the request's forward waits for it
         incoming: set[int] = getattr(self.view, "incoming_kv", set)()
+        seen = None if incoming else self.verified.get(req.uid)
         for group in self.kv_groups:
             base, row = self.pool_of[group] * SLOTS_PER_POOL, slots[group]
-            for page in hy.compute_used_pages(req.computed, self.windows[group], p):
-                for position in range(page * p, min(req.computed, (page + 1) * p)):
-                    slot = row[position] if position < len(row) else None
-                    if incoming and slot is not None and base + slot in incoming:
-                        continue
-                    held = None if slot is None else self.shadow.get(base + slot)
-                    if held != (group, ids[position]):
-                        raise self.fail(
-                            "attended_kv_is_the_requests",
-                            f"request {req.uid} attends group {group} slot {slot} for position {position}, which"
-                            f" holds {self.describe(held, group)}",
-                        )
+            used = hy.compute_used_pages(req.computed, self.windows[group], p)
+            begin, end = used.start * p, min(req.computed, used.stop * p)
+            positions: Iterable[int] = range(begin, end)
+            if seen is not None:
+                # checked before up to ``upto``, each position's slot the same: only those written since, and the new
+                upto = min(seen[0], end)
+                if begin < upto and list(row[begin:upto]) == seen[1][group][begin:upto]:
+                    written = {key - base for key in self.written if base <= key < base + SLOTS_PER_POOL}
+                    again = written.intersection(row[begin:upto])
+                    positions = [*(i for i in range(begin, upto) if row[i] in again), *range(upto, end)]
+            for position in positions:
+                slot = row[position] if position < len(row) else None
+                if incoming and slot is not None and base + slot in incoming:
+                    continue
+                held = None if slot is None else self.shadow.get(base + slot)
+                if held != (group, ids[position]):
+                    raise self.fail(
+                        "attended_kv_is_the_requests",
+                        f"request {req.uid} attends group {group} slot {slot} for position {position}, which"
+                        f" holds {self.describe(held, group)}",
+                    )
+        if incoming:
+            self.verified.pop(req.uid, None)
+        else:
+            self.verified[req.uid] = (req.computed, [list(row) for row in slots])
 
     def pages_are_partitioned(self, pools: Iterable[Pool]) -> None:
         for name, free, cached, private, size in pools:
@@ -322,7 +346,7 @@ def hit_law(
     ``hit_is_the_longest_valid_match``, or with ``exact`` off ``hit_is_a_valid_match`` (never longer than the
     longest; a shorter hit is the caller's to count). ``why`` says what the engine was read as caching. Returns
     the longest valid match."""
-    longest = hr.compute_hit(rule, is_cached, known, limit, margin)
+    longest = longest_hit(rule, is_cached, known, limit, margin)
     if exact and hit != longest:
         raise IntegrityError(
             f"hit_is_the_longest_valid_match: request {uid} hit {hit} of {limit} tokens; by {why} the longest valid"
@@ -334,6 +358,45 @@ def hit_law(
             f" {longest}"
         )
     return longest
+
+
+def longest_hit(rule: hr.HitRule, is_cached: hr.IsCached, known: int, limit: int, margin: int = 0) -> int:
+    """``hr.compute_hit``, in time linear in the prompt: each whole page's entry is read once per group, where the
+    spec reads every page a length uses again for each length it tries (quadratic in a long prompt's pages: a
+    prompt of 30,000 tokens at one token a page). The same answer for every rule and cache
+    (``tests/fuzz/test_lifecycle.py`` draws both and compares).
+
+    A length L uses, in each group, the pages of ``hr.compute_used_pages``: the whole entries of those before its
+    last page, and the entry ending at L itself (``hr.compute_used_ends``: the last page's end is L); none where
+    that range is empty (a window of fewer tokens than L leaves of its last page)."""
+    p, unit, dropped = rule.page_size, rule.unit, rule.drop * rule.unit
+    longest = align_down(max(0, min(limit, known - rule.lookahead - dropped, limit + margin - dropped)), unit)
+    # per group, how many whole pages before page k are not cached (only pages before the last one any length
+    # read uses: their ends lie below that length)
+    missing = []
+    for group, kind in enumerate(rule.kinds):
+        counts = [0]
+        for page in range(0 if kind == hr.STATE else max(0, div_ceil(longest + dropped, p) - 1)):
+            counts.append(counts[-1] + (not is_cached(group, (page + 1) * p)))
+        missing.append(counts)
+
+    def valid(length: int, groups: Iterable[int]) -> bool:
+        last = div_ceil(length, p) - 1
+        for group in groups:
+            kind = rule.kinds[group]
+            first = last if kind == hr.STATE else 0 if kind is None else max(0, length - (kind - 1)) // p
+            if first > last:
+                continue  # a window shorter than what the length leaves of its last page: it uses nothing
+            if (first < last and missing[group][last] != missing[group][first]) or not is_cached(group, length):
+                return False
+        return True
+
+    every = range(len(rule.kinds))
+    positional = [g for g in every if rule.kinds[g] != hr.STATE]
+    for length in range(longest, 0, -unit):
+        if valid(length, every) and (not dropped or valid(length + dropped, positional)):
+            return length
+    return 0
 
 
 def laws_for(manager: object) -> list[LifecycleLaws]:

@@ -125,12 +125,14 @@ def machine_for(
     lru: str | None = None,
     shallow: bool = False,
     swarm: int | None = None,
+    production: bool = False,
 ) -> type[RuleBasedStateMachine]:
     """The machine ``name`` driving the spec beside ``targets`` (names as --impl and --target take them, or
     TargetInfo objects: radixspec.testing passes a user's factory so; the
     kv machine: the pool on ``device``), in LRU mode ``lru`` (default: the profiles'); ``shallow``: a shallow
     batch's machine (the cache machine grows no big trees and no long keys); ``swarm``: a swarm batch's seed (the
-    rules ``swarm_off`` picks are off). Notes the time of its first failure."""
+    rules ``swarm_off`` picks are off); ``production``: a production batch's (the hybrid machine draws production
+    pools too). Notes the time of its first failure."""
     base = machine_class(name)
     if name == "hybrid" and any(executes(target) for target in targets):
         from .hybrid_executor import TieredHybridMachine
@@ -159,6 +161,7 @@ def machine_for(
         "teardown": teardown,
         "__module__": base.__module__,
         "SHALLOW": shallow,
+        "PRODUCTION": production,
     }
     entry = MACHINES[name]
     if entry.layer is not None:

@@ -42,8 +42,9 @@ def build_machine(
     device: str = "cpu",
     shallow: bool = False,
 ) -> type[RuleBasedStateMachine]:
-    """The machine class a campaign ran (for a regression file: call it, then replay the steps)."""
-    return machine_for(machine, targets, device, lru, shallow)
+    """The machine class a campaign ran (for a regression file: call it, then replay the steps; a replay draws
+    nothing, so production pools are allowed: a program a production batch found keeps its pool)."""
+    return machine_for(machine, targets, device, lru, shallow, production=True)
 
 
 def regression_source(

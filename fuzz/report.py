@@ -37,8 +37,14 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
     if s.prompt_tokens:
         p(
             f"requests: token hit rate {100.0 * s.hit_tokens / s.prompt_tokens:.1f} % ({s.hit_tokens} of"
-            f" {s.prompt_tokens} prompt tokens cached when matched), most running at once"
-            f" {shown(s.most_running_requests)}"
+            f" {s.prompt_tokens} prompt tokens cached when matched)"
+            + (
+                f", of the workload mix {100.0 * s.workload_hit_tokens / s.workload_tokens:.1f} %"
+                f" ({s.workload_hit_tokens} of {s.workload_tokens})"
+                if s.workload_tokens
+                else ""
+            )
+            + f", most running at once {shown(s.most_running_requests)}"
         )
     if s.most_transfers_in_flight is not None:
         ended = {rule: n for rule, n in s.rules.items() if rule.startswith("tiered.") and "[" in rule}

@@ -83,6 +83,9 @@ class CampaignStats:
     # the machines that drive requests: prompt tokens matched, and those the cache already held (the token hit rate)
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    # of those, the prompts the workload models shaped (fuzz/workloads.py): the token hit rate of the workload mix
+    workload_tokens: int = 0
+    workload_hit_tokens: int = 0
 
     def record_rule(self, name: str) -> None:
         """Count one step of rule ``name``."""
@@ -101,10 +104,14 @@ class CampaignStats:
         """Note the size of a KV store batch."""
         self.record_reach(largest_store_rows=rows)
 
-    def record_prompt(self, tokens: int, hit: int) -> None:
-        """A request matched its prompt of ``tokens`` tokens, ``hit`` of them cached already."""
+    def record_prompt(self, tokens: int, hit: int, workload: bool = False) -> None:
+        """A request matched its prompt of ``tokens`` tokens, ``hit`` of them cached already; ``workload``: a prompt
+        the workload models shaped."""
         self.prompt_tokens += tokens
         self.hit_tokens += hit
+        if workload:
+            self.workload_tokens += tokens
+            self.workload_hit_tokens += hit
 
     def record_reach(self, **values: int) -> None:
         """Raise any reach counter to ``values`` (names from REACH); the first value recorded sets it."""

@@ -13,8 +13,8 @@ from .stats import REACH, CampaignStats
 
 # the JSON summary's layout; docs/campaigns.md describes each field. A new, renamed, removed or retyped field
 # bumps it (2: ``broken`` and ``machine_examples``; 3: ``coverage``, ``prompt_tokens``, ``hit_tokens`` and
-# ``most_running_requests``)
-SCHEMA_VERSION = 3
+# ``most_running_requests``; 4: ``workload_tokens`` and ``workload_hit_tokens``)
+SCHEMA_VERSION = 4
 # a package's version, None when it is not installed
 Version: TypeAlias = str | None
 # each target's engine packages and their versions
@@ -119,6 +119,8 @@ class CampaignSummary:
             "evicted_pages": s.evicted_pages,
             "prompt_tokens": s.prompt_tokens,
             "hit_tokens": s.hit_tokens,
+            "workload_tokens": s.workload_tokens,
+            "workload_hit_tokens": s.workload_hit_tokens,
             "events_replayed": s.events_replayed,
             "router_scores_checked": s.router_scores_checked,
             "router_removals": s.router_removals,

@@ -26,6 +26,12 @@ from enum import StrEnum
 FIRST_TOKEN, TOKEN_SPAN = 1000, 29000
 # conversations a workload keeps to continue (the newest)
 CONVERSATIONS = 16
+# a prompt's tokens at most, and the system prompt's, however large the pool: not pool-sized (a big pool fills with
+# many prompts), and held below the longest production prompts (tens of thousands of tokens), whose every token
+# the lifecycle laws follow in Python
+MOST_PROMPT_TOKENS, MOST_SYSTEM_TOKENS = 4_096, 1_024
+# a fresh turn's tokens at most (a user turn, a question, a tool call)
+MOST_TURN_TOKENS = 1_024
 
 
 class Kind(StrEnum):
@@ -68,17 +74,20 @@ class Workload:
     @classmethod
     def for_pool(cls, seed: int, page_size: int, pool_tokens: int) -> Workload:
         """The shared parts for a pool of ``pool_tokens``: a prompt takes at most a quarter of it, the system
-        prompt an eighth (whole pages and a partial one), the templates and documents up to a quarter."""
-        budget = max(2, pool_tokens // 4)
-        system = tokens_of(seed, 0, max(1, pool_tokens // 8 + page_size // 2))
+        prompt an eighth (whole pages and a partial one), the templates and documents up to a quarter; each at
+        most the sizes production prompts have (``MOST_PROMPT_TOKENS``, ``MOST_SYSTEM_TOKENS``)."""
+        budget = max(2, min(pool_tokens // 4, MOST_PROMPT_TOKENS))
+        system = tokens_of(seed, 0, max(1, min(pool_tokens // 8, MOST_SYSTEM_TOKENS) + page_size // 2))
         templates = tuple(system + tokens_of(seed, 1 + i, max(1, budget // 8 * (i + 1))) for i in range(3))
         documents = tuple(tokens_of(seed, 10 + i, max(1, budget * 3 // 4 - i * page_size)) for i in range(3))
         return cls(seed, page_size, budget, system, templates, documents)
 
     def turn(self, pages: int) -> tuple[int, ...]:
-        """A fresh user turn (or question, or tool call) of about ``pages`` pages, unlike any other."""
+        """A fresh user turn (or question, or tool call) of about ``pages`` pages (at most ``MOST_TURN_TOKENS``),
+        unlike any other."""
         self.fresh += 1
-        return tokens_of(self.seed, 1000 + self.fresh, max(1, pages * self.page_size - self.fresh % self.page_size))
+        tokens = min(pages * self.page_size, MOST_TURN_TOKENS) - self.fresh % self.page_size
+        return tokens_of(self.seed, 1000 + self.fresh, max(1, tokens))
 
     def prompt(self, kind: Kind, pick: int, pages: int) -> tuple[int, ...]:
         """A prompt of ``kind``; ``pick`` chooses the conversation, template or document and where a branch cuts."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radixspec.fuzz.lifecycle import (
     CachedKV,
@@ -15,6 +17,7 @@ from radixspec.fuzz.lifecycle import (
     StateShadow,
     hit_law,
     laws_for,
+    longest_hit,
 )
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
@@ -170,3 +173,67 @@ def test_the_hit_law_is_the_longest_valid_match_or_with_a_window_a_valid_one_nev
         hit_law(1, 4, rule, cached, 9, 9, "pages", exact=False)  # the window's page ending at 4 is not cached
     with pytest.raises(IntegrityError, match="^hit_is_a_valid_match: request 1 hit 10 of 9"):
         hit_law(1, 10, rule, cached, 9, 9, "pages", exact=False)
+
+
+@st.composite
+def hit_problems(draw: st.DrawFn) -> tuple[hr.HitRule, frozenset[tuple[int, int]], int, int, int]:
+    """A hit rule (any kinds, unit, lookahead, drop), what a cache holds (entries by group and end), and the
+    prompt's known tokens, limit and margin."""
+    p = draw(st.integers(1, 8))
+    kinds = draw(st.lists(st.one_of(st.none(), st.integers(1, 3 * p + 2), st.just(hr.STATE)), min_size=1, max_size=3))
+    unit = draw(st.sampled_from([d for d in range(1, p + 1) if p % d == 0]))
+    rule = hr.new_hit_rule(p, kinds, unit, draw(st.integers(0, 1)), draw(st.integers(0, 2)))
+    known = draw(st.integers(0, 12 * p))
+    # mostly a cached run from the start (as caches hold prefixes), with holes
+    run = draw(st.integers(0, known + p))
+    holes = draw(st.sets(st.tuples(st.integers(0, len(kinds) - 1), st.integers(1, known + 2 * p)), max_size=6))
+    cached = {(g, end) for g in range(len(kinds)) for end in range(1, run + 1)} ^ holes
+    limit, margin = draw(st.integers(0, known)), draw(st.integers(0, p))
+    return rule, frozenset(cached), known, limit, margin
+
+
+@settings(max_examples=600, deadline=None)
+@given(hit_problems())
+def test_longest_hit_is_the_spec_hit(problem: tuple[hr.HitRule, frozenset[tuple[int, int]], int, int, int]) -> None:
+    """The adapters' hit law reads ``longest_hit`` (linear in the prompt); it is the spec's ``compute_hit``."""
+    rule, cached, known, limit, margin = problem
+
+    def is_cached(group: int, end: int) -> bool:
+        return (group, end) in cached
+
+    assert longest_hit(rule, is_cached, known, limit, margin) == hr.compute_hit(rule, is_cached, known, limit, margin)
+
+
+def test_a_slot_overwritten_after_it_was_checked_is_read_again() -> None:
+    """The check reads again only what changed since it last passed (new positions, slots written since): a page
+    the first check found its own, overwritten by another request's store or by a copy, still fails."""
+    laws, req, view = written()
+    laws.check([req])
+    intruder = HybridReq(2, [1, 2, 3, 4], "a", rows=[[10, 2], [10, 2]])
+    stored(laws, intruder, 4)  # writes slots 2 and 3: the first request's second page, checked already
+    with pytest.raises(IntegrityError, match="attended_kv_is_the_requests: request 1 attends group 0 slot 2"):
+        laws.check([req])
+    laws, req, view = written()
+    laws.check([req])
+    view.copies.append(KVCopy(0, 10, 4, 2, None))  # the worker copies two empty slots over the third page
+    laws.copied()
+    with pytest.raises(IntegrityError, match="attended_kv_is_the_requests: request 1 attends group 0 slot 4"):
+        laws.check([req])
+
+
+def test_a_check_that_passed_reads_only_the_new_positions_after() -> None:
+    """Past a passing check, an unchanged request costs nothing per position: the shadow is not read for it."""
+    laws, req, _ = written()
+    laws.check([req])
+    reads = 0
+    shadow = laws.shadow
+
+    class Counting(dict[int, tuple[int, int]]):
+        def get(self, key: int, default: object = None) -> object:  # type: ignore[override]
+            nonlocal reads
+            reads += 1
+            return shadow.get(key, default)
+
+    laws.shadow = Counting(shadow)
+    laws.check([req])
+    assert reads == 0

@@ -76,3 +76,15 @@ def test_a_campaign_counts_its_swarm_batches_and_the_rules_they_turned_off(
     assert rules["swarm[cache] batches"] == 2
     assert sum(count for rule, count in rules.items() if rule.startswith("swarm[cache] off: ")) > 2
     assert "swarm batches: cache 2" in out.getvalue()
+
+
+def test_past_the_first_batches_every_fourth_batch_is_a_production_batch() -> None:
+    """Production batches (production pools drawn) start at PRODUCTION_FROM, on the deep batches that are not swarm
+    batches; a campaign of a few hundred examples (the suite's) runs none."""
+    expected = [False] * campaign.PRODUCTION_FROM + [False, True, False, False] * 2
+    run = campaign.Campaign(campaign.parse_args(["--machine", "hybrid", "--minutes", "1"]), io.StringIO())
+    run.start = time.time()
+    run.machines = {"hybrid": campaign.MachineState("hybrid")}
+    specs = [run.next_spec() for _ in range(len(expected))]
+    assert [spec is not None and spec.production for spec in specs] == expected
+    assert not any(spec is not None and spec.production and spec.swarm is not None for spec in specs)

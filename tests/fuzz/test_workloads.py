@@ -106,3 +106,39 @@ def test_serve_running_runs_a_request_to_its_end_and_a_later_turn_of_its_convers
     state.workload_request(kind=Kind.MULTI_TURN.value, pick=0, pages=1)
     assert STATS.hit_tokens - before == len(state.workload.conversations[0]) // 4 * 4
     state.teardown()
+
+
+def burst_machine(production: bool, num_pages: int) -> Any:
+    """The hybrid machine over our reference, pages of 4, as a production batch builds it or not."""
+    from radixspec.fuzz.machines import machine_for
+
+    state = machine_for("hybrid", ("reference",), production=production)()
+    state.setup(page_size=4, num_pages=num_pages, windows=[None], first=[([0], [])])
+    return state
+
+
+def test_a_burst_serves_its_requests_to_their_end_hot_and_leaves_none_running() -> None:
+    """A burst in a production pool: 64 requests of one kind, the first served alone, the rest admitted together
+    (running at once) and each served, up to BURST_TOKENS prompt tokens; all finished, the shared prefix hit by all
+    but the first, a tree of hundreds of pages in one step; the laws hold after it, and the step counts once."""
+    from radixspec.fuzz.hybrid_machine import BURST_TOKENS
+
+    state = burst_machine(True, 4096)
+    assert state.num_pages == 4096
+    before = STATS.workload_hit_tokens, STATS.workload_tokens, STATS.steps
+    state.serve_burst(kind="system prompt", pick=0, count=64, pages=16)
+    state.managers_keep_the_laws()
+    hit, asked = STATS.workload_hit_tokens - before[0], STATS.workload_tokens - before[1]
+    assert not state.reqs and STATS.steps == before[2] + 1
+    assert asked <= BURST_TOKENS + state.workload.budget and hit >= 0.5 * asked
+    assert STATS.most_running_requests is not None and STATS.most_running_requests >= 8
+    assert state.ours[0].cache.size_info(0).total_size // 4 >= 500
+
+
+def test_below_production_a_burst_is_four_short_requests_and_no_pool_is_a_production_pool() -> None:
+    state = burst_machine(False, 4096)
+    assert 41 <= state.num_pages <= 400  # a production pool drawn outside a production batch: a big pool instead
+    uid = state.next_uid
+    state.serve_burst(kind="few-shot", pick=0, count=64, pages=64)
+    assert state.next_uid - uid == 4 and not state.reqs
+    assert burst_machine(True, 4096).num_pages == 4096
