@@ -65,8 +65,11 @@ class NaivePrefixCache(_ReferencePrefixCache):
         if whole.numel():
             # the first page in order that is misaligned or takes an earlier page's slot (as the spec checks them)
             bad, pages = first_bad_page(whole, p), whole.numel() // p
-            seen: set[int] = set()
-            twice = next((i for i, start in enumerate(whole[::p].tolist()) if start in seen or seen.add(start)), pages)
+            starts: list[int] = whole[::p].tolist()
+            first: dict[int, int] = {}
+            for i, start in enumerate(starts):
+                first.setdefault(start, i)
+            twice = next((i for i, start in enumerate(starts) if first[start] != i), pages)
             if bad < pages and bad <= twice:
                 raise MisalignedPageError(f"page {bad} is not an aligned run of {p}")
             if twice < pages:
