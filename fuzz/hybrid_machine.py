@@ -57,14 +57,15 @@ from .workloads import Kind, Workload
 
 # small pages often (splits, partial pages), any size up to 16, and the pages engines run (16 to 64 tokens)
 hybrid_page_sizes = st.one_of(st.sampled_from([1, 2, 4]), st.integers(1, 16), st.sampled_from([16, 32, 64]))
-# small pools evict often; big ones let trees and keys grow (half and half: with two small draws in three, a planted
-# storage bug of sglang-hicache went uncaught in 400 examples); the biggest (one example in 32 of the production
-# batches: each costs as much as hundreds of small ones), filled by bursts, hold the pages of a production cache
-# (drawn by name: one_of takes each strategy once, however often it is listed)
+# the smallest production pool, in pages: drawn only in production batches (fuzz/campaign.py), filled by bursts
 PRODUCTION_POOL = 1024
 # a burst's prompt tokens at most: the lifecycle laws follow each token in Python (a burst of 64 prompts of 4,096
 # tokens took seconds under vllm-mamba)
 BURST_TOKENS = 32_768
+# small pools evict often; big ones let trees and keys grow (half and half: with two small draws in three, a planted
+# storage bug of sglang-hicache went uncaught in 400 examples); the biggest (one example in 32 of the production
+# batches: each costs as much as hundreds of small ones) hold the pages of a production cache (drawn by name:
+# one_of takes each strategy once, however often it is listed)
 POOL_SIZES = {
     "small": st.integers(4, 40),
     "big": st.integers(41, 400),

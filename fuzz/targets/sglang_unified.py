@@ -401,6 +401,20 @@ def event_pages(req: HybridReq, cached: dict[pc.PageKey, int], page_size: int, e
     return lambda group, end: keys[end // page_size - 1] in cached
 
 
+def replayed(m: SGLangUnifiedManager) -> ev.Replayer:
+    """The manager's mirror, every event its cache has taken so far replayed into it (with HiCache, the device's)."""
+    taken = m.cache.take_events()
+    if m.tiers is not None:
+        taken = m.tiers.device_events(m, taken)
+    events = ev.from_block_events(taken, lambda salt: m.salts.get(salt) if salt else None)
+    STATS.events_replayed += len(events)
+    # pages leave SGLang's tree only when it evicts them
+    STATS.evicted_pages += sum(
+        len(e.page_hashes) if isinstance(e, ev.PagesRemoved) else isinstance(e, ev.PageRemoved) for e in events
+    )
+    return m.mirror.apply(events)
+
+
 class SGLangUnifiedManager:
     """SGLang's unified cache and its allocator behind the hybrid manager's methods, on one tree core: FULL, with
     the components the model has, combined as SGLang combines them: the SWA one (``swa``), the MAMBA one
@@ -503,19 +517,10 @@ class SGLangUnifiedManager:
     def cached_pages(self) -> dict[pc.PageKey, int]:
         """The pages the cache's KV events say it holds (with HiCache, on the device), every event so far replayed
         from empty."""
-        taken = self.cache.take_events()
-        if self.tiers is not None:
-            taken = self.tiers.device_events(self, taken)
-        events = ev.from_block_events(taken, lambda salt: self.salts.get(salt) if salt else None)
-        STATS.events_replayed += len(events)
-        # pages leave SGLang's tree only when it evicts them
-        STATS.evicted_pages += sum(
-            len(e.page_hashes) if isinstance(e, ev.PagesRemoved) else isinstance(e, ev.PageRemoved) for e in events
-        )
-        return self.mirror.apply(events).cached()
+        return replayed(self).cached()
 
     def row(self, record: Record, length: int) -> list[int]:
-        return [int(s) for s in self.table.req_to_token[record.kv.req_pool_idx, :length].tolist()]
+        return cast(list[int], self.table.req_to_token[record.kv.req_pool_idx, :length].tolist())
 
     def page_rows(self, record: Record, length: int) -> list[list[int | None]]:
         """The request's rows as the spec counts them: the first slot of each page (SWA: its paired slot)."""
@@ -739,7 +744,7 @@ class SGLangUnifiedManager:
                 if page != list(range(page[0], page[0] + len(page))) or page[0] % p:
                     raise IntegrityError(f"pages_are_runs: request {req.uid}'s page at {first} is slots {page}")
         tree = int(self.cache.full_evictable_size() + self.cache.full_protected_size())
-        announced = len(self.cached_pages())
+        announced = replayed(self).reach()
         if announced * p != tree:
             raise IntegrityError(
                 f"events_replay_to_the_cache: the events hold {announced} pages, the tree {tree} tokens"

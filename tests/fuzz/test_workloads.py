@@ -135,6 +135,25 @@ def test_a_burst_serves_its_requests_to_their_end_hot_and_leaves_none_running() 
     assert state.ours[0].cache.size_info(0).total_size // 4 >= 500
 
 
+def test_a_burst_the_pool_has_no_room_for_is_aborted_and_the_request_running_before_it_runs_on() -> None:
+    """A request running before the burst holds all but 24 of the pool's 1,024 pages: no request of the burst gets
+    room for its prompt, so each is aborted at the end of the step (none left running), the pool's pages return
+    and the request from before runs on, untouched."""
+    from radixspec.fuzz.hybrid_machine import PRODUCTION_POOL
+
+    state = burst_machine(True, PRODUCTION_POOL)
+    state.new_request(tokens=tuple(range(10, 10 + 4000)), extra=[], namespace=None)
+    (running,) = state.reqs
+    state.allocate_and_store(0, 4000)
+    assert state.reqs[running][0].computed == 4000
+    uid = state.next_uid
+    state.serve_burst(kind="system prompt", pick=0, count=16, pages=16)
+    state.managers_keep_the_laws()
+    assert state.next_uid - uid == 16  # all admitted, then aborted: none left running
+    assert list(state.reqs) == [running] and state.reqs[running][0].computed == 4000
+    assert len(state.ours[0].free_slots[0]) == 24 and state.ours[0].cache.size_info(0).total_size == 0
+
+
 def test_below_production_a_burst_is_four_short_requests_and_no_pool_is_a_production_pool() -> None:
     state = burst_machine(False, 4096)
     assert 41 <= state.num_pages <= 400  # a production pool drawn outside a production batch: a big pool instead
