@@ -220,13 +220,13 @@ class SlidingWindow:
             req_to_token_pool=m.table,
         )
 
-    def slot(self, m: SGLangUnifiedManager, full: int) -> int | None:
-        """The SWA slot paired with a full slot (None: freed or tombstoned)."""
-        swa = int(m.alloc.full_to_swa_index_mapping[full])
-        return None if swa <= 0 else swa
-
     def column(self, m: SGLangUnifiedManager, full: Sequence[int]) -> list[int | None]:
-        return [self.slot(m, f) for f in full]
+        """The SWA slot paired with each full slot (None: freed or tombstoned), read in one gather (read one by one,
+        they took a third of a campaign's time)."""
+        if not full:
+            return []
+        paired = m.alloc.full_to_swa_index_mapping[m.torch.tensor(full, dtype=m.torch.int64)].tolist()
+        return [None if swa <= 0 else swa for swa in paired]
 
     def holes(self, m: SGLangUnifiedManager, key: object, tokens: int) -> list[range]:
         """The tree core's SWA tombstones along the whole pages of the key (key units: bigrams under EAGLE)."""
@@ -278,9 +278,7 @@ class SlidingWindow:
         for req in live_reqs:
             kv = m.records[req.uid].kv
             row = m.row(m.records[req.uid], kv.kv_allocated_len)
-            private += sum(
-                1 for first in range(kv.cache_protected_len, len(row), p) if self.slot(m, row[first]) is not None
-            )
+            private += sum(swa is not None for swa in self.column(m, row[kv.cache_protected_len :: p]))
         cached = int(m.cache.swa_evictable_size() + m.cache.swa_protected_size()) // p
         return Pool("SWA", m.alloc.swa_available_size() // p, cached, private, self.pages)
 
