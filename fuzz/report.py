@@ -111,7 +111,12 @@ def print_coverage(p: Callable[..., None], modules: tuple[ModuleCoverage, ...], 
     statements = sum(module.statements for module in modules)
     covered = sum(module.covered for module in modules)
     share = f"{100.0 * covered / statements:.1f} %" if statements else "n/a"
-    p(f"engine coverage: lines {share} ({covered}/{statements}) of {len(modules)} modules")
+    reachable = sum(module.reachable for module in modules)
+    on_cpu = f"{100.0 * covered / reachable:.1f} %" if reachable else "n/a"
+    p(
+        f"engine coverage: lines {share} ({covered}/{statements}) of {len(modules)} modules; of the lines reachable on"
+        f" a CPU {on_cpu} ({covered}/{reachable})"
+    )
     for module in modules:
         p(f"  {module.describe(ranges=0 if quiet else SHOWN_RANGES)}")
 

@@ -23,7 +23,8 @@ DEMO = "radixspec_coverage_demo"
 
 @pytest.fixture
 def demo(tmp_path: Path) -> Iterator[Path]:
-    """A package of two modules on sys.path: ``branchy`` (a function with two branches) and ``idle``."""
+    """A package of three modules on sys.path: ``branchy`` (a function with two branches), ``idle``, and ``device``
+    (functions and a class a CPU-only list may name)."""
     package = tmp_path / DEMO
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -38,6 +39,29 @@ def demo(tmp_path: Path) -> Iterator[Path]:
         )
     )
     (package / "idle.py").write_text("VALUE = 1\n")
+    (package / "device.py").write_text(
+        textwrap.dedent(
+            """\
+            def on_cpu():
+                return 1
+
+
+            def on_gpu():
+                \"\"\"Needs a stream.\"\"\"
+                x = 1
+                return x + 1
+
+
+            class Streams:
+                def a(self):
+                    return 1
+
+                if True:
+                    def b(self):
+                        return 2
+            """
+        )
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         yield package
@@ -81,6 +105,51 @@ def test_a_measured_run_reports_the_lines_and_branches_it_reached_and_lists_the_
     assert (idle.statements, idle.covered, idle.missing) == (1, 0, (1,))
     assert absent.path is None and absent.describe() == f"{DEMO}.absent: not installed here"
     assert branchy.as_dict()["missing_lines"] == [4] and branchy.as_dict()["line_percent"] == 75.0
+
+
+CPU_ONLY_DEMO = {f"{DEMO}.device": {"on_gpu": "cuda: a stream", "Streams": "kernel: no CPU path", "gone": "cuda: x"}}
+
+
+def test_the_lines_of_functions_that_cannot_run_on_a_cpu_are_set_apart_and_a_wrong_list_is_named(demo: Path) -> None:
+    """Listed functions' bodies that never ran are CPU-only: out of the lines reachable on a CPU, not listed as never
+    reached. A listed name the file lacks is stale; a listed function that ran is named, its lines counted."""
+    with measured((f"{DEMO}.device",)) as arcs:
+        importlib.import_module(f"{DEMO}.device").on_cpu()
+    (device,) = analyse((f"{DEMO}.device",), arcs, CPU_ONLY_DEMO)
+    # ran: the defs, the class and its if (at import), on_cpu's return; never: on_gpu's two lines, a's and b's
+    assert (device.statements, device.covered, device.missing) == (11, 7, (7, 8, 13, 17))
+    assert device.cpu_only == (7, 8, 13, 17) and device.reachable == 7 and device.reachable_percent == 100.0
+    assert device.stale_names == ("gone",) and device.ran_though_listed == ()
+    assert device.describe() == (
+        f"{DEMO}.device: lines 63.6 % (7/11), branches 0.0 % (0/0), of the lines reachable on a CPU 100.0 % (7/7;"
+        " 4 CPU-only); CPU-only list wrong: no gone"
+    )
+    assert device.as_dict()["cpu_only_lines"] == [7, 8, 13, 17] and device.as_dict()["reachable_line_percent"] == 100.0
+    del sys.modules[f"{DEMO}.device"]  # imported again, under measure
+    with measured((f"{DEMO}.device",)) as arcs:
+        importlib.import_module(f"{DEMO}.device").on_gpu()
+    (device,) = analyse((f"{DEMO}.device",), arcs, CPU_ONLY_DEMO)
+    assert device.ran_though_listed == ("on_gpu",) and device.cpu_only == (13, 17) and device.reachable == 9
+    assert "CPU-only list wrong: on_gpu ran, no gone; never reached: 2" in device.describe()
+
+
+def test_every_cpu_only_function_listed_is_in_the_installed_engine() -> None:
+    """The shipped list against the engines installed here: every name defined (a new release renames or drops)."""
+    from radixspec.fuzz.engine_coverage import listed_bodies
+    from radixspec.fuzz.targets.cpu_unreachable import CPU_UNREACHABLE
+
+    checked = 0
+    for module, listed in CPU_UNREACHABLE.items():
+        assert listed and all(
+            why.split(":")[0] in ("cuda", "kernel", "distributed", "external") for why in listed.values()
+        )
+        path = module_file(module)
+        if path is None:
+            continue
+        assert listed_bodies(path.read_text(), listed)[1] == (), module
+        checked += 1
+    if importlib.util.find_spec("sglang") is not None:
+        assert checked > 0
 
 
 @pytest.mark.parametrize(
