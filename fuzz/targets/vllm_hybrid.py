@@ -115,6 +115,10 @@ class HybridRequest(RequestStandIn):
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.shared_prefix_boundary = 0
+        # the hashes whose prefixes the manager and the replay learnt, and the prefix of the last the replay learnt
+        # (its hashes only grow: each is learnt once, not every step)
+        self.learnt = 0
+        self.replay_learnt: tuple[int, pc.Prefix | None] = (0, None)
         self.rehash()
 
     def rehash(self) -> None:
@@ -154,11 +158,15 @@ class GroupReplay:
         # a block hash (as the events name it) -> the page it keys, learnt from each request's hashes
         self.keys: dict[object, PageKey] = {}
 
-    def learn(self, request: RequestStandIn, namespace: Namespace) -> None:
-        """The prefixes ``request``'s block hashes key (one every hash unit)."""
-        prefixes = pc.compute_page_prefixes(request.all_token_ids, self.unit)
-        for block_hash, prefix in zip(request.block_hashes, prefixes, strict=False):
-            self.keys.setdefault(self.utils.maybe_convert_block_hash(block_hash), (namespace, prefix))
+    def learn(self, request: HybridRequest, namespace: Namespace) -> None:
+        """The prefixes ``request``'s block hashes key (one every hash unit), those it had not learnt."""
+        done, parent = request.replay_learnt
+        tokens, unit = request.all_token_ids, self.unit
+        for index in range(done, min(len(request.block_hashes), len(tokens) // unit)):
+            parent = pc.Prefix.extend(parent, tuple(tokens[index * unit : (index + 1) * unit]))
+            self.keys.setdefault(self.utils.maybe_convert_block_hash(request.block_hashes[index]), (namespace, parent))
+            done = index + 1
+        request.replay_learnt = (done, parent)
 
     def apply(self, events: list[Any], namespace: Namespace) -> None:
         """One operation's events (a stored block is in ``namespace``, the operation's)."""
@@ -415,8 +423,9 @@ class VllmHybridManager:
     def learn(self, request: HybridRequest, namespace: Namespace) -> None:
         """The prefix each of ``request``'s hashes names (one tuple of its tokens shared by all)."""
         tokens = tuple(request.all_token_ids)
-        for index, block_hash in enumerate(request.block_hashes):
-            self.prefix_of.setdefault(block_hash, (namespace, tokens, (index + 1) * self.unit))
+        for index in range(request.learnt, len(request.block_hashes)):
+            self.prefix_of.setdefault(request.block_hashes[index], (namespace, tokens, (index + 1) * self.unit))
+        request.learnt = len(request.block_hashes)
 
     def take_events(self, request: HybridRequest | None, namespace: Namespace) -> None:
         """The pool's events of one operation, into the replay (``namespace``: the operation's request's)."""
