@@ -106,6 +106,24 @@ class Pool(Generic[H]):
         # pages evicted to make room (the driver's own evictions, for a cache that allocates, counted apart)
         self.evicted = 0
 
+    # nothing drawn: a prefix cache is what it is
+    config = ""
+
+    @property
+    def name(self) -> str:
+        return self.driver.name
+
+    def finish(self) -> None:
+        """The replay's end: nothing to check beyond what each call checked."""
+
+    def cached_page_count(self) -> int:
+        """Pages the cache holds now."""
+        return self.driver.cached_page_count()
+
+    def evicted_pages(self) -> int:
+        """Pages evicted so far: to make room, and by the cache to take its own."""
+        return self.evicted + self.driver.evicted_by_allocation
+
     def place(self, tokens: list[int], namespace: Namespace) -> int | None:
         """Match the prompt, lock the matched path, take pages for the rest (evicting LRU pages when the pool is
         short), insert the whole pages, unlock; the partial last page goes back to the pool. The tokens that hit,

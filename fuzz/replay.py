@@ -21,10 +21,17 @@ Trace formats (``--format auto`` tells them apart by the first line):
   ``"namespace"`` (a JSON list becomes a tuple, a string ``s`` becomes
   ``(s,)``) and ``"timestamp"`` (requests are replayed in timestamp order,
   ties in file order).
-* Mooncake (``hash_ids`` per block of ``--block-size`` tokens,
-  ``input_length``, ``output_length``, ``timestamp``): block ``h`` stands for
-  the tokens ``h * B ... h * B + B - 1``; the prompt is cut to
+* Mooncake (``hash_ids`` per block of ``--block-size`` tokens, 512 unless
+  given, ``input_length``, ``output_length``, ``timestamp``): block ``h``
+  stands for the tokens ``h * B ... h * B + B - 1``; the prompt is cut to
   ``input_length``. Output tokens are not replayed (only prompts are cached).
+  The FAST'25 traces: github.com/kvcache-ai/Mooncake, ``FAST25-release/traces``.
+* Bailian (Alibaba Cloud's Qwen serving traces, USENIX ATC'25: the Mooncake
+  fields, blocks of 16 tokens unless ``--block-size`` says otherwise, and
+  ``chat_id``, ``parent_chat_id``, ``turn``, ``type``, which the replay does
+  not need: a turn's blocks already hold its history). Told apart by
+  ``chat_id``. The traces (``qwen_traceA_blksz_16.jsonl``, ``qwen_traceB``,
+  ``qwen_coder``, ``qwen_thinking``): github.com/alibaba-edu/qwen-bailian-usagetraces-anon.
 
 ``--tiers`` replays through tiered caches (device, host, storage: ``fuzz/tier_replay.py``): the hit rate by
 tier against the host and storage sizes, ``--pool-pages`` being the device's.
@@ -47,7 +54,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, Protocol, TextIO, TypeVar
 
 from radixspec.spec.domains import TOKEN_LIMIT, Namespace, check_namespace
 from radixspec.spec.errors import CacheError
@@ -97,19 +104,27 @@ def load_line(line: str, number: int, path: Path) -> dict[str, object]:
     return record
 
 
+# the trace formats, each with the tokens of one of its blocks unless --block-size says otherwise (JSONL: none)
+BLOCK_SIZES = {"jsonl": 1, "mooncake": 512, "bailian": 16}
+
+
 def detect_format(path: Path) -> str:
-    """``jsonl`` or ``mooncake``, from the first request's fields."""
+    """``jsonl``, ``mooncake`` or ``bailian``, from the first request's fields."""
     with path.open() as lines:
         for number, line in enumerate(lines, start=1):
             if line.strip():
-                return "mooncake" if "hash_ids" in load_line(line, number, path) else "jsonl"
+                record = load_line(line, number, path)
+                if "hash_ids" not in record:
+                    return "jsonl"
+                return "bailian" if "chat_id" in record else "mooncake"
     raise ValueError(f"{path}: no request in the trace")
 
 
-def read_trace(path: Path, fmt: str = "auto", block_size: int = 512) -> Iterator[Request]:
-    """The requests of a trace, in replay order (by timestamp when the lines carry one; file order else);
-    ValueError naming the line for a malformed one."""
+def read_trace(path: Path, fmt: str = "auto", block_size: int | None = None) -> Iterator[Request]:
+    """The requests of a trace, in replay order (by timestamp when the lines carry one; file order else), blocks
+    of ``block_size`` tokens (the format's own by default); ValueError naming the line for a malformed one."""
     fmt = detect_format(path) if fmt == "auto" else fmt
+    block_size = BLOCK_SIZES[fmt] if block_size is None else block_size
     stamped: list[tuple[float, int, int]] = []
     with path.open() as lines:
         for number, line in enumerate(lines):
@@ -143,10 +158,10 @@ def parse_request(record: dict[str, object], fmt: str, block_size: int, line: in
     A Mooncake line's tokens are made one by one up to its ``input_length`` (never a whole block past it), and
     no line expands to more than MAX_REQUEST_TOKENS tokens."""
     where = f"{path}:{line}"
-    if fmt == "mooncake":
+    if fmt in ("mooncake", "bailian"):
         hash_ids, length = record.get("hash_ids"), record.get("input_length")
         if not isinstance(hash_ids, list) or not all(type(h) is int and h >= 0 for h in hash_ids):
-            raise ValueError(f"{where}: a Mooncake request needs hash_ids, a list of ints >= 0")
+            raise ValueError(f"{where}: a {fmt.capitalize()} request needs hash_ids, a list of ints >= 0")
         if type(length) is not int or not 0 <= length <= MAX_REQUEST_TOKENS:
             raise ValueError(f"{where}: input_length must be an int in [0, {MAX_REQUEST_TOKENS}], got {length!r}")
         length = min(length, len(hash_ids) * block_size)
@@ -225,10 +240,13 @@ class Row:
     hit_tokens: int
     hit_rate: float
     request_hit_rate: float
-    evicted_pages: int
-    pages_in_use: int
-    peak_pages_in_use: int
+    # None where the cache does not tell (a request-lifecycle target: fuzz/lifecycle_replay.py)
+    evicted_pages: int | None
+    pages_in_use: int | None
+    peak_pages_in_use: int | None
     seconds: float
+    # a request-lifecycle target's configuration, as drawn from the pool size; ours beside it: the groups it ran
+    config: str = ""
 
 
 def replay_ours(
@@ -240,7 +258,7 @@ def replay_ours(
     from .targets.ours import ReferenceCache, SpecCache
 
     def run(target: PrefixCacheTarget[H]) -> Row:
-        return replay_trace(Driver(impl, target, page_size), requests, pool_pages, page_size, progress)
+        return replay_trace(Pool(Driver(impl, target, page_size), pool_pages, page_size), requests, progress)
 
     if impl == "spec":
         return run(SpecCache(page_size))
@@ -262,42 +280,86 @@ def replay_target(
     info = resolve(name)
     assert info.cache_factory is not None, f"target {name} has no prefix cache"
     driver = Driver(name, info.cache_factory(page_size, pool_pages), page_size)
-    return replay_trace(driver, requests, pool_pages, page_size, progress)
+    return replay_trace(Pool(driver, pool_pages, page_size), requests, progress)
+
+
+def replay_lifecycle(
+    name: str,
+    page_size: int,
+    pool_pages: int,
+    trace: Callable[[], Iterator[Request]],
+    windows: tuple[int | None, ...] = (None,),
+    progress: TextIO | None = None,
+) -> list[Row]:
+    """A request-lifecycle target (``--target NAME`` with a hybrid layer: fuzz/lifecycle_replay.py), its groups
+    ``windows`` (as it takes them), and ours beside it, with the engine's pool and groups: two rows. LawBroken when
+    the target breaks a law."""
+    from .lifecycle_replay import engine_placer, ours_beside
+    from .targets import resolve
+
+    engine = engine_placer(resolve(name), page_size, pool_pages, windows)
+    return [replay_trace(placer, trace(), progress) for placer in (engine, ours_beside(engine))]
+
+
+class Placer(Protocol):
+    """A cache and its pool, serving one prompt at a time as a cache manager does (``pools.Pool``, or a
+    request-lifecycle target's: ``lifecycle_replay.LifecyclePlacer``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def pool_pages(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    def place(self, tokens: list[int], namespace: Namespace) -> int | None:
+        """The tokens the prompt hit, or None when it was not placed (empty, or more than the pool holds)."""
+
+    # what the cache is configured as, for the row ('' when nothing is drawn)
+    config: str
+
+    def cached_page_count(self) -> int | None: ...
+
+    def evicted_pages(self) -> int | None: ...
+
+    def finish(self) -> None:
+        """The end of a replay: the cache's own checks where it has them."""
 
 
 # seconds between two progress lines of a long replay (on stderr)
 PROGRESS_S = 10.0
 
 
-def replay_trace(
-    driver: Driver[H], requests: Iterator[Request], pool_pages: int, page_size: int, progress: TextIO | None = None
-) -> Row:
-    """Every request through ``driver``, as a cache manager does for prompts (``Pool.place``); the figures. With
-    ``progress``, a line every PROGRESS_S seconds says how far a long replay got."""
-    p = page_size
-    pool = Pool(driver, pool_pages, page_size)
-    count = too_long = asked = hits = hit_requests = peak = 0
+def replay_trace(placer: Placer, requests: Iterator[Request], progress: TextIO | None = None) -> Row:
+    """Every request through ``placer``, as a cache manager does for prompts; the figures. With ``progress``, a line
+    every PROGRESS_S seconds says how far a long replay got."""
+    pool_pages, p = placer.pool_pages, placer.page_size
+    count = too_long = asked = hits = hit_requests = 0
+    peak: int | None = None
     start = last = time.perf_counter()
     for tokens, namespace in requests:
         count += 1
         if progress is not None and count % 256 == 0 and time.perf_counter() - last >= PROGRESS_S:
             last = time.perf_counter()
             print(
-                f"  ... {driver.name} at {pool_pages} pages: {count} requests in {last - start:.0f} s",
+                f"  ... {placer.name} at {pool_pages} pages: {count} requests in {last - start:.0f} s",
                 file=progress,
                 flush=True,
             )
-        cached = pool.place(tokens, namespace)
+        cached = placer.place(tokens, namespace)
         if cached is None:
-            too_long += -(-len(tokens) // p) > pool_pages
+            too_long += bool(tokens)
             continue
         asked += len(tokens)
         hits += cached
         hit_requests += cached > 0
-        peak = max(peak, driver.cached_page_count())
-    evicted = pool.evicted + driver.evicted_by_allocation
+        pages = placer.cached_page_count()
+        peak = None if pages is None else max(peak or 0, pages)
+    placer.finish()
     return Row(
-        impl=driver.name,
+        impl=placer.name,
         pool_pages=pool_pages,
         page_size=p,
         requests=count,
@@ -306,10 +368,11 @@ def replay_trace(
         hit_tokens=hits,
         hit_rate=hits / asked if asked else 0.0,
         request_hit_rate=hit_requests / max(count - too_long, 1),
-        evicted_pages=evicted,
-        pages_in_use=driver.cached_page_count(),
+        evicted_pages=placer.evicted_pages(),
+        pages_in_use=placer.cached_page_count(),
         peak_pages_in_use=peak,
         seconds=round(time.perf_counter() - start, 3),
+        config=placer.config,
     )
 
 
@@ -357,15 +420,30 @@ def positive(text: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radixspec replay", description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace", nargs="?", type=Path, help="the trace (JSONL or Mooncake)")
+    parser.add_argument("trace", nargs="?", type=Path, help="the trace (JSONL, Mooncake or Bailian)")
     parser.add_argument("--impl", choices=(*IMPLS, "all"), default=None, help="our implementation(s) (default: all)")
     parser.add_argument(
         "--target", default=None, help="a target of the target API instead (radixspec fuzz --list-targets)"
     )
     parser.add_argument("--pool-pages", type=pool_sizes, default=[256, 1024, 4096])
     parser.add_argument("--page-size", type=positive, default=16)
-    parser.add_argument("--format", choices=("auto", "jsonl", "mooncake"), default="auto")
-    parser.add_argument("--block-size", type=positive, default=512, help="tokens per Mooncake hash id")
+    parser.add_argument("--format", choices=("auto", *BLOCK_SIZES), default="auto")
+    parser.add_argument(
+        "--block-size", type=positive, default=None, help="tokens per hash id (Mooncake: 512, Bailian: 16)"
+    )
+    parser.add_argument(
+        "--window",
+        type=positive,
+        default=None,
+        help="with --target of a request lifecycle: a sliding-window group of WINDOW tokens beside full attention"
+        " (a target that needs one takes its own else)",
+    )
+    parser.add_argument(
+        "--lifecycle",
+        action="store_true",
+        help="with --target: serve the requests through its request lifecycle even where it has a prefix cache"
+        " too (vllm: a dense model's KVCacheManager path; fuzz/lifecycle_replay.py)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list")
     parser.add_argument("--plot", type=Path, default=None, help="plot hit rate against pool size (PNG)")
     parser.add_argument(
@@ -451,45 +529,102 @@ def main(argv: Sequence[str] | None = None) -> int:
         return replay_routing(args, fmt, policies)
     if args.tiers:
         return replay_tiered(args, parser, fmt)
-    # each implementation's replay: (pool pages, the trace's requests) -> its row
-    runs: list[Callable[[int, Iterator[Request]], Row]]
+    # each implementation's replay: (pool pages, the trace read anew) -> its rows
+    runs: list[Callable[[int, Callable[[], Iterator[Request]]], list[Row]]]
+    from .lifecycle_replay import LawBroken
     from .targets.api import TargetError
 
     if args.target:
-        from .targets import resolve
-
-        try:
-            resolve(args.target)
-        except TargetError as exc:
-            parser.error(str(exc))
-        target_name: str = args.target
-        runs = [functools.partial(replay_target, target_name, page_size, progress=sys.stderr)]
-        profile = resolve(args.target).profile
-        if profile is not None and not profile.namespaces:
-            print(f"note: target {args.target} has no namespaces: every request is replayed in one namespace")
+        windows: tuple[int | None, ...] = (None,) if args.window is None else (None, args.window)
+        runs = [target_run(args.target, page_size, parser, args.lifecycle, windows)]
     else:
         impls = IMPLS if args.impl in (None, "all") else (args.impl,)
-        runs = [functools.partial(replay_ours, impl, page_size, progress=sys.stderr) for impl in impls]
+        runs = [functools.partial(ours_run, impl, page_size) for impl in impls]
     rows: list[Row] = []
     print(
-        f"{'impl':<12} {'pool pages':>10} {'requests':>9} {'hit rate':>9} {'req hits':>9} {'evicted':>9}"
+        f"{'impl':<{IMPL_WIDTH}} {'pool pages':>10} {'requests':>9} {'hit rate':>9} {'req hits':>9} {'evicted':>9}"
         f" {'in use':>7} {'peak':>7} {'seconds':>8}"
     )
     for pages in args.pool_pages:
         for run in runs:
             try:
-                row = run(pages, read_trace(args.trace, fmt, args.block_size))
+                got = run(pages, functools.partial(read_trace, args.trace, fmt, args.block_size))
+            except LawBroken as exc:
+                print(f"LAW BROKEN: {exc}", file=sys.stderr)
+                return 1
             except (ValueError, CacheError, TargetError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            rows.append(row)
-            print(
-                f"{row.impl:<12} {row.pool_pages:>10} {row.requests:>9} {100 * row.hit_rate:>8.2f}%"
-                f" {100 * row.request_hit_rate:>8.2f}% {row.evicted_pages:>9} {row.pages_in_use:>7}"
-                f" {row.peak_pages_in_use:>7} {row.seconds:>8.2f}",
-                flush=True,
-            )
+            for row in got:
+                rows.append(row)
+                print(format_row(row), flush=True)
     return finish(args, [asdict(row) for row in rows], differential(rows), lambda path: plot([*rows, *earlier], path))
+
+
+def ours_run(impl: str, page_size: int, pages: int, trace: Callable[[], Iterator[Request]]) -> list[Row]:
+    """Our implementation ``impl``'s row for a pool of ``pages`` pages."""
+    return [replay_ours(impl, page_size, pages, trace(), progress=sys.stderr)]
+
+
+def target_run(
+    name: str,
+    page_size: int,
+    parser: argparse.ArgumentParser,
+    lifecycle: bool = False,
+    windows: tuple[int | None, ...] = (None,),
+) -> Callable[[int, Callable[[], Iterator[Request]]], list[Row]]:
+    """``--target NAME``'s replay by the layer it has: its prefix cache (one row per pool size; unless
+    ``lifecycle``), else its request lifecycle (two rows: the engine's, ours beside it); a usage error naming what
+    to run instead when it has neither."""
+    from .targets import resolve
+    from .targets.api import TargetError
+
+    try:
+        info = resolve(name)
+    except TargetError as exc:
+        parser.error(str(exc))
+    if info.profile is not None and not info.profile.namespaces:
+        print(f"note: target {name} has no namespaces: every request is replayed in one namespace")
+    if lifecycle and info.hybrid_factory is None:
+        parser.error(f"--lifecycle: target {name} has no request lifecycle (no hybrid layer)")
+    if len(windows) > 1 and (info.hybrid_factory is None or (info.cache_factory is not None and not lifecycle)):
+        parser.error(f"--window: target {name} is replayed as a prefix cache, which has no window")
+    if info.cache_factory is not None and not lifecycle:
+        return lambda pages, trace: [replay_target(name, page_size, pages, trace(), progress=sys.stderr)]
+    if info.hybrid_factory is not None:
+        if info.page_sizes is not None and page_size not in info.page_sizes:
+            parser.error(f"target {name} takes pages of {', '.join(map(str, info.page_sizes))} tokens")
+        print(f"note: {name} serves each request whole (chunked prefill, no output tokens), ours beside it")
+        return lambda pages, trace: replay_lifecycle(name, page_size, pages, trace, windows, progress=sys.stderr)
+    if info.router_factory is not None:
+        parser.error(
+            f"target {name} is a router's index: replay the trace over workers behind it, without --target"
+            " (--workers N --router dynamo,radixspec)"
+        )
+    if info.tiered_factory is not None:
+        parser.error(f"target {name} is a tiered cache: replay it with --tiers")
+    parser.error(
+        f"target {name} plans its own batches and transfers (or offloads for a scheduler): a trace has no layer of it"
+        f" to drive; radixspec fuzz --target {name} runs it"
+    )
+
+
+# the table's first column (ours beside a target is ours@TARGET)
+IMPL_WIDTH = 18
+
+
+def format_row(row: Row) -> str:
+    """One row of the table (``-`` where the cache does not tell), its configuration below it."""
+
+    def cell(value: int | None, width: int) -> str:
+        return f"{'-' if value is None else value:>{width}}"
+
+    line = (
+        f"{row.impl:<{IMPL_WIDTH}} {row.pool_pages:>10} {row.requests:>9} {100 * row.hit_rate:>8.2f}%"
+        f" {100 * row.request_hit_rate:>8.2f}% {cell(row.evicted_pages, 9)} {cell(row.pages_in_use, 7)}"
+        f" {cell(row.peak_pages_in_use, 7)} {row.seconds:>8.2f}"
+    )
+    return f"{line}\n  {row.config}" if row.config else line
 
 
 def finish(args: argparse.Namespace, rows: Sequence[object], mismatch: str, draw: Callable[[Path], None]) -> int:

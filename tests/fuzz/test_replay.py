@@ -179,3 +179,76 @@ def test_a_target_taking_the_callers_slots_without_evict_is_refused_before_any_r
         replay.Driver("no-evict", NoEvict(), 16)  # type: ignore[arg-type]
     NoEvict.profile = Profile("no-evict", slots="target")
     assert replay.Driver("allocates", NoEvict(), 16).evicts is None  # type: ignore[arg-type]
+
+
+BAILIAN = [
+    {"chat_id": 7, "parent_chat_id": -1, "timestamp": 2.5, "input_length": 20, "output_length": 9, "type": "text",
+     "turn": 1, "hash_ids": [5, 9]},
+    {"chat_id": 3, "parent_chat_id": -1, "timestamp": 1.0, "input_length": 3, "output_length": 1, "type": "file",
+     "turn": 1, "hash_ids": [2]},
+]  # fmt: skip
+
+
+def test_a_bailian_trace_is_told_apart_by_its_chat_ids_and_cut_in_blocks_of_16(tmp_path: Path) -> None:
+    trace = tmp_path / "qwen_traceA_blksz_16.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in BAILIAN))
+    assert replay.detect_format(trace) == "bailian"
+    # by timestamp; block h is the tokens 16h .. 16h + 15, cut to input_length
+    assert list(replay.read_trace(trace)) == [
+        ([32, 33, 34], None),
+        ([*range(80, 96), *range(144, 148)], None),
+    ]
+    assert list(replay.read_trace(trace, block_size=2))[1][0] == [10, 11, 18, 19]
+    assert replay.main([str(trace), "--impl", "spec", "--pool-pages", "8"]) == 0
+
+
+def test_a_request_lifecycle_target_is_served_request_by_request_beside_ours(
+    trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The target is our reference hybrid manager and ours is the optimized one: the same figures, pool by pool."""
+    rows_json = tmp_path / "rows.json"
+    argv = [str(trace), "--target", "tests.targets.toy:TOY_LIFECYCLE", "--pool-pages", "48,1024", "--json"]
+    assert replay.main([*argv, str(rows_json)]) == 0
+    rows = json.loads(rows_json.read_text())
+    assert [row["impl"] for row in rows] == ["toy-lifecycle", "ours@toy-lifecycle"] * 2
+    figures = ("pool_pages", "requests", "too_long", "asked_tokens", "hit_tokens", "pages_in_use", "peak_pages_in_use")
+    for engine, ours in (rows[:2], rows[2:]):
+        assert [engine[key] for key in figures] == [ours[key] for key in figures]
+        assert engine["evicted_pages"] is None and ours["config"] == "groups: full"
+    small, large = rows[0], rows[2]
+    assert 0 < small["hit_rate"] < large["hit_rate"] < 1 and small["peak_pages_in_use"] <= 48
+    assert "ours@toy-lifecycle" in capsys.readouterr().out
+
+
+def test_a_window_reaches_the_lifecycle_targets_groups_and_ours(trace: Path, tmp_path: Path) -> None:
+    rows_json = tmp_path / "rows.json"
+    argv = [str(trace), "--target", "tests.targets.toy:TOY_LIFECYCLE", "--pool-pages", "256", "--window", "40"]
+    assert replay.main([*argv, "--json", str(rows_json)]) == 0
+    engine, ours = json.loads(rows_json.read_text())
+    assert ours["config"] == "groups: full, window 40" and engine["hit_tokens"] == ours["hit_tokens"]
+
+
+def test_a_lifecycle_target_that_loses_pages_stops_the_replay_with_the_law_it_broke(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [str(trace), "--target", "tests.targets.toy:LEAKY_LIFECYCLE", "--pool-pages", "1024"]
+    assert replay.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "LAW BROKEN: leaky-lifecycle, request 64" in err and "pages_are_partitioned" in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--target", "radixspec-router"], "is a router's index: replay the trace over workers behind it"),
+        (["--target", "reference", "--lifecycle"], "--lifecycle: target reference has no request lifecycle"),
+        (["--target", "reference", "--window", "8"], "--window: target reference is replayed as a prefix cache"),
+    ],
+    ids=["router", "lifecycle of a prefix cache", "window of a prefix cache"],
+)
+def test_a_target_the_replay_cannot_drive_so_is_a_usage_error_naming_what_to_run(
+    trace: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        replay.main([str(trace), *argv])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err

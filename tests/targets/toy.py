@@ -3,6 +3,8 @@
 ``ToyCache`` is correct; ``ForgetfulToyCache`` evicts locked pages too (the
 bug a target campaign must catch). ``radixspec fuzz --target
 tests.targets.toy:ForgetfulToyCache`` shows the report a user would get.
+``TOY_LIFECYCLE`` is a request-lifecycle target (our reference hybrid manager);
+``LEAKY_LIFECYCLE`` loses pages (the trace replay's tests).
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from radixspec.fuzz.targets.api import EXACT, PageKey, Profile, TargetInfo
+from radixspec.reference.hybrid_cache import HybridRadixCache
+from radixspec.reference.hybrid_manager import HybridCacheManager, HybridReq
+from radixspec.spec import hybrid as hy
 from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 
@@ -100,4 +105,31 @@ PLAIN_MANAGER = TargetInfo(
     name="plain-reference-manager",
     description="the reference CacheManager without the differential capability (page accounting only)",
     manager_factory=PlainManager,
+)
+
+
+def toy_lifecycle(page_size: int, windows: tuple[hy.Window, ...], num_pages: int) -> HybridCacheManager:
+    """Our reference hybrid manager over the reference hybrid cache: a request-lifecycle target of a few lines."""
+    return HybridCacheManager(HybridRadixCache(page_size, windows), num_pages)
+
+
+class LeakyManager(HybridCacheManager):
+    """Loses a finished request's uncached last page (a page neither free, cached nor held: the leak
+    ``pages_are_partitioned`` names)."""
+
+    def cache_req(self, req: HybridReq, finished: bool) -> None:
+        partial = finished and len(req.input_ids) % self.page_size and req.rows and req.rows[0]
+        tail = req.rows[0][-1] if partial else None
+        super().cache_req(req, finished)
+        if tail is not None and tail in self.free_slots[0]:
+            self.free_slots[0].remove(tail)
+
+
+TOY_LIFECYCLE = TargetInfo(
+    name="toy-lifecycle", description="the reference hybrid manager as a user's target", hybrid_factory=toy_lifecycle
+)
+LEAKY_LIFECYCLE = TargetInfo(
+    name="leaky-lifecycle",
+    description="the reference hybrid manager losing a finished request's partial page",
+    hybrid_factory=lambda page_size, windows, num_pages: LeakyManager(HybridRadixCache(page_size, windows), num_pages),
 )
