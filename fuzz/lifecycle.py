@@ -34,6 +34,7 @@ from typing import NamedTuple, Protocol, cast
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
 from radixspec.spec.helpers import align_down, div_ceil
@@ -53,12 +54,13 @@ class Pool(NamedTuple):
 
 
 class CachedKV(NamedTuple):
-    """A page the engine caches: its group, the prefix it is cached under (through the page's last token), and the
-    slots of the page's positions that the prefix covers (the first of them is at ``(len(tokens) - 1) // P * P``)."""
+    """A page the engine caches: its group, the prefix it is cached under (through the page's last token: its
+    tokens, or the spec's interned ``Prefix`` of them, hashed in O(1)), and the slots of the page's positions that
+    the prefix covers (the first of them is at ``(len(tokens) - 1) // P * P``)."""
 
     group: int
     namespace: Namespace
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...] | pc.Prefix
     slots: Sequence[int]
 
 
@@ -88,7 +90,7 @@ class Prefixes:
     def __init__(self) -> None:
         self.children: dict[tuple[int, object], int] = {}
         self.parents: list[int] = []
-        self.memo: dict[tuple[Namespace, tuple[int, ...]], int] = {}
+        self.memo: dict[tuple[Namespace, tuple[int, ...] | pc.Prefix], int] = {}
 
     def child(self, parent: int, token: object) -> int:
         key = (parent, token)
@@ -116,12 +118,13 @@ class Prefixes:
             parent = found
         return ids
 
-    def of(self, namespace: Namespace, tokens: tuple[int, ...]) -> int:
+    def of(self, namespace: Namespace, tokens: tuple[int, ...] | pc.Prefix) -> int:
         """The id of ``tokens`` under ``namespace`` (remembered: an engine's cached prefixes repeat every step)."""
         key = (namespace, tokens)
         found = self.memo.get(key)
         if found is None:
-            found = self.extend([], namespace, tokens, len(tokens))[-1] if tokens else self.root(namespace)
+            ids = tokens.tokens if isinstance(tokens, pc.Prefix) else tokens
+            found = self.extend([], namespace, ids, len(ids))[-1] if ids else self.root(namespace)
             self.memo[key] = found
         return found
 
@@ -182,6 +185,9 @@ class LifecycleLaws:
         # is the same and was not written since, holds what it held (the check reads only the others)
         self.verified: dict[int, tuple[int, list[list[int | None]]]] = {}
         self.written: set[int] = set()
+        # the cached whole pages found holding their prefix at the last check, as (group, prefix id, pool, first
+        # slot): one cached still, none of whose slots was written since, holds it still (the check skips it)
+        self.verified_pages: set[tuple[int, int, int, int]] = set()
 
     def fail(self, law: str, problem: str) -> IntegrityError:
         return IntegrityError(f"{self.label}{law}: {problem}")
@@ -244,13 +250,13 @@ class LifecycleLaws:
         for req in live_reqs:
             self.attended_pages_stay_put(req)
             self.attended_kv_is_the_requests(req)
-        self.written.clear()
         pools = getattr(self.view, "pools", None)
         if pools is not None:
             self.pages_are_partitioned(pools(list(live_reqs)))
         cached = getattr(self.view, "cached_kv", None)
         if cached is not None:
             self.cached_blocks_hold_their_prefix(cached())
+        self.written.clear()
 
     def attended_pages_stay_put(self, req: HybridReq) -> None:
         now = {
@@ -310,11 +316,23 @@ class LifecycleLaws:
                 )
 
     def cached_blocks_hold_their_prefix(self, pages: Iterable[CachedKV]) -> None:
-        """Every cached page holds its prefix's KV, in its group (a stale hash on a block written since)."""
+        """Every cached page holds its prefix's KV, in its group (a stale hash on a block written since). A whole
+        page (one aligned run of P slots) found so at the last check, none of its slots written since, is not read
+        again."""
         p = self.page_size
+        # the pages (pool, first slot // P) the shadow wrote since the last check
+        touched = {(key // SLOTS_PER_POOL, key % SLOTS_PER_POOL // p) for key in self.written}
+        verified: set[tuple[int, int, int, int]] = set()
         for group, namespace, tokens, slots in pages:
-            base = self.pool_of[group] * SLOTS_PER_POOL
+            pool = self.pool_of[group]
+            base = pool * SLOTS_PER_POOL
             prefix = self.prefixes.of(namespace, tokens)
+            whole = isinstance(slots, range) and slots.step == 1 and len(slots) == p and slots.start % p == 0
+            if whole:
+                page = (group, prefix, pool, slots[0])
+                verified.add(page)
+                if page in self.verified_pages and (pool, slots[0] // p) not in touched:
+                    continue
             first = (len(tokens) - 1) // p * p
             for position in range(len(tokens) - 1, first - 1, -1):
                 slot = slots[position - first]
@@ -326,6 +344,7 @@ class LifecycleLaws:
                         f" {len(tokens)} tokens and holds {self.describe(held, group)}, not that prefix's",
                     )
                 prefix = self.prefixes.parents[prefix]
+        self.verified_pages = verified
 
     def describe(self, held: tuple[int, int] | None, group: int) -> str:
         if held is None:

@@ -115,10 +115,10 @@ class HybridRequest(RequestStandIn):
         self.num_computed_tokens = 0
         self.num_in_flight_tokens = 0
         self.shared_prefix_boundary = 0
-        # the hashes whose prefixes the manager and the replay learnt, and the prefix of the last the replay learnt
+        # the hashes whose prefixes the manager learnt, with the prefix of the last, and those the replay learnt
         # (its hashes only grow: each is learnt once, not every step)
-        self.learnt = 0
-        self.replay_learnt: tuple[int, pc.Prefix | None] = (0, None)
+        self.learnt: tuple[int, pc.Prefix | None] = (0, None)
+        self.replay_learnt = 0
         self.rehash()
 
     def rehash(self) -> None:
@@ -157,16 +157,22 @@ class GroupReplay:
         self.counts: list[Counter[object]] = [Counter() for _ in kinds]
         # a block hash (as the events name it) -> the page it keys, learnt from each request's hashes
         self.keys: dict[object, PageKey] = {}
+        # a block hash -> as the events name it (vLLM's maybe_convert_block_hash reads the environment per call)
+        self.converted: dict[bytes, object] = {}
 
-    def learn(self, request: HybridRequest, namespace: Namespace) -> None:
-        """The prefixes ``request``'s block hashes key (one every hash unit), those it had not learnt."""
-        done, parent = request.replay_learnt
-        tokens, unit = request.all_token_ids, self.unit
-        for index in range(done, min(len(request.block_hashes), len(tokens) // unit)):
-            parent = pc.Prefix.extend(parent, tuple(tokens[index * unit : (index + 1) * unit]))
-            self.keys.setdefault(self.utils.maybe_convert_block_hash(request.block_hashes[index]), (namespace, parent))
-            done = index + 1
-        request.replay_learnt = (done, parent)
+    def external(self, block_hash: bytes) -> object:
+        """``block_hash`` as the events name it."""
+        found = self.converted.get(block_hash)
+        if found is None:
+            found = self.converted[block_hash] = self.utils.maybe_convert_block_hash(block_hash)
+        return found
+
+    def learn(self, request: HybridRequest, prefix_of: dict[bytes, PageKey]) -> None:
+        """The pages ``request``'s block hashes key (``prefix_of``: the manager's, learnt), those not learnt yet."""
+        hashes = request.block_hashes
+        for index in range(request.replay_learnt, len(hashes)):
+            self.keys.setdefault(self.external(hashes[index]), prefix_of[hashes[index]])
+        request.replay_learnt = len(hashes)
 
     def apply(self, events: list[Any], namespace: Namespace) -> None:
         """One operation's events (a stored block is in ``namespace``, the operation's)."""
@@ -202,8 +208,7 @@ class GroupReplay:
         """The replay holds exactly the pool's cached entries, per group, as many times as the pool holds each."""
         held: list[Counter[object]] = [Counter() for _ in self.counts]
         for _, key in cached_keys(pool):
-            block_hash = self.utils.maybe_convert_block_hash(self.utils.get_block_hash(key))
-            held[self.utils.get_group_id(key)][block_hash] += 1
+            held[self.utils.get_group_id(key)][self.external(self.utils.get_block_hash(key))] += 1
         for group, (counts, cached) in enumerate(zip(self.counts, held, strict=True)):
             if +counts != cached:
                 stale, unseen = counts - cached, cached - counts
@@ -329,7 +334,7 @@ class VllmHybridManager:
         self.kv_pools = (0,) * len(self.windows)
         self.kv_copies: list[KVCopy] = []
         # a block hash -> (namespace, tokens, length): the prefix it names is tokens[:length]
-        self.prefix_of: dict[bytes, tuple[Namespace, tuple[int, ...], int]] = {}
+        self.prefix_of: dict[bytes, PageKey] = {}
         # finished requests' blocks the scheduler has not given back yet: (the chunk count that frees them, blocks)
         self.deferred: list[tuple[int, list[BlockView]]] = []
         self.chunks = 0
@@ -421,17 +426,22 @@ class VllmHybridManager:
             self.mamba.matched(self, req)
 
     def learn(self, request: HybridRequest, namespace: Namespace) -> None:
-        """The prefix each of ``request``'s hashes names (one tuple of its tokens shared by all)."""
-        tokens = tuple(request.all_token_ids)
-        for index in range(request.learnt, len(request.block_hashes)):
-            self.prefix_of.setdefault(request.block_hashes[index], (namespace, tokens, (index + 1) * self.unit))
-        request.learnt = len(request.block_hashes)
+        """The page each of ``request``'s new hashes names (one every hash unit): its namespace and prefix, built on
+        the last one's (the spec's interned prefixes: hashed in O(1))."""
+        done, parent = request.learnt
+        hashes, tokens, unit = request.block_hashes, request.all_token_ids, self.unit
+        for index in range(done, min(len(hashes), len(tokens) // unit)):
+            parent = pc.Prefix.extend(parent, tuple(tokens[index * unit : (index + 1) * unit]))
+            self.prefix_of.setdefault(hashes[index], (namespace, parent))
+            done = index + 1
+        request.learnt = (done, parent)
 
     def take_events(self, request: HybridRequest | None, namespace: Namespace) -> None:
         """The pool's events of one operation, into the replay (``namespace``: the operation's request's)."""
         if self.replay is not None:
             if request is not None:
-                self.replay.learn(request, namespace)
+                self.learn(request, namespace)
+                self.replay.learn(request, self.prefix_of)
             self.replay.apply(self.pool.take_events(), namespace)
 
     def allocate(
@@ -568,12 +578,12 @@ class VllmHybridManager:
         if self.mamba is not None:
             self.mamba.check(self, live_reqs)
 
-    def entries(self) -> list[tuple[BlockView, int, Namespace, tuple[int, ...]]]:
-        """Every entry the pool caches: (its block, its group, the namespace and tokens of the prefix it names)."""
+    def entries(self) -> list[tuple[BlockView, int, Namespace, pc.Prefix]]:
+        """Every entry the pool caches: (its block, its group, the namespace and prefix it names)."""
         found = []
         for block, key in cached_keys(self.pool):
-            namespace, tokens, length = self.prefix_of[self.utils.get_block_hash(key)]
-            found.append((block, self.utils.get_group_id(key), namespace, tokens[:length]))
+            namespace, prefix = self.prefix_of[self.utils.get_block_hash(key)]
+            found.append((block, self.utils.get_group_id(key), namespace, prefix))
         return found
 
     def cached_kv(self) -> list[CachedKV]:

@@ -263,8 +263,9 @@ class MambaGroup:
 
     def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None:
         """Every cached Mamba entry holds the state of its prefix; every live request's step resumes from its own."""
-        for block, group, namespace, tokens in m.entries():
+        for block, group, namespace, prefix in m.entries():
             if group == self.group:
+                tokens = prefix.tokens
                 if self.known_partial_checkpoint and self.is_finding_32(m, block.block_id, namespace, tokens):
                     STATS.rules[f"vllm-mamba.known: {FINDING_32}"] += 1
                     self.state.write(block.block_id, namespace, tokens)

@@ -22,6 +22,7 @@ from radixspec.fuzz.lifecycle import (
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
 from radixspec.spec.errors import IntegrityError
 
 
@@ -237,3 +238,29 @@ def test_a_check_that_passed_reads_only_the_new_positions_after() -> None:
     laws.shadow = Counting(shadow)
     laws.check([req])
     assert reads == 0
+
+
+def test_a_cached_page_written_after_it_was_checked_is_read_again_and_an_untouched_one_is_not() -> None:
+    """The cached pages' law reads again only the whole pages whose slots the shadow wrote since it last passed;
+    a page named by the spec's interned prefix is the page named by its tokens."""
+    laws, _, view = written()
+    page = CachedKV(0, "a", pc.Prefix.extend(pc.Prefix.extend(None, (5, 6)), (7, 8)), range(2, 4))
+    view.cached_kv = lambda: [page]  # type: ignore[attr-defined]
+    laws.check([])
+    reads = 0
+    shadow = laws.shadow
+
+    class Counting(dict[int, tuple[int, int]]):
+        def get(self, key: int, default: object = None) -> object:  # type: ignore[override]
+            nonlocal reads
+            reads += 1
+            return shadow.get(key, default)
+
+    laws.shadow = Counting(shadow)
+    laws.check([])
+    assert reads == 0
+    laws.shadow = shadow
+    intruder = HybridReq(2, [1, 2, 3, 4], "a", rows=[[10, 2], [10, 2]])
+    stored(laws, intruder, 4)  # writes slots 2 and 3: the cached page, checked already
+    with pytest.raises(IntegrityError, match="cached_blocks_hold_their_prefix: slot 3 \\(position 3\\)"):
+        laws.check([])
