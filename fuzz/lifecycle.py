@@ -123,9 +123,26 @@ class Prefixes:
         key = (namespace, tokens)
         found = self.memo.get(key)
         if found is None:
-            ids = tokens.tokens if isinstance(tokens, pc.Prefix) else tokens
-            found = self.extend([], namespace, ids, len(ids))[-1] if ids else self.root(namespace)
+            if isinstance(tokens, pc.Prefix):
+                return self.of_prefix(namespace, tokens)
+            found = self.extend([], namespace, tokens, len(tokens))[-1] if tokens else self.root(namespace)
             self.memo[key] = found
+        return found
+
+    def of_prefix(self, namespace: Namespace, prefix: pc.Prefix) -> int:
+        """``of`` for the spec's interned prefix: from its longest parent known, a page at a time (a new cached page
+        costs its own tokens, not its whole prefix's)."""
+        unknown: list[pc.Prefix] = []
+        node: pc.Prefix | None = prefix
+        found = None
+        while node is not None and (found := self.memo.get((namespace, node))) is None:
+            unknown.append(node)
+            node = node.parent
+        found = self.root(namespace) if found is None else found
+        for page in reversed(unknown):
+            for token in page.page:
+                found = self.child(found, token)
+            self.memo[(namespace, page)] = found
         return found
 
 

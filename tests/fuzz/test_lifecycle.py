@@ -62,6 +62,11 @@ def test_prefixes_intern_each_prefix_once_per_namespace() -> None:
     assert prefixes.extend([], "b", [1, 2, 3], 3)[2] != ids[2]
     assert prefixes.of("a", (1, 2, 3)) == ids[2]
     assert prefixes.parents[ids[2]] == ids[1]
+    # the spec's interned prefix names the same id, page by page from the longest known (here the first page's)
+    first = pc.Prefix.extend(None, (1,))
+    assert prefixes.of("a", first) == ids[0]
+    assert prefixes.of("a", pc.Prefix.extend(first, (2, 3))) == ids[2]
+    assert prefixes.of("b", pc.Prefix.extend(first, (2, 3))) == prefixes.of("b", (1, 2, 3)) != ids[2]
 
 
 def test_a_request_that_reads_what_it_wrote_keeps_every_law() -> None:
