@@ -231,6 +231,11 @@ def test_a_check_that_passed_reads_only_the_new_positions_after() -> None:
     """Past a passing check, an unchanged request costs nothing per position: the shadow is not read for it."""
     laws, req, _ = written()
     laws.check([req])
+    assert shadow_reads(laws, [req]) == 0
+
+
+def shadow_reads(laws: LifecycleLaws, live: list[HybridReq]) -> int:
+    """How many times a check of ``live`` reads the shadow (the check must pass)."""
     reads = 0
     shadow = laws.shadow
 
@@ -241,8 +246,11 @@ def test_a_check_that_passed_reads_only_the_new_positions_after() -> None:
             return shadow.get(key, default)
 
     laws.shadow = Counting(shadow)
-    laws.check([req])
-    assert reads == 0
+    try:
+        laws.check(live)
+    finally:
+        laws.shadow = shadow
+    return reads
 
 
 def test_a_cached_page_written_after_it_was_checked_is_read_again_and_an_untouched_one_is_not() -> None:
@@ -252,19 +260,7 @@ def test_a_cached_page_written_after_it_was_checked_is_read_again_and_an_untouch
     page = CachedKV(0, "a", pc.Prefix.extend(pc.Prefix.extend(None, (5, 6)), (7, 8)), range(2, 4))
     view.cached_kv = lambda: [page]  # type: ignore[attr-defined]
     laws.check([])
-    reads = 0
-    shadow = laws.shadow
-
-    class Counting(dict[int, tuple[int, int]]):
-        def get(self, key: int, default: object = None) -> object:  # type: ignore[override]
-            nonlocal reads
-            reads += 1
-            return shadow.get(key, default)
-
-    laws.shadow = Counting(shadow)
-    laws.check([])
-    assert reads == 0
-    laws.shadow = shadow
+    assert shadow_reads(laws, []) == 0
     intruder = HybridReq(2, [1, 2, 3, 4], "a", rows=[[10, 2], [10, 2]])
     stored(laws, intruder, 4)  # writes slots 2 and 3: the cached page, checked already
     with pytest.raises(IntegrityError, match="cached_blocks_hold_their_prefix: slot 3 \\(position 3\\)"):
