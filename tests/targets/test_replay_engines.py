@@ -53,3 +53,15 @@ def test_sglangs_lifecycles_replay_beside_ours_at_the_pool_sglang_takes(
     assert ours["config"] == ("groups: full, window 4" if target == "sglang-swa" else "groups: full")
     for row in (engine, ours):
         assert 0 < float(str(row["hit_rate"])) < 1 and 0 < int(str(row["peak_pages_in_use"])) <= 128
+
+
+@needs_sglang
+def test_hicaches_transfers_all_run_after_each_request(trace: Path) -> None:
+    """The replay is the executor of a tiered target's streams: once it ends, no transfer is left in flight."""
+    from radixspec.fuzz.lifecycle_replay import engine_placer
+    from radixspec.fuzz.targets import resolve
+
+    placer = engine_placer(resolve("sglang-hicache"), 16, 64)
+    row = replay.replay_trace(placer, replay.read_trace(trace))
+    lanes = placer.manager.tiers.lanes  # type: ignore[attr-defined]
+    assert row.hit_tokens > 0 and sum(lane.pending for lane in lanes) == 0
