@@ -10,8 +10,10 @@ this session's changes to the vLLM targets (d6e7b85).
   checkpoints are finding 32's conditions, whose mark (``MambaGroup.is_finding_32``) the target applies to cached
   entries only: likely finding 32 seen from the request that hit such a block.
 
-Not yet known whether the first is vLLM's bug (the Mamba manager and EAGLE's drop: vLLM #48375, #57128 are near)
-or the harness's.
+For the first, the pool caches, for the request's first tokens, the full group's entries past 512, the window's at
+496 but not at 512, the Mamba state at 496 only. Under EAGLE's drop the hit rule takes a length L only where L plus
+the dropped block is found too; no L qualifies, and vLLM hits 496: the Mamba group's hit as if no block were dropped.
+Likely the Mamba manager ignoring EAGLE's drop (vLLM #48375, #57128), not yet confirmed standalone.
 """
 
 from __future__ import annotations
