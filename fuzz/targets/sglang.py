@@ -40,6 +40,7 @@ from .shims import (
     Recorded,
     bare,
     import_with_stand_ins,
+    importable,
     install,
     load_file_as,
     never,
@@ -85,7 +86,7 @@ PROFILE = Profile(
 
 def events_available() -> bool:
     """Whether SGLang's event module can load for real (it needs msgspec and pyzmq)."""
-    return importlib.util.find_spec("msgspec") is not None and importlib.util.find_spec("zmq") is not None
+    return importable("msgspec") and importable("zmq")
 
 
 def import_radix_cache() -> types.ModuleType:
@@ -104,7 +105,7 @@ def import_radix_cache() -> types.ModuleType:
         # SGLang's own event classes and hashing: its KVCacheEventRecorder runs for real under the fuzzer.
         # The module also holds the publisher's config (pydantic) and its address parsing: never used here.
         stub_any("sglang.srt.utils.network")
-        stand_ins = {} if importlib.util.find_spec("pydantic") else {"pydantic": stub("_pydantic", BaseModel=object)}
+        stand_ins = {} if importable("pydantic") else {"pydantic": stub("_pydantic", BaseModel=object)}
         import_with_stand_ins("sglang.srt.disaggregation.kv_events", **stand_ins)
     else:
         stub(

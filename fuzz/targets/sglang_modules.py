@@ -15,7 +15,7 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .shims import bare, import_with_stand_ins, install, package_root, register, stub, stub_any
+from .shims import bare, import_with_stand_ins, importable, install, package_root, register, stub, stub_any
 
 if TYPE_CHECKING:
     import torch
@@ -115,7 +115,7 @@ def import_unified_cache() -> types.ModuleType:
     stub_any("sglang.srt.utils.common", **helpers)
     sys.modules["sglang.srt.utils"].__dict__.update(helpers, get_device_module=lambda: None)
     stub_any("sglang.srt.utils.network")
-    stand_ins = {} if importlib.util.find_spec("pydantic") else {"pydantic": stub("_pydantic", BaseModel=object)}
+    stand_ins = {} if importable("pydantic") else {"pydantic": stub("_pydantic", BaseModel=object)}
     import_with_stand_ins("sglang.srt.disaggregation.kv_events", **stand_ins)
     # triton kernels: the CPU paths never call them
     for name in ("sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.kvcache", "sglang.kernels.ops.memory"):

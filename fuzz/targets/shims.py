@@ -63,6 +63,12 @@ def bare(name: str, path: Path) -> types.ModuleType:
     return module
 
 
+def importable(name: str) -> bool:
+    """True when ``import name`` would succeed: a module in sys.modules already (another adapter's stand-in
+    included, whose ``__spec__`` is None: ``find_spec`` raises on it) or one found on the path."""
+    return sys.modules.get(name) is not None or importlib.util.find_spec(name) is not None
+
+
 def stub(name: str, **attributes: object) -> types.ModuleType:
     """Register module ``name`` with exactly ``attributes``."""
     module = types.ModuleType(name)

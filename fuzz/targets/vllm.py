@@ -37,7 +37,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
-from .shims import Recorded, bare, never, package_root, register, stub, stub_any
+from .shims import Recorded, bare, importable, never, package_root, register, stub, stub_any
 
 VERSION = "0.33.0"
 # vLLM's cache modules that --coverage measures: the block pool (with the prefix hashes), the coordinator and its
@@ -149,14 +149,14 @@ def import_vllm() -> types.ModuleType:
     stub("vllm.utils.torch_utils", get_dtype_size=never)
     stub("vllm.config", VllmConfig=object)
     sys.modules.setdefault("regex", re)  # vLLM imports the regex package for patterns re handles
-    if importlib.util.find_spec("psutil") is None:
+    if not importable("psutil"):
         # 0.32.0's kv_cache_utils imports a size formatter from mem_utils, which imports psutil
         stub("vllm.utils.mem_utils", format_gib=lambda size: f"{size / 2**30:.2f}")
     # 0.32.0's kv_cache_utils imports HiSparse's layout helpers (a config of KV transfer), never called here
     stub_any("vllm.v1.hisparse.layout")
-    if importlib.util.find_spec("cbor2") is None:
+    if not importable("cbor2"):
         stub_any("cbor2")  # only sha256_cbor uses it; the default hash is sha256 over pickle
-    real_events = importlib.util.find_spec("msgspec") is not None and importlib.util.find_spec("zmq") is not None
+    real_events = importable("msgspec") and importable("zmq")
     if real_events:
         # vLLM's own event classes (msgspec structs): its event recorder runs for real under the fuzzer
         stub("vllm.config.kv_events", KVEventsConfig=object)  # the publisher's config: not used here

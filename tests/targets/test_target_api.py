@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import sys
 from pathlib import Path
@@ -255,3 +256,18 @@ def test_a_managers_abstract_state_is_read_again_after_every_call_that_may_chang
     assert len(manager.evict(2)) == 2  # one of the two cached pages
     reads_the_manager()
     assert len(manager.abstract_state().cache.entries) == 1
+
+
+def test_a_package_another_adapter_stood_in_for_is_importable_and_asking_does_not_raise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sglang-hicache's stand-in for psutil (no __spec__) made vLLM's adapter raise when it asked find_spec whether
+    psutil is installed: a vLLM target run after a HiCache one in one process failed to import."""
+    import types
+
+    from radixspec.fuzz.targets.shims import importable
+
+    monkeypatch.setitem(sys.modules, "radixspec_stood_in", types.ModuleType("radixspec_stood_in"))
+    with pytest.raises(ValueError, match="__spec__ is None"):
+        importlib.util.find_spec("radixspec_stood_in")
+    assert importable("radixspec_stood_in") and importable("json") and not importable("radixspec_absent_package")
