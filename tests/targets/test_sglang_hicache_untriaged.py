@@ -17,25 +17,32 @@ storage backend's timeouts): not yet known.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 
 from radixspec.fuzz.regression import build_machine
-from radixspec.spec.errors import IntegrityError
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang is not installed")
 
 
+def failure_of(program: str) -> str:
+    """The last line of the error the program (a function of this file) ends with, run in a process of its own
+    (SGLang's unified targets do not import where its legacy target's stubs were loaded); '' when it passes."""
+    script = f"import runpy; runpy.run_path({__file__!r})[{program!r}]()"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    return done.stderr.strip().splitlines()[-1] if done.returncode else ""
+
+
 def test_the_campaigns_first_failure_still_attends_another_prefixs_kv() -> None:
-    law = "attended_kv_is_the_requests: request 27 attends group 0 slot 528 for position 416, which holds KV of 1"
-    with pytest.raises(IntegrityError, match=law):
-        replay_seed_2091399929()
+    law = "IntegrityError: attended_kv_is_the_requests: request 27 attends group 0 slot 528 for position 416, which"
+    assert law in failure_of("replay_seed_2091399929")
 
 
 def test_the_campaigns_second_failure_still_loses_a_prefetch() -> None:
-    law = "prefetch_is_served: request 13's prefetch loaded up to 4 tokens, but its match then finds 0 tokens"
-    with pytest.raises(AssertionError, match=law):
-        replay_seed_3420444818()
+    law = "AssertionError: prefetch_is_served: request 13's prefetch loaded up to 4 tokens, but its match then finds 0"
+    assert law in failure_of("replay_seed_3420444818")
 
 
 def replay_seed_2091399929() -> None:
