@@ -250,6 +250,8 @@ class StateGroup(Protocol):
 
     def matched(self, m: VllmHybridManager, req: HybridReq) -> None: ...
 
+    def took_finding_15(self, m: VllmHybridManager, request: HybridRequest, hit: int) -> bool: ...
+
     def finished(self, uid: int) -> None: ...
 
     def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None: ...
@@ -410,7 +412,11 @@ class VllmHybridManager:
         salt = None if req.namespace is None else repr(req.namespace)
         request = HybridRequest(req.input_ids, salt, req.uid, self.hasher)
         blocks, hit, uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
-        self.judge_hit(req.uid, request, hit)
+        try:
+            self.judge_hit(req.uid, request, hit)
+        except IntegrityError:
+            if self.mamba is None or not self.mamba.took_finding_15(self, request, hit):
+                raise
         request.shared_prefix_boundary = hit + uncached if uncached else 0
         self.requests[req.uid] = request
         self.namespaces[req.uid] = req.namespace

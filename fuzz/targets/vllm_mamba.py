@@ -27,8 +27,10 @@ blocks): a shadow of which state every Mamba block holds (the namespace and toke
 from __future__ import annotations
 
 import functools
+import inspect
+import textwrap
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
@@ -59,6 +61,12 @@ PROFILE = LifecycleProfile(
 # finding 32 (docs/findings.md): a hit inside a block, then a chunk the internal checkpoint runs past the block's end,
 # caches the copy-on-write block under its full hash while it holds the state of the hit
 FINDING_32 = "a partial hit's block cached under its full hash holds the state of the hit (finding 32)"
+# finding 15: under EAGLE's drop the Mamba group, whose finder never drops, is marked verified all the same, so a
+# window group's drop proved at a longer length survives Mamba's cut
+FINDING_15 = "a window group's EAGLE drop proved at a longer length survives Mamba's cut (finding 15)"
+# finding 15's cause in HybridKVCacheCoordinator.find_longest_cache_hit, and that code without it
+MARKS_MAMBA_VERIFIED = "            if drop_eagle_block:\n"
+MARKS_WHAT_DROPPED = "            if drop_eagle_block and not isinstance(spec, MambaSpec):\n"
 
 
 @functools.cache
@@ -81,6 +89,22 @@ def import_mamba() -> types.ModuleType:
     install(v, mamba_spec=MambaSpec, checkpoint_at=get_mamba_prefill_checkpoint_position)
     install(v, checkpoint_valid=is_mamba_prefill_checkpoint_valid)
     return v
+
+
+@functools.cache
+def lookup_without_finding_15() -> Callable[..., tuple[object, int, int]] | None:
+    """vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit`` compiled from its own source with finding 15's
+    cause removed (a group whose finder does not drop is not marked verified): the hit it gives had vLLM not had
+    that bug. None where the release's lookup does not read as 0.33.0's (nothing is then counted)."""
+    import vllm.v1.core.kv_cache_coordinator as module
+
+    source = textwrap.dedent(inspect.getsource(module.HybridKVCacheCoordinator.find_longest_cache_hit))
+    if source.count(MARKS_MAMBA_VERIFIED) != 1:
+        return None
+    namespace = dict(vars(module))
+    exec(compile(source.replace(MARKS_MAMBA_VERIFIED, MARKS_WHAT_DROPPED), module.__file__, "exec"), namespace)
+    lookup: Callable[..., tuple[object, int, int]] = namespace["find_longest_cache_hit"]
+    return lookup
 
 
 def cdiv(a: int, b: int) -> int:
@@ -108,6 +132,8 @@ class MambaGroup:
         # finding 32 counted (the shadow then takes the block as holding its entry's state, so the checks go on);
         # off, cached_states_are_their_prefix names it
         self.known_partial_checkpoint = True
+        # finding 15 counted (the hit stands); off, hit_is_the_longest_valid_match names it
+        self.known_eagle_verified = True
 
     def kinds(self, windows: Sequence[hy.Window]) -> tuple[hy.Window, ...]:
         """Full attention, a window where one was drawn, the Mamba group."""
@@ -193,6 +219,8 @@ class MambaGroup:
         tokens = tuple(request.all_token_ids)
         previous = self.state_at.get(uid, (begin - 1) // p)
         current = cdiv(end, p) - 1
+        if begin and previous != -1 and not blocks[previous].is_null:
+            self.took_finding_32(m, blocks[previous], namespace, tokens[:begin])
         if previous != -1 and previous != current:
             if blocks[previous].is_null:
                 raise IntegrityError(
@@ -261,16 +289,56 @@ class MambaGroup:
             and tokens[: len(held[1])] == held[1]
         )
 
+    def is_cached_under(
+        self, m: VllmHybridManager, block: BlockView, namespace: Namespace, tokens: tuple[int, ...]
+    ) -> bool:
+        """True when the pool caches ``block`` under the entry of ``tokens`` (its primary hash or a partial one)."""
+        keys = [] if block.block_hash is None else [block.block_hash]
+        keys += m.pool.cached_block_hashes_by_block.get(block.block_id, ())
+        for key in keys:
+            entry_namespace, prefix = m.prefix_of[m.utils.get_block_hash(key)]
+            if entry_namespace == namespace and prefix.tokens == tokens:
+                return True
+        return False
+
+    def took_finding_32(
+        self, m: VllmHybridManager, block: BlockView, namespace: Namespace, tokens: tuple[int, ...]
+    ) -> bool:
+        """Where counted, a block cached under the entry of ``tokens`` that finding 32 left holding a shorter
+        prefix's state is counted and taken as holding the entry's state, so the checks go on: seen from the cache
+        (``check``) or from a request whose hit resumes from it before the next check (``write``: a burst serves the
+        request that caches it and the one that hits it in one step)."""
+        if not (
+            self.known_partial_checkpoint
+            and self.is_finding_32(m, block.block_id, namespace, tokens)
+            and self.is_cached_under(m, block, namespace, tokens)
+        ):
+            return False
+        STATS.rules[f"vllm-mamba.known: {FINDING_32}"] += 1
+        self.state.write(block.block_id, namespace, tokens)
+        return True
+
+    def took_finding_15(self, m: VllmHybridManager, request: HybridRequest, hit: int) -> bool:
+        """Where counted, a hit the hit rule refuses that vLLM's lookup without finding 15's cause does not give,
+        while the lookup so fixed keeps the rule: counted, and the hit stands."""
+        lookup = lookup_without_finding_15()
+        if not (self.known_eagle_verified and m.rule.drop and lookup is not None):
+            return False
+        _, fixed, _ = lookup(m.coordinator, request.block_hashes, request.num_tokens - 1)
+        if fixed == hit:
+            return False
+        try:
+            m.judge_hit(-1, request, fixed)
+        except IntegrityError:
+            return False
+        STATS.rules[f"vllm-mamba.known: {FINDING_15}"] += 1
+        return True
+
     def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None:
         """Every cached Mamba entry holds the state of its prefix; every live request's step resumes from its own."""
         for block, group, namespace, prefix in m.entries():
-            if group == self.group:
-                tokens = prefix.tokens
-                if self.known_partial_checkpoint and self.is_finding_32(m, block.block_id, namespace, tokens):
-                    STATS.rules[f"vllm-mamba.known: {FINDING_32}"] += 1
-                    self.state.write(block.block_id, namespace, tokens)
-                    continue
-                self.check_state(-1, block, namespace, tokens, "cached_states_are_their_prefix")
+            if group == self.group and not self.took_finding_32(m, block, namespace, prefix.tokens):
+                self.check_state(-1, block, namespace, prefix.tokens, "cached_states_are_their_prefix")
         for req in live_reqs:
             if req.computed:
                 blocks = m.coordinator.get_blocks(str(req.uid))[self.group]

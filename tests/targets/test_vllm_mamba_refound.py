@@ -1,41 +1,116 @@
-"""Two failures of a ten-minute ``vllm-mamba`` campaign (2026-12-07, seed 21, at e190b1e), not triaged yet: each
-replays the unshrunk program the campaign wrote and must fail with the law it broke (a program that stops failing
-is reported: the failure went away with some change, which says something about it). Both fail the same before
-this session's changes to the vLLM targets (d6e7b85).
+"""Findings 15 and 32 found again by a ten-minute ``vllm-mamba`` campaign (2026-12-07, seed 21, at e190b1e), each
+replayed from the unshrunk program the campaign wrote. Triaged 2026-12-07: each program keeps every law once the
+finding's cause alone is taken out of the code (vLLM's lookup, the scheduler's split), and fails without it.
 
 * seed 586989115, ``F+W+M, unit below P, partial_hits=False, checkpoints=True, eagle=drop, retention=3P`` (pages of
-  16, a window of 8): vLLM hit 496 of 818 tokens where the pool's cached blocks give no valid match;
+  16, a window of 8): vLLM hit 496 of 818 tokens where the pool's cached blocks give no valid match. The pool caches
+  the full group's entries past 512, the window's at 496 but not at 512, the Mamba state at 496 only: the window's
+  drop is proved at a longer length, Mamba cuts the length to 496 and is marked verified though it dropped nothing,
+  so the window is asked at 496 without the drop. **Finding 15** (the campaign had stopped on it after 505 s once
+  before); the target now counts it (``MambaGroup.took_finding_15``) and the campaign goes on.
 * seed 248531560, ``F+M, unit below P, partial_hits=True, checkpoints=True, eagle=lookahead, retention=2P`` (pages
-  of 16): a request resumes at 624 tokens from a block whose state slot holds the state of 622. Partial hits with
-  checkpoints are finding 32's conditions, whose mark (``MambaGroup.is_finding_32``) the target applies to cached
-  entries only: likely finding 32 seen from the request that hit such a block.
-
-For the first, the pool caches, for the request's first tokens, the full group's entries past 512, the window's at
-496 but not at 512, the Mamba state at 496 only. Under EAGLE's drop the hit rule takes a length L only where L plus
-the dropped block is found too; no L qualifies, and vLLM hits 496: the Mamba group's hit as if no block were dropped.
-Likely the Mamba manager ignoring EAGLE's drop (vLLM #48375, #57128), not yet confirmed standalone.
+  of 16): request 65 hits 624 tokens from block 58, a copy on write of a hit at 622 that the pool caches under the
+  624-token hash. **Finding 32**, seen from a request: a burst served the request that cached the block and the one
+  that hit it in one step, so the target's mark, applied to cached entries at each check, never saw the block; the
+  mark now applies where a request resumes from a cached block too (``MambaGroup.took_finding_32``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import textwrap
+from collections.abc import Callable
 
 import pytest
 
 from radixspec.fuzz.regression import build_machine
+from radixspec.fuzz.stats import STATS
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
+FIRST_LAW = "hit_is_the_longest_valid_match: request 32 hit 496 of 818 tokens; by"
+SECOND_LAW = (
+    "state_resumes_from_its_prefix: request 65 .* holds the state of 622 tokens, not the state of its first 624"
+)
 
-def test_the_campaigns_first_failure_still_breaks_the_hit_law() -> None:
-    with pytest.raises(AssertionError, match="hit_is_the_longest_valid_match: request 32 hit 496 of 818 tokens; by"):
+
+def uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The target stops on findings 15 and 32 instead of counting them."""
+    from radixspec.fuzz.targets.vllm_mamba import MambaGroup
+
+    built = MambaGroup.__init__
+
+    def without_marks(self: MambaGroup, checkpoints: bool) -> None:
+        built(self, checkpoints)
+        self.known_partial_checkpoint = self.known_eagle_verified = False
+
+    monkeypatch.setattr(MambaGroup, "__init__", without_marks)
+
+
+def counted(finding: str) -> Callable[[], int]:
+    from radixspec.fuzz.targets import vllm_mamba
+
+    key = f"vllm-mamba.known: {getattr(vllm_mamba, finding)}"
+    return lambda: STATS.rules[key]
+
+
+def test_finding_15_found_again_is_counted_and_the_program_keeps_every_other_law() -> None:
+    seen = counted("FINDING_15")
+    before = seen()
+    replay_seed_586989115()
+    assert seen() > before
+
+
+def test_finding_15_found_again_breaks_the_hit_law_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    uncounted(monkeypatch)
+    with pytest.raises(AssertionError, match=FIRST_LAW):
         replay_seed_586989115()
 
 
-def test_the_campaigns_second_failure_still_resumes_a_request_from_a_shorter_prefixs_state() -> None:
-    law = "state_resumes_from_its_prefix: request 65 .* holds the state of 622 tokens, not the state of its first 624"
-    with pytest.raises(AssertionError, match=law):
+def test_finding_15_found_again_is_finding_15s_cause_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncounted, with vLLM's lookup compiled without finding 15's cause, every law holds."""
+    from radixspec.fuzz.targets.vllm_mamba import import_mamba, lookup_without_finding_15
+
+    import_mamba()
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    fixed = lookup_without_finding_15()
+    assert fixed is not None, "vLLM's lookup no longer reads as 0.33.0's"
+    uncounted(monkeypatch)
+    monkeypatch.setattr(HybridKVCacheCoordinator, "find_longest_cache_hit", fixed)
+    replay_seed_586989115()
+
+
+def test_finding_32_seen_from_a_request_is_counted() -> None:
+    seen = counted("FINDING_32")
+    before = seen()
+    replay_seed_248531560()
+    assert seen() > before
+
+
+def test_finding_32_seen_from_a_request_breaks_the_state_law_uncounted(monkeypatch: pytest.MonkeyPatch) -> None:
+    uncounted(monkeypatch)
+    with pytest.raises(AssertionError, match=SECOND_LAW):
         replay_seed_248531560()
+
+
+def test_finding_32_seen_from_a_request_is_finding_32s_cause_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncounted, with the scheduler's split keeping the stop at the next block boundary when a chunk starts inside
+    a block, internal checkpoint or not (the fix the report proposes), every law holds."""
+    from radixspec.fuzz.targets import vllm_mamba
+
+    source = textwrap.dedent(inspect.getsource(vllm_mamba.MambaGroup.aligned_split))
+    cause = "(start // p + 1) * p if start % p and not internal else 0,"
+    assert source.count(cause) == 1
+    namespace = dict(vars(vllm_mamba))
+    exec(
+        compile(source.replace(cause, "(start // p + 1) * p if start % p else 0,"), vllm_mamba.__file__, "exec"),
+        namespace,
+    )
+    uncounted(monkeypatch)
+    monkeypatch.setattr(vllm_mamba.MambaGroup, "aligned_split", namespace["aligned_split"])
+    replay_seed_248531560()
 
 
 def replay_seed_586989115() -> None:
