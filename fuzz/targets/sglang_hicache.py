@@ -586,6 +586,17 @@ def storage_pools(m: SGLangUnifiedManager, states: StateTier | None) -> list[tup
     return pools
 
 
+def is_fully_idle(m: SGLangUnifiedManager, lanes: Sequence[Lane | StorageLane]) -> bool:
+    """SGLang's ``Scheduler.is_fully_idle`` under HiCache: no write-through backup and no load back unacknowledged
+    (``ongoing_write_through``, ``ongoing_load_back``; with storage ``ongoing_prefetch`` and ``ongoing_backup``;
+    sglang PR #20746), and no copy of our streams pending."""
+    c = m.cache
+    busy = c.ongoing_write_through or c.ongoing_load_back or c.cache_controller.write_queue
+    if c.enable_storage:
+        busy = busy or c.ongoing_prefetch or c.ongoing_backup
+    return not busy and not any(lane.pending for lane in lanes)
+
+
 class HostTier:
     """HiCache's host tier for one manager (``sglang_unified.TierComponent``): builds it, runs the scheduler's
     part of it, follows its copies and checks its laws."""
@@ -798,19 +809,27 @@ class HostTier:
         return hit + length, node
 
     def before_reset(self, m: SGLangUnifiedManager) -> None:
-        """Before ``flush_cache``: the last forward waited for its loads; backups may still be in flight. Their
-        copies still run (and move the shadow), but what they read and write is no longer the cache's: a later
-        backup to the same host slot runs after them on the same stream. The storage tier's backups finish first
-        (SGLang's flush waits for ``ongoing_backup``)."""
+        """Before ``flush_cache``: SGLang flushes only a fully idle scheduler (``is_fully_idle``); a flush asked
+        before that is refused, or deferred until then (``SchedulerFlushWrapper``). So every copy runs and is
+        acknowledged first, in rounds (a write-through's ack may queue a backup to storage). A backup left in flight
+        over the reset would write, when run, a host slot given out again since (a prefetch's, then loaded back)."""
+        c = m.cache
+        in_flight = bool(self.lanes[0].pending or c.cache_controller.write_queue or c.ongoing_write_through)
         self.forward(m)
         if self.storage is not None:
             self.storage.abort_waiting()
-            self.storage.synchronize()
-            m.cache.check_hicache_events()
+        for _ in range(4):
+            for lane in self.lanes:
+                lane.synchronize()
+            self.step(m)
+            if is_fully_idle(m, self.lanes):
+                break
+        else:
+            raise RuntimeError("flush_cache: the scheduler never became idle (a copy or its ack left in flight)")
         self.reading.clear()
         self.writing.clear()
         self.epoch += 1
-        STATS.record_rule(f"sglang-hicache.flush[{'with' if self.lanes[0].pending else 'no'} backups in flight]")
+        STATS.record_rule(f"sglang-hicache.flush[{'deferred until backups acked' if in_flight else 'idle'}]")
 
     def forward(self, m: SGLangUnifiedManager) -> None:
         """A forward: it waits for the loads it reads (SGLang's layer counter), which finishes them."""

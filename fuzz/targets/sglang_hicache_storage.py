@@ -16,10 +16,11 @@ then, before admission, the workers run a few items (a number fixed by the reque
 ``wait_complete`` waits for the workers, ``timeout`` waits up to its deadline: the scheduler's clock is the machine's,
 ``Clock``, and each poll moves it by an interval the request's id picks, from a twentieth of a second to two seconds, so
 a deadline passes before, during or after the workers' I/O); what came in is popped (``pop_prefetch_loaded_span``) and
-the match that follows must find it on the host (``prefetch_is_served``), and the prefetch's queues are drained. One
-request in five is aborted before its admission (``release_aborted_request``): its prefetch's queued work runs on in
-later steps, its host slots coming back at its last ack (``holding``); one in five more waits past its step, its
-prefetch running on while other requests come and go, and gives up some polls later (``poll``). In half the examples the
+the match that follows must find it on the host (``prefetch_is_served``; unless a host eviction ran after SGLang
+inserted it, ``check_served``), and the prefetch's queues are drained. One request in five is aborted before its
+admission (``release_aborted_request``): its prefetch's queued work runs on in later steps, its host slots coming back
+at its last ack (``holding``); one in five more waits past its step, its prefetch running on while other requests come
+and go, and gives up some polls later (``poll``). In half the examples the
 files fail now and then (``fails``: a write refused, a read finding no file). In half the files' space is bounded (as
 many pages as the host tier holds, or half that), and SGLang's own evictor removes the least recently used files past
 it. A request tried again (the machine's ``readmit``) while it waits on its prefetch is admitted then, with what came
@@ -196,6 +197,20 @@ def import_storage(m: types.ModuleType) -> types.ModuleType:
     return register("sglang.__radixspec_hicache_storage__", controller=controller)
 
 
+class PrefetchOperation(Protocol):
+    """What ``follow_inserts`` reads of SGLang's prefetch operation."""
+
+    # the prefetch's handle (the request's)
+    handle: object
+
+
+class PrefetchInserts(Protocol):
+    """The two methods of SGLang's tree ``follow_inserts`` wraps."""
+
+    evict_host: Callable[..., object]
+    _handle_prefetch_result: Callable[[PrefetchOperation], object]
+
+
 class StorageLane:
     """SGLang's storage tier for one cache: the file backend in a folder of its own (removed with it), the workers
     run as a stream (``step``), the copies reported to the KV shadow."""
@@ -230,6 +245,12 @@ class StorageLane:
         self.aborted: set[object] = set()
         self.cache, self.page_size = m.cache, m.page_size
         self.acks = import_storage(hicache).controller.PrefetchAck
+        # host evictions that freed something, so far; and for each prefetch SGLang has inserted into the tree
+        # (``_handle_prefetch_result``) whose request is not admitted yet, the count at its insertion
+        # (``check_served``: an eviction after it may take the span before the admission)
+        self.host_evictions = 0
+        self.inserted_at: dict[object, int] = {}
+        self.follow_inserts(m.cache)
         folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=files_base())
         weakref.finalize(self, shutil.rmtree, folder, True)
         config: dict[str, object] = {
@@ -250,6 +271,26 @@ class StorageLane:
             # a file the evictor removes is read no more (``get`` finds none) and written anew; counted
             evictor = controller.storage_backend._evictor
             evictor._on_evict = lambda key: STATS.record_rule("sglang-hicache.storage[file evicted]")
+
+    def follow_inserts(self, cache: PrefetchInserts) -> None:
+        """Counts the host evictions (``evict_host``, the machine's and SGLang's own: a backup's or a prefetch's
+        host allocation short of room, an SWA or state host eviction) and notes when each prefetch's result is
+        inserted into the tree: at its request's admission poll (``check_prefetch_progress``) or earlier, at the
+        ack's drain (``check_hicache_events``, for a request still waiting)."""
+        evict_host, handle_result = cache.evict_host, cache._handle_prefetch_result
+
+        def counted_evict_host(*args: object, **kwargs: object) -> object:
+            freed = evict_host(*args, **kwargs)
+            if freed:
+                self.host_evictions += 1
+            return freed
+
+        def noted_handle_result(operation: PrefetchOperation) -> object:
+            self.inserted_at[operation.handle] = self.host_evictions
+            return handle_result(operation)
+
+        cache.evict_host = counted_evict_host
+        cache._handle_prefetch_result = noted_handle_result
 
     # ------------------------------------------------------------ the copies
 
@@ -430,8 +471,9 @@ class StorageLane:
         late = ", past its deadline" if operation is not None and operation.deadline_expired else ""
         loaded, start = self.cache.pop_prefetch_loaded_span(handle)
         STATS.record_rule(f"sglang-hicache.storage[{self.policy}{late}: {'loaded' if loaded else 'nothing'}]")
+        inserted = self.inserted_at.pop(handle, self.host_evictions)
         if loaded:
-            self.check_served(m, req, key, int(start or 0) + loaded)
+            self.check_served(m, req, key, int(start or 0) + loaded, evicted=self.host_evictions > inserted)
         # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)
         while self.step(1) or not self.cache.cache_controller.ack_prefetch_queue.empty():
             self.cache.check_hicache_events()
@@ -479,16 +521,26 @@ class StorageLane:
             raise OutOfPagesError(f"request {req.uid} waits for its prefetch")
         return True
 
-    def check_served(self, m: SGLangUnifiedManager, req: HybridReq, key: object, end: int) -> None:
+    def check_served(
+        self, m: SGLangUnifiedManager, req: HybridReq, key: object, end: int, evicted: bool = False
+    ) -> None:
         """What the prefetch reports loaded (up to ``end``) is on the host now: the request's match finds its full
-        KV there, and serves it. Under SWA a mid-tree span shorter than the window is fetched without its SWA KV
-        (``SWAComponent.prepare_prefetch``: "the window head would have to come from the device prefix"): its full
-        KV is held, but no match can end in it. SGLang still reports it loaded (the request's
-        ``storage_hit_length``); counted."""
+        KV there, and serves it. Unless the host tier was evicted (``evicted``) after SGLang inserted the span: a
+        request waiting past its step has its prefetch's result inserted at the ack's drain
+        (``check_hicache_events``), which releases the anchor's host lock and pins nothing it inserted, so a host
+        eviction before the admission may take it; SGLang still reports it loaded and accounts the gap at admission
+        (``fulfilled_storage_hit_len``; reason ``cache_admission_shortfall``: "an L3-loaded L2 span was no longer
+        reusable when cache-mode admission ran"). Counted. Under SWA a mid-tree span shorter than the window is
+        fetched without its SWA KV (``SWAComponent.prepare_prefetch``: "the window head would have to come from the
+        device prefix"): its full KV is held, but no match can end in it. SGLang still reports it loaded (the
+        request's ``storage_hit_length``); counted."""
         found = self.cache.match_prefix(m.v.base.MatchPrefixParams(key=key, req=None))
         served = int(found.device_prefix_len) + int(found.host_hit_length)
         held = int(found.full_kv_hit_length)
         if served >= end:
+            return
+        if evicted:
+            STATS.record_rule("sglang-hicache.storage[loaded, evicted from the host before its admission]")
             return
         if m.swa is None or held < end:
             raise IntegrityError(
@@ -507,6 +559,7 @@ class StorageLane:
 
     def give_up(self, handle: object) -> None:
         del self.waiting[handle]
+        self.inserted_at.pop(handle, None)
         self.aborted.add(handle)
         STATS.record_rule("sglang-hicache.storage[waited, then aborted]")
         self.cache.release_aborted_request(handle)

@@ -1152,6 +1152,44 @@ def test_a_prefetch_shorter_than_the_swa_window_is_held_and_not_served() -> None
     assert int(out.stdout.split()[-1]) >= 1, out.stdout
 
 
+# the second failure of the ten-minute campaign of 2026-12-07 (seed 21, batch seed 3420444818), rebuilt smaller: a
+# prompt backed up to storage, both tiers evicted, then request 13 (13 % 5 == 3: it waits past its step) asks for its
+# 8 tokens (pages of 2); the next rule's step drains its prefetch's ack, which inserts the span on the host and releases
+# the anchor's host lock (``_handle_prefetch_result``), and its host eviction takes the span; request 13, tried again,
+# is told 8 tokens loaded and its match finds none (SGLang's "cache_admission_shortfall"). Counted, where
+# prefetch_is_served once failed ("strict": as it failed)
+EVICTED_SPAN = """
+import sys
+from radixspec.fuzz.regression import build_machine
+from radixspec.fuzz.stats import STATS
+from radixspec.fuzz.targets.sglang_hicache_storage import StorageLane
+if sys.argv[1:] == ["strict"]:
+    StorageLane.follow_inserts = lambda self, cache: None
+state = build_machine("hybrid", targets=("sglang-hicache",), lru=None, device="cpu")()
+s0, = state.setup(page_size=32, num_pages=1074, windows=[(2, 20), (2, 23), None], first=[([6, 6, 4, 1], [1, 2, 3, 3])])
+state.serve(namespace=None, tokens=s0)
+for _ in range(3):
+    state.admit_batch(base=s0, cuts=[9, 9, 9], evict=0, namespace=None)
+state.admit_batch(base=s0, cuts=[0], evict=2, namespace=None)
+state.admit_batch(base=s0, cuts=[0], evict=2, namespace=None)
+state.readmit(which=0)
+state.managers_keep_the_laws()
+state.teardown()
+print(STATS.rules["sglang-hicache.storage[loaded, evicted from the host before its admission]"])
+"""
+
+
+@pytest.mark.parametrize("law", ["", "strict"])
+def test_a_prefetched_span_evicted_from_the_host_before_its_admission_is_counted(law: str) -> None:
+    out = run(EVICTED_SPAN, *[law] * bool(law))
+    if not law:
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        assert out.stdout.split() == ["1"], out.stdout
+    else:
+        law = "prefetch_is_served: request 13's prefetch loaded up to 8 tokens, but its match then finds 0"
+        assert law in out.stderr, out.stdout[-2000:] + out.stderr[-3000:]
+
+
 def test_the_storage_folders_of_gone_processes_are_swept(tmp_path: Path) -> None:
     from radixspec.fuzz.targets.sglang_hicache_storage import FOLDER_PREFIX, sweep
 
