@@ -62,6 +62,16 @@ PRODUCTION_POOL = 1024
 # a burst's prompt tokens at most: the lifecycle laws follow each token in Python (a burst of 64 prompts of 4,096
 # tokens took seconds under vllm-mamba)
 BURST_TOKENS = 32_768
+# serve_burst as a rule, its draws: the kind of its requests, where its shapes start, how many, about how many pages
+BURST_RULE = rule(
+    kind=st.sampled_from([kind.value for kind in Kind]),
+    pick=st.integers(0, 63),
+    count=st.sampled_from([4, 16, 64]),
+    pages=st.sampled_from([1, 4, 16, 64]),
+)
+# the pages engines run, drawn with a production pool even for a target whose own page sizes are smaller (the pool,
+# not the batch, decides: a regression file replays with production pools allowed, and keeps its page size)
+PRODUCTION_PAGE_SIZES = (16, 32, 64)
 # small pools evict often; big ones let trees and keys grow (half and half: with two small draws in three, a planted
 # storage bug of sglang-hicache went uncaught in 400 examples); the biggest (one example in 32 of the production
 # batches: each costs as much as hundreds of small ones) hold the pages of a production cache (drawn by name:
@@ -277,8 +287,11 @@ class HybridMachine(RuleBasedStateMachine):
             info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
-                if page_size not in info.page_sizes:
-                    page_size = info.page_sizes[page_size % len(info.page_sizes)]
+                sizes = info.page_sizes
+                if num_pages >= PRODUCTION_POOL:
+                    sizes += tuple(size for size in PRODUCTION_PAGE_SIZES if size not in sizes)
+                if page_size not in sizes:
+                    page_size = sizes[page_size % len(sizes)]
                 self.page_size = page_size
                 self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
             target = info.hybrid_factory(page_size, self.windows, num_pages)
@@ -534,12 +547,7 @@ class HybridMachine(RuleBasedStateMachine):
             self.cache_req(sorted(self.reqs).index(uid), finished=True)
         STATS.steps = steps + 1
 
-    @rule(
-        kind=st.sampled_from([kind.value for kind in Kind]),
-        pick=st.integers(0, 63),
-        count=st.sampled_from([4, 16, 64]),
-        pages=st.sampled_from([1, 4, 16, 64]),
-    )
+    @BURST_RULE
     def serve_burst(self, kind: str, pick: int, count: int, pages: int) -> None:
         """A burst, in bulk: ``count`` requests of ``kind`` (turns of about ``pages`` pages; below production pools
         4 of 4 pages; prompts of ``BURST_TOKENS`` in all) arrive, the first served alone, then the rest, admitted

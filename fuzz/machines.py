@@ -135,9 +135,9 @@ def machine_for(
     pools too). Notes the time of its first failure."""
     base = machine_class(name)
     if name == "hybrid" and any(executes(target) for target in targets):
-        from .hybrid_executor import TieredHybridMachine
+        from .hybrid_executor import TieredHybridMachine, TieredProductionMachine
 
-        base = TieredHybridMachine
+        base = TieredProductionMachine if production else TieredHybridMachine
 
     def __init__(self: RuleBasedStateMachine) -> None:
         # before a failure only: once one is found, Hypothesis replays it and shrinks (bounded on its own)

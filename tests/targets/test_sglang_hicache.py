@@ -1229,3 +1229,31 @@ def test_the_page_first_kernels_copy_whole_pages() -> None:
     load_page_first([host_k, host_v], back, torch.tensor([8, 9, 10, 11]), torch.tensor([0, 1, 2, 3]), 1, page)
     assert torch.equal(back[0][0:4], device[1][4:8]) and torch.equal(back[1][0:4], device[3][4:8])
     assert not back[0][4:].any()
+
+
+# a production batch's machine draws bursts (the other batches' machine does not: there they hid planted bugs), and a
+# production pool keeps the pages engines run (P=64), where a smaller pool maps them to the target's own (2 to 16)
+PRODUCTION_MACHINE = """
+from radixspec.fuzz.machines import machine_for, rule_names
+from radixspec.fuzz.stats import STATS
+rules = {production: rule_names(machine_for("hybrid", ("sglang-hicache",), production=production))
+         for production in (False, True)}
+print("burst" if "serve_burst" in rules[True] else "-", "burst" if "serve_burst" in rules[False] else "-")
+for pool in (400, 1024):
+    state = machine_for("hybrid", ("sglang-hicache",), production=True)()
+    (seq,) = state.setup(page_size=64, num_pages=pool, windows=[None], first=[([1, 2], [1])])
+    print(state.page_size, end=" ")
+    if pool == 1024:
+        state.serve_burst(kind="multi-turn", pick=3, count=16, pages=4)
+        state.managers_keep_the_laws()
+        state.teardown()
+        print(STATS.rules["hybrid.serve_burst[multi-turn]"], STATS.most_running_requests)
+"""
+
+
+def test_a_production_batch_draws_bursts_and_the_pages_engines_run() -> None:
+    out = run(PRODUCTION_MACHINE)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    *words, running = out.stdout.split()
+    assert words == ["burst", "-", "2", "64", "1"], out.stdout
+    assert int(running) >= 8, out.stdout
