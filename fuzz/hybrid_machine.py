@@ -69,8 +69,9 @@ BURST_RULE = rule(
     count=st.sampled_from([4, 16, 64]),
     pages=st.sampled_from([1, 4, 16, 64]),
 )
-# the pages engines run, drawn with a production pool even for a target whose own page sizes are smaller (the pool,
-# not the batch, decides: a regression file replays with production pools allowed, and keeps its page size)
+# the pages engines run, kept as drawn with a production pool even for a target whose own page sizes are smaller
+# (the pool, not the batch, decides: a regression file replays with production pools allowed). Programs recorded
+# before 2026-12-07 (b017932) with such a pool ran these at the target's own size
 PRODUCTION_PAGE_SIZES = (16, 32, 64)
 # small pools evict often; big ones let trees and keys grow (half and half: with two small draws in three, a planted
 # storage bug of sglang-hicache went uncaught in 400 examples); the biggest (one example in 32 of the production
@@ -287,11 +288,9 @@ class HybridMachine(RuleBasedStateMachine):
             info = chosen if isinstance(chosen, TargetInfo) else resolve(chosen, check=False)
             assert info.hybrid_factory is not None, f"target {info.name} has no hybrid layer"
             if info.page_sizes is not None:
-                sizes = info.page_sizes
-                if num_pages >= PRODUCTION_POOL:
-                    sizes += tuple(size for size in PRODUCTION_PAGE_SIZES if size not in sizes)
-                if page_size not in sizes:
-                    page_size = sizes[page_size % len(sizes)]
+                production = num_pages >= PRODUCTION_POOL and page_size in PRODUCTION_PAGE_SIZES
+                if page_size not in info.page_sizes and not production:
+                    page_size = info.page_sizes[page_size % len(info.page_sizes)]
                 self.page_size = page_size
                 self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
             target = info.hybrid_factory(page_size, self.windows, num_pages)

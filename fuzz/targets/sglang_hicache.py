@@ -102,6 +102,8 @@ LAYOUTS = ("layer_first", "page_first_direct")
 # the storage's space, in host tiers (SGLang's file evictor's max_size); None: unbounded
 STORAGE_CAPACITIES = (None, None, 1.0, 0.5)
 LAYERS = 2
+# the rounds of every stream run and the scheduler's poll a flush waits at most for the tiers to be idle
+FLUSH_ROUNDS = 8
 # the pools of the KV shadow (fuzz/lifecycle.py): the device's full pool 0, its host tier 1, the storage 2
 # (sglang_hicache_storage.py); with SWA, the device's SWA pool 3 and its host tier 4; with MAMBA, the state slots:
 # the device's 5 and the host's 6 (sglang_hicache_mamba.py)
@@ -586,15 +588,22 @@ def storage_pools(m: SGLangUnifiedManager, states: StateTier | None) -> list[tup
     return pools
 
 
-def is_fully_idle(m: SGLangUnifiedManager, lanes: Sequence[Lane | StorageLane]) -> bool:
-    """SGLang's ``Scheduler.is_fully_idle`` under HiCache: no write-through backup and no load back unacknowledged
-    (``ongoing_write_through``, ``ongoing_load_back``; with storage ``ongoing_prefetch`` and ``ongoing_backup``;
-    sglang PR #20746), and no copy of our streams pending."""
+def busy_transfers(m: SGLangUnifiedManager, lanes: Sequence[Lane | StorageLane]) -> list[str]:
+    """What keeps SGLang's ``Scheduler.is_fully_idle`` false under HiCache (sglang PR #20746), and our streams' pending
+    copies: empty when a flush may run."""
     c = m.cache
-    busy = c.ongoing_write_through or c.ongoing_load_back or c.cache_controller.write_queue
-    if c.enable_storage:
-        busy = busy or c.ongoing_prefetch or c.ongoing_backup
-    return not busy and not any(lane.pending for lane in lanes)
+    busy = {
+        # a write-through backup submitted and not acknowledged, or still queued
+        "ongoing_write_through": len(c.ongoing_write_through) + len(c.cache_controller.write_queue),
+        # a load back not acknowledged
+        "ongoing_load_back": len(c.ongoing_load_back),
+        # with storage: a prefetch, or a backup to storage, not over
+        "ongoing_prefetch": len(c.ongoing_prefetch) if c.enable_storage else 0,
+        "ongoing_backup": len(c.ongoing_backup) if c.enable_storage else 0,
+        # a copy of our streams not run
+        "copies pending": sum(lane.pending for lane in lanes),
+    }
+    return [f"{name} {count}" for name, count in busy.items() if count]
 
 
 class HostTier:
@@ -813,23 +822,23 @@ class HostTier:
         before that is refused, or deferred until then (``SchedulerFlushWrapper``). So every copy runs and is
         acknowledged first, in rounds (a write-through's ack may queue a backup to storage). A backup left in flight
         over the reset would write, when run, a host slot given out again since (a prefetch's, then loaded back)."""
-        c = m.cache
-        in_flight = bool(self.lanes[0].pending or c.cache_controller.write_queue or c.ongoing_write_through)
+        in_flight = bool(busy_transfers(m, self.lanes))
         self.forward(m)
         if self.storage is not None:
             self.storage.abort_waiting()
-        for _ in range(4):
+        # a write-through's copy, its ack, the backup to storage the ack queues and that one's ack: three rounds
+        for _ in range(FLUSH_ROUNDS):
             for lane in self.lanes:
                 lane.synchronize()
             self.step(m)
-            if is_fully_idle(m, self.lanes):
+            if not (busy := busy_transfers(m, self.lanes)):
                 break
         else:
-            raise RuntimeError("flush_cache: the scheduler never became idle (a copy or its ack left in flight)")
+            raise IntegrityError(f"flush_waits_for_idle: after {FLUSH_ROUNDS} rounds the tiers are busy: {busy}")
         self.reading.clear()
         self.writing.clear()
         self.epoch += 1
-        STATS.record_rule(f"sglang-hicache.flush[{'deferred until backups acked' if in_flight else 'idle'}]")
+        STATS.record_rule(f"sglang-hicache.flush[{'deferred until the transfers were done' if in_flight else 'idle'}]")
 
     def forward(self, m: SGLangUnifiedManager) -> None:
         """A forward: it waits for the loads it reads (SGLang's layer counter), which finishes them."""

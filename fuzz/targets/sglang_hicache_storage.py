@@ -47,7 +47,7 @@ import types
 import weakref
 import zlib
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from radixspec.reference.hybrid_manager import HybridReq
@@ -198,17 +198,74 @@ def import_storage(m: types.ModuleType) -> types.ModuleType:
 
 
 class PrefetchOperation(Protocol):
-    """What ``follow_inserts`` reads of SGLang's prefetch operation."""
+    """What ``PrefetchInsertions`` reads of SGLang's prefetch operation."""
 
     # the prefetch's handle (the request's)
     handle: object
 
 
 class PrefetchInserts(Protocol):
-    """The two methods of SGLang's tree ``follow_inserts`` wraps."""
+    """The two methods of SGLang's tree ``PrefetchInsertions`` wraps."""
 
     evict_host: Callable[..., object]
     _handle_prefetch_result: Callable[[PrefetchOperation], object]
+
+
+class PrefetchInsertions:
+    """The prefetches SGLang inserted into the tree before their request's admission, for ``prefetch_is_served``. A
+    request waiting past its step has its prefetch's result inserted at the ack's drain (``check_hicache_events`` ->
+    ``_handle_prefetch_result``), which releases the anchor's host lock and pins nothing it inserted: a host eviction
+    before the admission may take it. SGLang still reports the span loaded and accounts the gap at admission
+    (``fulfilled_storage_hit_len``; reason ``cache_admission_shortfall``: "an L3-loaded L2 span was no longer
+    reusable when cache-mode admission ran"; sglang PR #37503)."""
+
+    def __init__(self, cache: PrefetchInserts, waiting: Mapping[object, int], served: Callable[[object], int]) -> None:
+        # the requests waiting past their step, and what a match of a key finds on the device and the host now
+        self.waiting, self.served = waiting, served
+        # host evictions that freed something, so far
+        self.host_evictions = 0
+        # a waiting request's prefetch inserted: the host evictions then, and what a match served just after
+        self.inserted: dict[object, tuple[int, int]] = {}
+        # each prefetch's request key, by handle
+        self.keys: dict[object, object] = {}
+        self.follow(cache)
+
+    def follow(self, cache: PrefetchInserts) -> None:
+        """Counts the host evictions (``evict_host``: the machine's and SGLang's own, a backup's or a prefetch's host
+        allocation short of room) and notes each waiting request's prefetch inserted into the tree."""
+        evict_host, handle_result = cache.evict_host, cache._handle_prefetch_result
+
+        def counted_evict_host(*args: object, **kwargs: object) -> object:
+            freed = evict_host(*args, **kwargs)
+            if freed:
+                self.host_evictions += 1
+            return freed
+
+        def noted_handle_result(operation: PrefetchOperation) -> object:
+            done = handle_result(operation)
+            if operation.handle in self.waiting:
+                self.inserted[operation.handle] = (self.host_evictions, self.served(self.keys[operation.handle]))
+            return done
+
+        cache.evict_host = counted_evict_host
+        cache._handle_prefetch_result = noted_handle_result
+
+    def is_evicted_since_served(self, handle: object, end: int) -> bool:
+        """True when the request waited past its step, its prefetch was inserted meanwhile and a match just after
+        served up to ``end``, and a host eviction has freed pages since."""
+        if handle not in self.inserted:
+            return False
+        evictions, served = self.inserted[handle]
+        return (
+            # the span was servable once inserted
+            served >= end
+            # and the host tier was evicted after that
+            and self.host_evictions > evictions
+        )
+
+    def forget(self, handle: object) -> None:
+        self.inserted.pop(handle, None)
+        self.keys.pop(handle, None)
 
 
 class StorageLane:
@@ -244,13 +301,9 @@ class StorageLane:
         self.arrived: set[object] = set()
         self.aborted: set[object] = set()
         self.cache, self.page_size = m.cache, m.page_size
+        self.params = m.v.base.MatchPrefixParams
         self.acks = import_storage(hicache).controller.PrefetchAck
-        # host evictions that freed something, so far; and for each prefetch SGLang has inserted into the tree
-        # (``_handle_prefetch_result``) whose request is not admitted yet, the count at its insertion
-        # (``check_served``: an eviction after it may take the span before the admission)
-        self.host_evictions = 0
-        self.inserted_at: dict[object, int] = {}
-        self.follow_inserts(m.cache)
+        self.insertions = PrefetchInsertions(m.cache, self.waiting, self.served)
         folder = tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=files_base())
         weakref.finalize(self, shutil.rmtree, folder, True)
         config: dict[str, object] = {
@@ -271,26 +324,6 @@ class StorageLane:
             # a file the evictor removes is read no more (``get`` finds none) and written anew; counted
             evictor = controller.storage_backend._evictor
             evictor._on_evict = lambda key: STATS.record_rule("sglang-hicache.storage[file evicted]")
-
-    def follow_inserts(self, cache: PrefetchInserts) -> None:
-        """Counts the host evictions (``evict_host``, the machine's and SGLang's own: a backup's or a prefetch's
-        host allocation short of room, an SWA or state host eviction) and notes when each prefetch's result is
-        inserted into the tree: at its request's admission poll (``check_prefetch_progress``) or earlier, at the
-        ack's drain (``check_hicache_events``, for a request still waiting)."""
-        evict_host, handle_result = cache.evict_host, cache._handle_prefetch_result
-
-        def counted_evict_host(*args: object, **kwargs: object) -> object:
-            freed = evict_host(*args, **kwargs)
-            if freed:
-                self.host_evictions += 1
-            return freed
-
-        def noted_handle_result(operation: PrefetchOperation) -> object:
-            self.inserted_at[operation.handle] = self.host_evictions
-            return handle_result(operation)
-
-        cache.evict_host = counted_evict_host
-        cache._handle_prefetch_result = noted_handle_result
 
     # ------------------------------------------------------------ the copies
 
@@ -471,9 +504,9 @@ class StorageLane:
         late = ", past its deadline" if operation is not None and operation.deadline_expired else ""
         loaded, start = self.cache.pop_prefetch_loaded_span(handle)
         STATS.record_rule(f"sglang-hicache.storage[{self.policy}{late}: {'loaded' if loaded else 'nothing'}]")
-        inserted = self.inserted_at.pop(handle, self.host_evictions)
         if loaded:
-            self.check_served(m, req, key, int(start or 0) + loaded, evicted=self.host_evictions > inserted)
+            self.check_served(m, req, handle, key, int(start or 0) + loaded)
+        self.insertions.forget(handle)
         # the rest of the prefetch's work (a terminated one's I/O tail freed at its last ack)
         while self.step(1) or not self.cache.cache_controller.ack_prefetch_queue.empty():
             self.cache.check_hicache_events()
@@ -489,6 +522,7 @@ class StorageLane:
         if matched >= len(tokens) or not (self.cache.is_backuped(anchor) or self.cache.is_root(anchor)):
             return False
         self.arrived.add(handle)
+        self.insertions.keys[handle] = key
         self.cache.prefetch_from_storage(
             handle,
             anchor,
@@ -521,25 +555,19 @@ class StorageLane:
             raise OutOfPagesError(f"request {req.uid} waits for its prefetch")
         return True
 
-    def check_served(
-        self, m: SGLangUnifiedManager, req: HybridReq, key: object, end: int, evicted: bool = False
-    ) -> None:
+    def check_served(self, m: SGLangUnifiedManager, req: HybridReq, handle: object, key: object, end: int) -> None:
         """What the prefetch reports loaded (up to ``end``) is on the host now: the request's match finds its full
-        KV there, and serves it. Unless the host tier was evicted (``evicted``) after SGLang inserted the span: a
-        request waiting past its step has its prefetch's result inserted at the ack's drain
-        (``check_hicache_events``), which releases the anchor's host lock and pins nothing it inserted, so a host
-        eviction before the admission may take it; SGLang still reports it loaded and accounts the gap at admission
-        (``fulfilled_storage_hit_len``; reason ``cache_admission_shortfall``: "an L3-loaded L2 span was no longer
-        reusable when cache-mode admission ran"). Counted. Under SWA a mid-tree span shorter than the window is
-        fetched without its SWA KV (``SWAComponent.prepare_prefetch``: "the window head would have to come from the
-        device prefix"): its full KV is held, but no match can end in it. SGLang still reports it loaded (the
-        request's ``storage_hit_length``); counted."""
+        KV there, and serves it. Unless a host eviction took it before the admission (``is_evicted_since_served``;
+        counted). Under SWA a mid-tree span shorter than the window is fetched without its SWA KV
+        (``SWAComponent.prepare_prefetch``: "the window head would have to come from the device prefix"): its full
+        KV is held, but no match can end in it. SGLang still reports it loaded (the request's
+        ``storage_hit_length``); counted."""
         found = self.cache.match_prefix(m.v.base.MatchPrefixParams(key=key, req=None))
         served = int(found.device_prefix_len) + int(found.host_hit_length)
         held = int(found.full_kv_hit_length)
         if served >= end:
             return
-        if evicted:
+        if self.insertions.is_evicted_since_served(handle, end):
             STATS.record_rule("sglang-hicache.storage[loaded, evicted from the host before its admission]")
             return
         if m.swa is None or held < end:
@@ -548,6 +576,11 @@ class StorageLane:
                 f" {served} tokens on the device and the host ({held} of full KV)"
             )
         STATS.record_rule("sglang-hicache.storage[loaded, not servable: a span shorter than the SWA window]")
+
+    def served(self, key: object) -> int:
+        """The tokens a match of ``key`` finds on the device and the host now."""
+        found = self.cache.match_prefix(self.params(key=key, req=None))
+        return int(found.device_prefix_len) + int(found.host_hit_length)
 
     def poll(self) -> None:
         """A scheduler poll for the requests waiting on their prefetch: each gives up (is aborted) after the polls
@@ -559,7 +592,7 @@ class StorageLane:
 
     def give_up(self, handle: object) -> None:
         del self.waiting[handle]
-        self.inserted_at.pop(handle, None)
+        self.insertions.forget(handle)
         self.aborted.add(handle)
         STATS.record_rule("sglang-hicache.storage[waited, then aborted]")
         self.cache.release_aborted_request(handle)

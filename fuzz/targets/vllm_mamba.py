@@ -92,17 +92,24 @@ def import_mamba() -> types.ModuleType:
 
 
 @functools.cache
-def lookup_without_finding_15() -> Callable[..., tuple[object, int, int]] | None:
-    """vLLM's ``HybridKVCacheCoordinator.find_longest_cache_hit`` compiled from its own source with finding 15's
-    cause removed (a group whose finder does not drop is not marked verified): the hit it gives had vLLM not had
-    that bug. None where the release's lookup does not read as 0.33.0's (nothing is then counted)."""
-    import vllm.v1.core.kv_cache_coordinator as module
-
-    source = textwrap.dedent(inspect.getsource(module.HybridKVCacheCoordinator.find_longest_cache_hit))
+def lookup_without_finding_15(method: object) -> Callable[..., tuple[object, int, int]] | None:
+    """``method`` (``HybridKVCacheCoordinator.find_longest_cache_hit`` as the coordinator's class has it: vLLM's,
+    or a plant's) compiled from its own source with finding 15's cause removed (a group whose finder does not drop
+    is not marked verified): the hit it gives had vLLM not had that bug. None where its source is not at hand or
+    does not read as 0.33.0's (nothing is then counted)."""
+    if not isinstance(method, types.FunctionType):
+        return None
+    try:
+        source = textwrap.dedent(inspect.getsource(method))
+    except OSError:
+        return None
     if source.count(MARKS_MAMBA_VERIFIED) != 1:
         return None
-    namespace = dict(vars(module))
-    exec(compile(source.replace(MARKS_MAMBA_VERIFIED, MARKS_WHAT_DROPPED), module.__file__, "exec"), namespace)
+    namespace = dict(method.__globals__)
+    exec(
+        compile(source.replace(MARKS_MAMBA_VERIFIED, MARKS_WHAT_DROPPED), method.__code__.co_filename, "exec"),
+        namespace,
+    )
     lookup: Callable[..., tuple[object, int, int]] = namespace["find_longest_cache_hit"]
     return lookup
 
@@ -219,7 +226,8 @@ class MambaGroup:
         tokens = tuple(request.all_token_ids)
         previous = self.state_at.get(uid, (begin - 1) // p)
         current = cdiv(end, p) - 1
-        if begin and previous != -1 and not blocks[previous].is_null:
+        if begin and uid not in self.state_at and previous != -1 and not blocks[previous].is_null:
+            # the first step after the match resumes from the hit's block
             self.took_finding_32(m, blocks[previous], namespace, tokens[:begin])
         if previous != -1 and previous != current:
             if blocks[previous].is_null:
@@ -321,12 +329,12 @@ class MambaGroup:
     def took_finding_15(self, m: VllmHybridManager, request: HybridRequest, hit: int) -> bool:
         """Where counted, a hit the hit rule refuses that vLLM's lookup without finding 15's cause does not give,
         while the lookup so fixed keeps the rule: counted, and the hit stands."""
-        lookup = lookup_without_finding_15()
+        lookup = lookup_without_finding_15(type(m.coordinator).find_longest_cache_hit)
         if not (self.known_eagle_verified and m.rule.drop and lookup is not None):
             return False
         _, fixed, _ = lookup(m.coordinator, request.block_hashes, request.num_tokens - 1)
-        if fixed == hit:
-            return False
+        if fixed >= hit:
+            return False  # the bug only ever lengthens the hit
         try:
             m.judge_hit(-1, request, fixed)
         except IntegrityError:

@@ -1162,11 +1162,11 @@ EVICTED_SPAN = """
 import sys
 from radixspec.fuzz.regression import build_machine
 from radixspec.fuzz.stats import STATS
-from radixspec.fuzz.targets.sglang_hicache_storage import StorageLane
+from radixspec.fuzz.targets.sglang_hicache_storage import PrefetchInsertions
 if sys.argv[1:] == ["strict"]:
-    StorageLane.follow_inserts = lambda self, cache: None
+    PrefetchInsertions.follow = lambda self, cache: None
 state = build_machine("hybrid", targets=("sglang-hicache",), lru=None, device="cpu")()
-s0, = state.setup(page_size=32, num_pages=1074, windows=[(2, 20), (2, 23), None], first=[([6, 6, 4, 1], [1, 2, 3, 3])])
+s0, = state.setup(page_size=2, num_pages=1074, windows=[(2, 20), (2, 23), None], first=[([6, 6, 4, 1], [1, 2, 3, 3])])
 state.serve(namespace=None, tokens=s0)
 for _ in range(3):
     state.admit_batch(base=s0, cuts=[9, 9, 9], evict=0, namespace=None)

@@ -253,10 +253,11 @@ def replay_seed_2091399929() -> None:
 
 
 def replay_seed_3420444818() -> None:
-    """The unshrunk program of batch seed 3420444818."""
+    """The unshrunk program of batch seed 3420444818, at the page size it ran (drawn 32; since b017932 a production
+    pool keeps 32 as drawn)."""
     state = build_machine("hybrid", targets=("sglang-hicache",), lru=None, device="cpu")()
     (hybrid_seqs_0,) = state.setup(
-        page_size=32, num_pages=1074, windows=[(2, 20), (2, 23), None], first=[([6, 6, 4, 1], [1, 2, 3, 3])]
+        page_size=2, num_pages=1074, windows=[(2, 20), (2, 23), None], first=[([6, 6, 4, 1], [1, 2, 3, 3])]
     )
     state.caches_agree()
     state.managers_keep_the_laws()

@@ -75,11 +75,29 @@ def test_finding_15_found_again_is_finding_15s_cause_alone(monkeypatch: pytest.M
     import_mamba()
     from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 
-    fixed = lookup_without_finding_15()
+    fixed = lookup_without_finding_15(HybridKVCacheCoordinator.find_longest_cache_hit)
     assert fixed is not None, "vLLM's lookup no longer reads as 0.33.0's"
     uncounted(monkeypatch)
     monkeypatch.setattr(HybridKVCacheCoordinator, "find_longest_cache_hit", fixed)
     replay_seed_586989115()
+
+
+def test_finding_15_counted_does_not_hide_a_window_group_that_forgets_the_drop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counted, a bug of another cause still breaks the hit law: the window group's finder planted to ignore EAGLE's
+    drop lengthens the hit in vLLM's lookup and in the lookup without finding 15's cause alike."""
+    from radixspec.fuzz.targets.vllm_mamba import import_mamba
+
+    import_mamba()
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+
+    finder = SlidingWindowManager.find_longest_cache_hit.__func__
+
+    def forgets_the_drop(cls: type, *args: object, **kwargs: object) -> object:
+        return finder(cls, *args, **{**kwargs, "drop_eagle_block": False})
+
+    monkeypatch.setattr(SlidingWindowManager, "find_longest_cache_hit", classmethod(forgets_the_drop))
+    with pytest.raises(AssertionError, match="hit_is_the_longest_valid_match: request 30 hit 512 of 946 tokens"):
+        replay_seed_586989115()
 
 
 def test_finding_32_seen_from_a_request_is_counted() -> None:
