@@ -74,6 +74,8 @@ class FailureReport:
     reproduce: str = ""
     # found by a shallow batch (its machine is rebuilt shallow to replay it)
     shallow: bool = False
+    # found by a production batch (elsewhere a production pool drawn ran as a big one: replayed so)
+    production: bool = False
 
 
 @dataclass
@@ -206,4 +208,5 @@ def failure_report(spec: BatchSpec, exc: BaseException, found_at: float, reporte
         shrunk=spec.shrink,
         reproduce=reproduce,
         shallow=spec.shallow,
+        production=spec.production,
     )

@@ -293,6 +293,7 @@ class Campaign:
                 failure.reproduce,
                 failure.shallow,
                 campaign_seed=self.args.seed,
+                production=failure.production,
             )
             path: Path | None = None
             try:

@@ -70,7 +70,7 @@ BURST_RULE = rule(
     pages=st.sampled_from([1, 4, 16, 64]),
 )
 # the pages engines run, kept as drawn with a production pool even for a target whose own page sizes are smaller
-# (the pool, not the batch, decides: a regression file replays with production pools allowed). Programs recorded
+# (the pool, not the batch, decides: a production batch's regression file replays its pool). Programs recorded
 # before 2026-12-07 (b017932) with such a pool ran these at the target's own size
 PRODUCTION_PAGE_SIZES = (16, 32, 64)
 # small pools evict often; big ones let trees and keys grow (half and half: with two small draws in three, a planted

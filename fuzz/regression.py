@@ -41,10 +41,13 @@ def build_machine(
     lru: str | None = None,
     device: str = "cpu",
     shallow: bool = False,
+    production: bool = True,
 ) -> type[RuleBasedStateMachine]:
-    """The machine class a campaign ran (for a regression file: call it, then replay the steps; a replay draws
-    nothing, so production pools are allowed: a program a production batch found keeps its pool)."""
-    return machine_for(machine, targets, device, lru, shallow, production=True)
+    """The machine class a campaign ran (for a regression file: call it, then replay the steps). ``production``:
+    the program's batch was a production batch, whose pools it keeps; False for one of another batch, where a
+    production pool drawn ran as a big one (files written before 2026-12-07 name neither: replayed as
+    production)."""
+    return machine_for(machine, targets, device, lru, shallow, production=production)
 
 
 def regression_source(
@@ -60,9 +63,11 @@ def regression_source(
     reproduce: str = "",
     shallow: bool = False,
     campaign_seed: int | None = None,
+    production: bool = False,
 ) -> str:
     """The text of a pytest file replaying ``program`` (Hypothesis's printed steps)."""
     args = f"{machine!r}, targets={targets!r}, lru={lru!r}, device={device!r}" + (", shallow=True" if shallow else "")
+    args += ", production=True" if production else ", production=False"
     steps = []
     for statement in program:
         if re.fullmatch(r"state = \w+\(\)", statement.strip()):

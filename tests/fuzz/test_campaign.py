@@ -400,6 +400,29 @@ def test_every_other_batch_of_a_machine_is_shallow_and_its_failures_replay_shall
     source = regression_source(
         ["state = CacheMachine()"], "cache", ("reference",), None, "cpu", 1, "e", False, "t.py", "", report.shallow
     )
-    assert "build_machine('cache', targets=('reference',), lru=None, device='cpu', shallow=True)()" in source
+    assert (
+        "build_machine('cache', targets=('reference',), lru=None, device='cpu', shallow=True, production=False)()"
+        in source
+    )
     assert build_machine("cache", ("reference",), shallow=True).SHALLOW  # type: ignore[attr-defined]
     assert not build_machine("cache", ("reference",)).SHALLOW  # type: ignore[attr-defined]
+
+
+def test_a_regression_file_replays_the_pool_its_batch_ran() -> None:
+    """Outside a production batch a production pool drawn runs as a big one: the file of a failure there says so
+    and replays that pool; a production batch's keeps the pool drawn."""
+    from radixspec.fuzz.batches import BatchSpec, failure_report
+    from radixspec.fuzz.regression import build_machine, regression_source
+
+    error = AssertionError("differs")
+    error.add_note("state = HybridMachine()")
+    for production, pages in ((False, 41 + 5000 % 360), (True, 5000)):
+        spec = BatchSpec("hybrid", ("reference",), None, "cpu", 1, 0, 0, True, 0.0, 0.0, production=production)
+        report = failure_report(spec, error, 1.0, 2.0)
+        source = regression_source(
+            report.program, "hybrid", ("reference",), None, "cpu", 1, "e", False, "t.py", production=report.production
+        )
+        assert f"device='cpu', production={production})()" in source
+        state = build_machine("hybrid", ("reference",), production=production)()
+        state.setup(page_size=4, num_pages=5000, windows=[None], first=[([1], [1])])
+        assert state.num_pages == pages
