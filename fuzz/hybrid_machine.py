@@ -295,6 +295,8 @@ class HybridMachine(RuleBasedStateMachine):
                 self.workload = Workload.for_pool(num_pages * 131 + page_size, page_size, num_pages * page_size)
             target = info.hybrid_factory(page_size, self.windows, num_pages)
             self.foreign, self.windows, self.managers = True, target.windows, [target]
+            # the page sizes an engine's example ran, those engines run named (the reach of a campaign)
+            STATS.record_rule(f"hybrid.page_size[{page_size if page_size >= 16 else 'below 16'}]")
             self.laws = laws_for(target)
             self.page_counter = target if isinstance(target, CountsPages) else None
             return multiple(*first_sequences(self.page_size, first))

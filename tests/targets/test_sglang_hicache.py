@@ -1247,6 +1247,7 @@ for pool in (400, 1024):
         state.serve_burst(kind="multi-turn", pick=3, count=16, pages=4)
         state.managers_keep_the_laws()
         state.teardown()
+        print(STATS.rules["hybrid.page_size[64]"], STATS.rules["hybrid.page_size[below 16]"], end=" ")
         print(STATS.rules["hybrid.serve_burst[multi-turn]"], STATS.most_running_requests)
 """
 
@@ -1255,5 +1256,5 @@ def test_a_production_batch_draws_bursts_and_the_pages_engines_run() -> None:
     out = run(PRODUCTION_MACHINE)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     *words, running = out.stdout.split()
-    assert words == ["burst", "-", "2", "64", "1"], out.stdout
+    assert words == ["burst", "-", "2", "64", "1", "1", "1"], out.stdout
     assert int(running) >= 8, out.stdout
