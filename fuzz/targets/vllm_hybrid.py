@@ -130,10 +130,12 @@ class HybridRequest(RequestStandIn):
 def cached_keys(pool: Any) -> list[tuple[BlockView, bytes]]:
     """Every (block, hash key with group) the pool caches: a block's primary key and its partial entries."""
     found = []
+    partial = pool.cached_block_hashes_by_block
     for block in pool.blocks[1:]:
-        keys = [] if block.block_hash is None else [block.block_hash]
-        keys += pool.cached_block_hashes_by_block.get(block.block_id, ())
-        found += [(block, key) for key in keys]
+        if (key := block.block_hash) is not None:
+            found.append((block, key))
+        if partial and (keys := partial.get(block.block_id)):
+            found += [(block, key) for key in keys]
     return found
 
 
@@ -337,6 +339,8 @@ class VllmHybridManager:
         self.kv_copies: list[KVCopy] = []
         # a block hash -> (namespace, tokens, length): the prefix it names is tokens[:length]
         self.prefix_of: dict[bytes, PageKey] = {}
+        # a cached key (hash with group) -> its group, namespace and prefix (``entries``, read after every step)
+        self.entry_of: dict[bytes, tuple[int, Namespace, pc.Prefix]] = {}
         # finished requests' blocks the scheduler has not given back yet: (the chunk count that frees them, blocks)
         self.deferred: list[tuple[int, list[BlockView]]] = []
         self.chunks = 0
@@ -587,9 +591,13 @@ class VllmHybridManager:
     def entries(self) -> list[tuple[BlockView, int, Namespace, pc.Prefix]]:
         """Every entry the pool caches: (its block, its group, the namespace and prefix it names)."""
         found = []
+        entry_of = self.entry_of
         for block, key in cached_keys(self.pool):
-            namespace, prefix = self.prefix_of[self.utils.get_block_hash(key)]
-            found.append((block, self.utils.get_group_id(key), namespace, prefix))
+            if (entry := entry_of.get(key)) is None:
+                # a key names one group's entry of one prefix for good (hashes do not collide)
+                namespace, prefix = self.prefix_of[self.utils.get_block_hash(key)]
+                entry = entry_of[key] = (self.utils.get_group_id(key), namespace, prefix)
+            found.append((block, *entry))
         return found
 
     def cached_kv(self) -> list[CachedKV]:
