@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from radixspec.reference.hybrid_manager import HybridReq
 from radixspec.spec import hit_rules as hr
 from radixspec.spec import hybrid as hy
+from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 from radixspec.spec.errors import IntegrityError
 
@@ -132,6 +133,9 @@ class MambaGroup:
         self.group = -1
         # block id -> (namespace, tokens): the state it holds is of these tokens
         self.state = StateShadow()
+        # block id -> the entry's prefix and the state the block held when the check found it holding that
+        # prefix's state (a state written since is another object: the block is read again)
+        self.verified: dict[int, tuple[pc.Prefix, object]] = {}
         # request -> the block index of its running state (the worker's mamba_state_idx)
         self.state_at: dict[int, int] = {}
         # request -> where the scheduler's split ends the chunk allocated last
@@ -345,8 +349,11 @@ class MambaGroup:
     def check(self, m: VllmHybridManager, live_reqs: list[HybridReq]) -> None:
         """Every cached Mamba entry holds the state of its prefix; every live request's step resumes from its own."""
         for block, group, namespace, prefix in m.entries():
-            if group == self.group and not self.took_finding_32(m, block, namespace, prefix.tokens):
+            if group != self.group or self.verified.get(block.block_id) == (prefix, self.state.get(block.block_id)):
+                continue  # verified at an earlier check, the block's state not written since
+            if not self.took_finding_32(m, block, namespace, prefix.tokens):
                 self.check_state(-1, block, namespace, prefix.tokens, "cached_states_are_their_prefix")
+            self.verified[block.block_id] = (prefix, self.state.get(block.block_id))
         for req in live_reqs:
             if req.computed:
                 blocks = m.coordinator.get_blocks(str(req.uid))[self.group]

@@ -51,6 +51,25 @@ def test_a_resend_hits_inside_a_block_and_copies_the_tail_and_the_state() -> Non
     assert run(manager, 2, [*prompt[:27], 1, 2, 3]) == (24, [28, 30])
 
 
+def test_a_cached_state_overwritten_after_the_check_found_it_is_read_again() -> None:
+    """The check skips a cached Mamba block it found holding its entry's state while that state is not written
+    again; one written since is read again."""
+    from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
+    from radixspec.fuzz.targets.vllm_mamba import MambaGroup
+    from radixspec.spec.errors import IntegrityError
+
+    manager = VllmHybridManager(8, (None,), 64, unit=8, mamba=MambaGroup(checkpoints=False))
+    run(manager, 0, list(range(100, 130)))
+    mamba = manager.mamba
+    assert mamba is not None and mamba.verified, "the check found no cached state"
+    block = next(iter(mamba.verified))
+    namespace, tokens = mamba.state.get(block) or (None, ())
+    mamba.check(manager, [])  # skipped: nothing written since
+    mamba.state.write(block, namespace, tokens[:-1])
+    with pytest.raises(IntegrityError, match="cached_states_are_their_prefix: the cache"):
+        mamba.check(manager, [])
+
+
 def test_a_window_group_turns_hits_inside_a_block_off() -> None:
     from radixspec.fuzz.targets.vllm_hybrid import VllmHybridManager
     from radixspec.fuzz.targets.vllm_mamba import MambaGroup
