@@ -229,6 +229,8 @@ class RequestStandIn:
         self.prompt_embeds = None
         self.request_id = str(request_id)
         self.session_id = None
+        # "full": a hit's blocks are announced again as events (a gateway's requests; vllm_hybrid.REANNOUNCED)
+        self.kv_cache_report_mode = "incremental"
 
 
 class VLLMPrefixCache:

@@ -139,6 +139,16 @@ def cached_keys(pool: Any) -> list[tuple[BlockView, bytes]]:
     return found
 
 
+class StoredEvent(Protocol):
+    """What the replay reads of vLLM's ``BlockStored`` (a hit's re-announcement)."""
+
+    block_hashes: list[object]
+    token_ids: list[int]
+    block_size: int
+    parent_block_hash: object
+    group_idx: int | None
+
+
 class GroupReplay:
     """The pool's KV events replayed from empty, group by group, as a router reads them.
 
@@ -161,6 +171,9 @@ class GroupReplay:
         self.keys: dict[object, PageKey] = {}
         # a block hash -> as the events name it (vLLM's maybe_convert_block_hash reads the environment per call)
         self.converted: dict[bytes, object] = {}
+        # a hit re-announced names its null blocks and a partial hit's block too (finding 33): counted, the checks
+        # go on
+        self.known_reannounced = True
 
     def external(self, block_hash: bytes) -> object:
         """``block_hash`` as the events name it."""
@@ -205,6 +218,49 @@ class GroupReplay:
             if kind == "AllBlocksCleared" or group in self.full:
                 for g in self.full if kind == "AllBlocksCleared" else (group,):
                     self.full[g].apply(ev.from_block_events([event], lambda extra: namespace))
+
+    def reannounced(
+        self,
+        events: list[StoredEvent],
+        request: HybridRequest,
+        namespace: Namespace,
+        hit: Sequence[Sequence[BlockView]],
+        length: int,
+    ) -> None:
+        """The events of a hit re-announced (``kv_cache_report_mode`` "full"): each names an entry its group's
+        stream holds (so a router learns no block the pool does not cache), keyed by the prefix of the tokens it
+        carries; the counts do not change (the pool cached nothing new). ``hit``: the hit's blocks per group,
+        ``length`` its tokens. Finding 33, counted where ``known_reannounced``: a null block of the hit (a window's
+        skipped block, a state group's block before its state) named all the same, and the block a hit inside a
+        block ends in named by its whole block's hash, which the pool need not cache."""
+        STATS.events_replayed += len(events)
+        for event in events:
+            group = getattr(event, "group_idx", None) or 0
+            if type(event).__name__ != "BlockStored" or event.parent_block_hash is not None:
+                raise IntegrityError(
+                    f"reannounced_blocks_are_cached: a hit re-announced for request {request.request_id} emits"
+                    f" {type(event).__name__} (parent {event.parent_block_hash!r}), not a BlockStored from the start"
+                )
+            pages = [
+                tuple(event.token_ids[start : start + self.unit]) for start in range(0, len(event.token_ids), self.unit)
+            ]
+            per_block = max(1, event.block_size // self.unit)
+            prefix: pc.Prefix | None = None
+            for index, block_hash in enumerate(event.block_hashes):
+                for page in pages[index * per_block : (index + 1) * per_block]:
+                    prefix = pc.Prefix.extend(prefix, page)
+                if self.counts[group][block_hash] > 0 and self.keys.get(block_hash) == (namespace, prefix):
+                    continue
+                null = index < len(hit[group]) and hit[group][index].is_null
+                if self.known_reannounced and (null or (index + 1) * event.block_size > length):
+                    STATS.record_rule(f"vllm-hybrid.known: {FINDING_33}")
+                else:
+                    held = "held" if self.counts[group][block_hash] > 0 else "not held"
+                    raise IntegrityError(
+                        f"reannounced_blocks_are_cached: request {request.request_id}'s hit re-announces block"
+                        f" {index} of group {group} ({ev.describe_hash(block_hash)}, {held} by the stream) for"
+                        f" {len(event.token_ids)} tokens; the pool caches no such entry of that prefix"
+                    )
 
     def check(self, pool: Any) -> None:
         """The replay holds exactly the pool's cached entries, per group, as many times as the pool holds each."""
@@ -421,6 +477,8 @@ class VllmHybridManager:
         except IntegrityError:
             if self.mamba is None or not self.mamba.took_finding_15(self, request, hit):
                 raise
+        if hit and self.replay is not None and req.uid % REANNOUNCED == REANNOUNCED - 1:
+            self.reannounce(request, blocks, hit, req.namespace)
         request.shared_prefix_boundary = hit + uncached if uncached else 0
         self.requests[req.uid] = request
         self.namespaces[req.uid] = req.namespace
@@ -434,6 +492,27 @@ class VllmHybridManager:
         self.take_events(request, req.namespace)
         if self.mamba is not None:
             self.mamba.matched(self, req)
+
+    def reannounce(
+        self, request: HybridRequest, blocks: Sequence[Sequence[BlockView]], hit: int, namespace: Namespace
+    ) -> None:
+        """KVCacheManager.get_computed_blocks for a request of ``kv_cache_report_mode`` "full" (a gateway's): the
+        hit's blocks stored again as events, so that a router learns what the request reused."""
+        STATS.record_rule("vllm-hybrid.events[a hit re-announced]")
+        self.take_events(request, namespace)
+        request.kv_cache_report_mode = "full"
+        assert self.replay is not None
+        try:
+            self.coordinator.emit_cached_block_events(request, tuple(blocks))
+        except IndexError:
+            # a hit inside the block the prompt ends in: the request has no whole hash for that block, and vLLM's
+            # get_computed_blocks raises (vllm#57358); the groups announced before it are dropped with it
+            if not self.replay.known_reannounced:
+                raise
+            STATS.record_rule(f"vllm-hybrid.known: {FINDING_33}: IndexError (vllm#57358)")
+            self.pool.take_events()
+            return
+        self.replay.reannounced(self.pool.take_events(), request, namespace, blocks, hit)
 
     def learn(self, request: HybridRequest, namespace: Namespace) -> None:
         """The page each of ``request``'s new hashes names (one every hash unit): its namespace and prefix, built on
@@ -642,6 +721,10 @@ def lookahead_hashes(v: types.ModuleType) -> bool:
 
 
 EAGLE_MODES = ("off", "drop", "lookahead")
+# one request in REANNOUNCED has its hit's blocks announced again (kv_cache_report_mode "full": a gateway's)
+REANNOUNCED = 4
+# finding 33 (docs/findings.md)
+FINDING_33 = "a hit re-announced names blocks the group does not cache under those hashes (finding 33)"
 
 
 # prefix_cache_retention_interval, in blocks: 0 (vLLM's default: the replay boundary and the shared-prefix

@@ -468,6 +468,90 @@ def test_vllm_window_block_stored_under_default_retention_names_one_hash_for_fiv
     assert window == {"group": 1, "hashes": [4], "tokens": 20, "block_size": 4, "parent": None}
 
 
+VLLM_REANNOUNCED_NULL_BLOCKS = """import json
+from types import SimpleNamespace
+from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
+
+v = import_hybrid()  # vLLM's own modules on a CPU-only machine; in vLLM's environment, import them directly
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_coordinator import get_kv_cache_coordinator
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, maybe_convert_block_hash
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,
+                                        SlidingWindowSpec)
+import torch
+
+# a model with full-attention and sliding-window (W = 5) layers, block size 4, vLLM's default retention (0)
+specs = [FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32),
+         SlidingWindowSpec(block_size=4, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=5)]
+tensor = KVCacheTensor(size=64 * 32, layers=["f", "w"], layer_stride=0, block_stride=32)
+config = KVCacheConfig(num_blocks=64, kv_cache_tensors=[tensor],
+                       kv_cache_groups=[KVCacheGroupSpec(["f"], specs[0]), KVCacheGroupSpec(["w"], specs[1])],
+                       prefix_cache_retention_interval=0)
+coordinator = get_kv_cache_coordinator(config, max_model_len=4096, max_in_flight_tokens=4096, use_eagle=False,
+                                       enable_caching=True, enable_kv_cache_events=True, dcp_world_size=1,
+                                       pcp_world_size=1, scheduler_block_size=4, hash_block_size=4)
+hasher = get_request_block_hasher(4, sha256)
+tokens = list(range(100, 122))  # 22 tokens: 5 whole blocks
+
+
+def request(rid, mode):
+    r = SimpleNamespace(request_id=rid, all_token_ids=tokens, num_tokens=22, num_prompt_tokens=22,
+                        num_computed_tokens=0, block_hashes=[], lora_request=None, cache_salt=None,
+                        mm_features=[], prompt_embeds=None, session_id=None, shared_prefix_boundary=0,
+                        kv_cache_report_mode=mode)
+    r.block_hashes = hasher(r)
+    return r
+
+
+wire = lambda hashes: [maybe_convert_block_hash(h) for h in hashes]  # the hashes as the events carry them
+a = request("a", "incremental")
+# KVCacheManager.allocate_slots for the whole prompt (no hit), then its blocks are cached; A finishes
+coordinator.allocate_new_blocks("a", 22, 22)
+coordinator.cache_blocks(a, 22)
+stored = coordinator.block_pool.take_events()
+coordinator.free("a")
+# B, the same prompt, from a gateway (kv_cache_report_mode "full"): KVCacheManager.get_computed_blocks
+b = request("b", "full")
+blocks, hit, _ = coordinator.find_longest_cache_hit(b.block_hashes, 21)
+coordinator.emit_cached_block_events(b, blocks)  # what get_computed_blocks does for a "full" request with a hit
+reannounced = coordinator.block_pool.take_events()
+names = wire(a.block_hashes)
+pool = coordinator.block_pool
+print(json.dumps({
+    "hit": hit,
+    "hit_blocks": [[blk.block_id if not blk.is_null else None for blk in g] for g in blocks],
+    "stored": [{"group": e.group_idx, "hashes": [names.index(h) for h in e.block_hashes]} for e in stored],
+    "reannounced": [{"group": e.group_idx, "hashes": [names.index(h) for h in e.block_hashes],
+                     "tokens": len(e.token_ids)} for e in reannounced],
+    "window_group_caches": [i for i, h in enumerate(a.block_hashes) if pool.get_cached_block(h, [1])],
+}))
+"""
+
+
+@needs_vllm
+def test_vllm_a_hit_reannounced_names_window_blocks_the_window_group_never_cached() -> None:
+    """Finding 33 (vllm-hybrid, a request of kv_cache_report_mode "full", as a gateway sends them): the full group
+    caches blocks 0-4 of a 22-token prompt (P = 4), the window group (W = 5, vLLM's default retention) only block 4,
+    and the stream says so. A second request with the same prompt hits 20 tokens: its window blocks 0-3 are null
+    blocks, yet get_computed_blocks' re-announcement names hashes 0-4 for the window group too. A consumer that
+    indexes each group learns four window blocks never stored, and no BlockRemoved ever takes them back. vllm#57358
+    (open) reports the same cause as a crash (an IndexError under Mamba align) and would skip null blocks."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", VLLM_REANNOUNCED_NULL_BLOCKS], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["hit"] == 20 and [block is None for block in seen["hit_blocks"][1]] == [True] * 4 + [False]
+    assert seen["stored"] == [{"group": 0, "hashes": [0, 1, 2, 3, 4]}, {"group": 1, "hashes": [4]}]
+    assert seen["window_group_caches"] == [4]
+    assert seen["reannounced"] == [
+        {"group": 0, "hashes": [0, 1, 2, 3, 4], "tokens": 20},
+        {"group": 1, "hashes": [0, 1, 2, 3, 4], "tokens": 20},
+    ]
+
+
 VLLM_EAGLE_VERIFIED_STALE = """import json
 from types import SimpleNamespace
 from radixspec.fuzz.targets.vllm_mamba import import_mamba

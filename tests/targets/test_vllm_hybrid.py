@@ -180,3 +180,43 @@ def test_each_check_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
 
 def test_a_campaign_without_a_plant_is_clean(tmp_path: Path) -> None:
     assert_clean("vllm-hybrid", tmp_path, examples=400)
+
+
+@pytest.mark.parametrize(
+    ("groups", "counted"), [("window", "counted"), ("window", "uncounted"), ("dense", "uncounted")]
+)
+def test_finding_33_a_hit_reannounced_names_the_window_blocks_it_skipped(groups: str, counted: str) -> None:
+    """Finding 33 (docs/findings.md; standalone: ``VLLM_REANNOUNCED_NULL_BLOCKS``). P = 4, W = 5, vLLM's default
+    retention: three requests of one 22-token prompt are served; the fourth is a gateway's (kv_cache_report_mode
+    "full") and hits 20 tokens, its window blocks 0-3 null. vLLM re-announces hashes 0-4 for the window group, which
+    caches only block 4: the target counts the four (``counted``); uncounted, ``reannounced_blocks_are_cached``
+    names block 0 of the window group. A dense model's re-announcement names only what its group caches."""
+    from radixspec.fuzz.stats import STATS
+    from radixspec.fuzz.targets.vllm_hybrid import FINDING_33, REANNOUNCED, VllmDenseManager, VllmHybridManager
+    from radixspec.reference.hybrid_manager import HybridReq
+    from radixspec.spec.errors import IntegrityError
+
+    make = VllmHybridManager if groups == "window" else VllmDenseManager
+    manager = make(4, (None, 5), 32, retention=0)
+    assert manager.replay is not None
+    manager.replay.known_reannounced = counted == "counted"
+    prompt = list(range(100, 122))
+    for uid in range(REANNOUNCED - 1):
+        req = HybridReq(uid, list(prompt))
+        manager.match_req(req)
+        manager.allocate_paged(req, len(prompt))
+        manager.store(req, len(prompt) - req.computed)
+        manager.cache_req(req, finished=True)
+    known, announced = f"vllm-hybrid.known: {FINDING_33}", "vllm-hybrid.events[a hit re-announced]"
+    before = (STATS.rules[known], STATS.rules[announced])
+    req = HybridReq(REANNOUNCED - 1, list(prompt))
+    if groups == "window" and counted == "uncounted":
+        with pytest.raises(
+            IntegrityError, match="reannounced_blocks_are_cached: request 3's hit re-announces block 0 of group 1"
+        ):
+            manager.match_req(req)
+        return
+    manager.match_req(req)
+    manager.check_integrity([req])
+    found = 4 if groups == "window" else 0
+    assert req.cached_len == 20 and (STATS.rules[known], STATS.rules[announced]) == (before[0] + found, before[1] + 1)
