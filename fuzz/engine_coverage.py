@@ -171,8 +171,18 @@ class ModuleCoverage:
 
 def listed_bodies(source: str, names: Iterable[str]) -> tuple[dict[str, list[range]], tuple[str, ...]]:
     """The lines of the bodies of each function ``names`` lists by qualified name (``Class.method``; a class: every
-    method's; a name defined twice: both), and the names the source does not define. Bodies only: a ``def`` line
-    and a class's own statements run when the module is imported."""
+    method's; a name defined twice: both), and the names the source does not define."""
+    bodies = all_bodies(source)
+    wanted = list(names)
+    return {name: bodies[name] for name in wanted if name in bodies}, tuple(
+        name for name in wanted if name not in bodies
+    )
+
+
+def all_bodies(source: str) -> dict[str, list[range]]:
+    """The lines of the body of every function and class the source defines, by qualified name (a class: every
+    method's; a function nested in another is the outer one's). Bodies only: a ``def`` line and a class's own
+    statements run when the module is imported."""
     bodies: dict[str, list[range]] = {}
 
     def visit(node: ast.AST, prefix: str) -> list[range]:
@@ -192,10 +202,7 @@ def listed_bodies(source: str, names: Iterable[str]) -> tuple[dict[str, list[ran
         return found
 
     visit(ast.parse(source), "")
-    wanted = list(names)
-    return {name: bodies[name] for name in wanted if name in bodies}, tuple(
-        name for name in wanted if name not in bodies
-    )
+    return bodies
 
 
 def set_apart(
