@@ -10,11 +10,15 @@ prefixes; these are its shapes, each a ``Kind``:
 * ``FEW_SHOT``: the system prompt and one of a few templates of worked examples, then a fresh question;
 * ``DOCUMENT``: one of a few long retrieved documents, then a fresh question;
 * ``TENANTS``: the system prompt and a fresh turn under another namespace (a salt, a LoRA): it must never hit
-  what another tenant cached (the machine draws the namespace).
+  what another tenant cached (the machine draws the namespace);
+* ``VISION``: the system prompt, one of a few images, then a fresh question: image ``k``'s placeholder tokens are
+  ``IMAGE_TOKEN + k`` (the image's identity in its tokens, as SGLang keys an image by pad values of its hash); a
+  target whose engine takes one placeholder id and the image as a multimodal feature (vLLM's) translates them
+  (``image_runs``), so two images at one place must never share a block.
 
 One ``Workload`` per example holds the shared parts (drawn from its seed) and the conversations (the requests
 that finished); its sizes follow the pool, so that prompts fit and still press on it. Token ids lie in
-[1000, 30000): no page pattern of ``sequences.py`` uses them, and every engine's vocabulary holds them.
+[1000, 30000) (images' placeholders from ``IMAGE_TOKEN``): no page pattern of ``sequences.py`` uses them.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ CONVERSATIONS = 16
 MOST_PROMPT_TOKENS, MOST_SYSTEM_TOKENS = 4_096, 1_024
 # a fresh turn's tokens at most (a user turn, a question, a tool call)
 MOST_TURN_TOKENS = 1_024
+# image k's placeholder tokens (k < IMAGES, each image flanked by text), and an image's tokens at most (576: a
+# LLaVA image; a share of the prompt budget below that)
+IMAGE_TOKEN, IMAGES, MOST_IMAGE_TOKENS = 1_000_000, 4, 576
 
 
 class Kind(StrEnum):
@@ -43,6 +50,7 @@ class Kind(StrEnum):
     FEW_SHOT = "few-shot"
     DOCUMENT = "document"
     TENANTS = "tenants"
+    VISION = "vision"
 
 
 def tokens_of(seed: int, part: int, count: int) -> tuple[int, ...]:
@@ -66,6 +74,7 @@ class Workload:
     system: tuple[int, ...] = ()
     templates: tuple[tuple[int, ...], ...] = ()
     documents: tuple[tuple[int, ...], ...] = ()
+    images: tuple[tuple[int, ...], ...] = ()
     # whole sequences of finished requests (prompt and answer), the newest last
     conversations: list[tuple[int, ...]] = field(default_factory=list)
     # fresh parts handed out so far (each fresh turn differs from every other)
@@ -80,7 +89,13 @@ class Workload:
         system = tokens_of(seed, 0, max(1, min(pool_tokens // 8, MOST_SYSTEM_TOKENS) + page_size // 2))
         templates = tuple(system + tokens_of(seed, 1 + i, max(1, budget // 8 * (i + 1))) for i in range(3))
         documents = tuple(tokens_of(seed, 10 + i, max(1, budget * 3 // 4 - i * page_size)) for i in range(3))
-        return cls(seed, page_size, budget, system, templates, documents)
+        # images of different lengths, after the system prompt's partial page: an image starts inside a page, and
+        # most end inside one
+        images = tuple(
+            (IMAGE_TOKEN + i,) * max(1, min(budget // 4, MOST_IMAGE_TOKENS) + 1 + i * (page_size // 3 + 1))
+            for i in range(IMAGES)
+        )
+        return cls(seed, page_size, budget, system, templates, documents, images)
 
     def turn(self, pages: int) -> tuple[int, ...]:
         """A fresh user turn (or question, or tool call) of about ``pages`` pages (at most ``MOST_TURN_TOKENS``),
@@ -98,6 +113,8 @@ class Workload:
             prompt = self.templates[pick % len(self.templates)] + turn
         elif kind == Kind.DOCUMENT:
             prompt = self.documents[pick % len(self.documents)] + turn
+        elif kind == Kind.VISION:
+            prompt = self.system + self.images[pick % len(self.images)] + turn
         elif not self.conversations:
             prompt = self.system + turn  # the first turn of a conversation
         else:
@@ -118,3 +135,19 @@ class Workload:
         """A request finished with ``sequence`` (its prompt and its answer): a conversation to continue."""
         self.conversations.append(sequence)
         del self.conversations[:-CONVERSATIONS]
+
+
+def image_runs(tokens: list[int]) -> list[tuple[int, int, int]]:
+    """The images among ``tokens``, as ``(image, offset, length)``: each run of one image's placeholder tokens."""
+    runs: list[tuple[int, int, int]] = []
+    if not tokens or max(tokens) < IMAGE_TOKEN:
+        return runs
+    for position, token in enumerate(tokens):
+        if token < IMAGE_TOKEN:
+            continue
+        image = token - IMAGE_TOKEN
+        if runs and runs[-1][0] == image and runs[-1][1] + runs[-1][2] == position:
+            runs[-1] = (image, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((image, position, 1))
+    return runs

@@ -6,7 +6,6 @@ tensors). One process holds either these stubs or the legacy ``sglang`` target's
 
 from __future__ import annotations
 
-import ast
 import importlib
 import os
 import sys
@@ -15,7 +14,17 @@ from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .shims import bare, import_with_stand_ins, importable, install, package_root, register, stub, stub_any
+from .shims import (
+    bare,
+    compiled_from,
+    import_with_stand_ins,
+    importable,
+    install,
+    package_root,
+    register,
+    stub,
+    stub_any,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -70,16 +79,8 @@ def common_helpers(root: Path) -> dict[str, object]:
 
     import torch
 
-    path = root / "srt" / "utils" / "common.py"
-    functions = [
-        node
-        for node in ast.parse(path.read_text()).body
-        if isinstance(node, ast.FunctionDef) and node.name in COMMON_HELPERS
-    ]
     namespace: dict[str, object] = {"torch": torch, "Optional": Optional, "array": array, "List": list}
-    body: list[ast.stmt] = list(functions)
-    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
-    return {name: namespace[name] for name in COMMON_HELPERS}
+    return compiled_from(root / "srt" / "utils" / "common.py", COMMON_HELPERS, namespace)
 
 
 def import_unified_cache() -> types.ModuleType:

@@ -14,6 +14,7 @@ with the reason for each stub; docs/targets.md says what each target needs.
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import sys
@@ -67,6 +68,20 @@ def importable(name: str) -> bool:
     """True when ``import name`` would succeed: a module in sys.modules already (another adapter's stand-in
     included, whose ``__spec__`` is None: ``find_spec`` raises on it) or one found on the path."""
     return sys.modules.get(name) is not None or importlib.util.find_spec(name) is not None
+
+
+def compiled_from(path: Path, names: Iterable[str], namespace: dict[str, object]) -> dict[str, object]:
+    """The functions ``names`` of the peer's file ``path``, compiled from its own source in ``namespace`` (the
+    names they read), where importing the file would need what a CPU-only machine lacks."""
+    wanted = set(names)
+    body: list[ast.stmt] = [
+        node for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef) and node.name in wanted
+    ]
+    missing = wanted - {node.name for node in body if isinstance(node, ast.FunctionDef)}
+    if missing:
+        raise ImportError(f"{path} defines no {', '.join(sorted(missing))}")
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
+    return {name: namespace[name] for name in wanted}
 
 
 def stub(name: str, **attributes: object) -> types.ModuleType:

@@ -25,6 +25,7 @@ slots ``(b - 1) * P ...``.
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import re
 import sys
@@ -37,7 +38,7 @@ from radixspec.spec import prefix_cache as pc
 from radixspec.spec.domains import Namespace
 
 from .api import PageKey, Profile, TargetInfo
-from .shims import Recorded, bare, importable, never, package_root, register, stub, stub_any
+from .shims import Recorded, bare, compiled_from, importable, never, package_root, register, stub, stub_any
 
 VERSION = "0.33.0"
 # vLLM's cache modules that --coverage measures: the block pool (with the prefix hashes), the coordinator and its
@@ -142,7 +143,9 @@ def import_vllm() -> types.ModuleType:
     for name in ("vllm", "vllm.distributed", "vllm.config", "vllm.multimodal", "vllm.v1", "vllm.v1.core", "vllm.utils"):
         bare(name, root.joinpath(*name.split(".")[1:]))
     bare("vllm.v1.metrics", root / "v1" / "metrics")
-    stub("vllm.multimodal.utils", get_mm_features_in_window=never)
+    # the prefix hasher's one multimodal helper (its module imports PIL and the media loaders), from its own source
+    window = compiled_from(root / "multimodal" / "utils.py", ["get_mm_features_in_window"], {"bisect": bisect})
+    stub("vllm.multimodal.utils", **window)
     stub("vllm.v1.metrics.stats", KVCacheEvictionEvent=Recorded)
     stub("vllm.v1.request", Request=object)  # annotations only: the adapter passes its own stand-in
     stub("vllm.v1.utils", tensor_data=never, ConstantList=list)

@@ -38,7 +38,8 @@ import inspect
 import types
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from copy import copy as shallow_copy
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from radixspec.reference.hybrid_manager import HybridReq
@@ -51,6 +52,7 @@ from radixspec.spec.errors import IntegrityError, OutOfPagesError
 
 from ..lifecycle import CachedKV, KVCopy, hit_law
 from ..stats import STATS
+from ..workloads import IMAGE_TOKEN, image_runs
 from .api import LifecycleProfile, PageKey, Profile, TargetInfo
 from .shims import install
 from .vllm import COORDINATOR_MODULES, VERSION, BlockView, RequestStandIn, import_vllm
@@ -99,8 +101,30 @@ def import_hybrid() -> types.ModuleType:
     return modules
 
 
+@dataclass(frozen=True)
+class Placeholder:
+    """vLLM's ``PlaceholderRange``, as the hasher reads it: where an image's placeholder tokens are."""
+
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class ImageFeature:
+    """vLLM's ``MultiModalFeatureSpec``, as the hasher reads it: the image's identity (its hash) and place."""
+
+    identifier: str
+    mm_position: Placeholder
+
+
+# the one token id vLLM's prompt holds at every image position (the image is told by its multimodal feature)
+PLACEHOLDER = IMAGE_TOKEN - 1
+
+
 class HybridRequest(RequestStandIn):
-    """What the coordinator, its managers, the pool and the hasher read of a ``vllm.v1.request.Request``."""
+    """What the coordinator, its managers, the pool and the hasher read of a ``vllm.v1.request.Request``: the
+    machine's ``tokens`` with each image (``fuzz/workloads.py``) as vLLM's prompt holds it, its positions one
+    placeholder token id and the image a multimodal feature (``tokens`` stays the spec's view)."""
 
     def __init__(
         self,
@@ -109,7 +133,9 @@ class HybridRequest(RequestStandIn):
         request_id: int,
         hasher: Callable[[RequestStandIn], list[bytes]],
     ) -> None:
-        super().__init__(list(tokens), cache_salt, request_id)
+        super().__init__([], cache_salt, request_id)
+        self.tokens: list[int] = []
+        self.see(tokens)
         self.hasher = hasher
         self.num_prompt_tokens = len(tokens)
         self.num_computed_tokens = 0
@@ -121,10 +147,49 @@ class HybridRequest(RequestStandIn):
         self.replay_learnt = 0
         self.rehash()
 
+    def see(self, tokens: list[int]) -> None:
+        """The request's tokens are ``tokens`` (its own, extended): vLLM's prompt and features follow."""
+        self.tokens[:] = tokens
+        runs = image_runs(self.tokens)
+        self.all_token_ids[:] = self.tokens
+        for _, offset, length in runs:
+            self.all_token_ids[offset : offset + length] = [PLACEHOLDER] * length
+        self.mm_features = [
+            ImageFeature(f"image-{image}", Placeholder(offset, length)) for image, offset, length in runs
+        ]
+
     def rehash(self) -> None:
         """Request.__init__ and append_output_token_ids: hash every new whole block."""
         self.num_tokens = len(self.all_token_ids)
         self.block_hashes.extend(self.hasher(self))
+
+
+def spec_tokens(event: StoredEvent) -> list[int]:
+    """A ``BlockStored``'s tokens as the machine knows them: each image's placeholders told by the block's
+    multimodal extra keys (published untagged: ``(identifier, offset in the block)``; a salt is a bare string), as
+    a router that keys images reads them. A placeholder no key names stays one (its page none of the machine's)."""
+    tokens = list(event.token_ids)
+    if PLACEHOLDER not in tokens or not event.extra_keys:
+        return tokens
+    size = event.block_size
+    for index, keys in enumerate(event.extra_keys):
+        for key in keys or ():
+            if isinstance(key, tuple | list) and len(key) == 2:
+                image = IMAGE_TOKEN + int(str(key[0]).removeprefix("image-"))
+                position = index * size + max(0, int(key[1]))
+                while position < min(len(tokens), (index + 1) * size) and tokens[position] == PLACEHOLDER:
+                    tokens[position] = image
+                    position += 1
+    return tokens
+
+
+def with_spec_tokens(event: StoredEvent) -> StoredEvent:
+    """A ``BlockStored`` with ``spec_tokens`` (the same event where it names no image)."""
+    if PLACEHOLDER not in event.token_ids:
+        return event
+    stored = shallow_copy(event)
+    stored.token_ids = spec_tokens(event)
+    return stored
 
 
 def cached_keys(pool: Any) -> list[tuple[BlockView, bytes]]:
@@ -147,6 +212,7 @@ class StoredEvent(Protocol):
     block_size: int
     parent_block_hash: object
     group_idx: int | None
+    extra_keys: list[tuple[object, ...] | None] | None
 
 
 class GroupReplay:
@@ -217,7 +283,8 @@ class GroupReplay:
                     self.counts[group][block_hash] -= 1
             if kind == "AllBlocksCleared" or group in self.full:
                 for g in self.full if kind == "AllBlocksCleared" else (group,):
-                    self.full[g].apply(ev.from_block_events([event], lambda extra: namespace))
+                    stored = with_spec_tokens(event) if kind == "BlockStored" else event
+                    self.full[g].apply(ev.from_block_events([stored], lambda extra: namespace))
 
     def reannounced(
         self,
@@ -241,9 +308,8 @@ class GroupReplay:
                     f"reannounced_blocks_are_cached: a hit re-announced for request {request.request_id} emits"
                     f" {type(event).__name__} (parent {event.parent_block_hash!r}), not a BlockStored from the start"
                 )
-            pages = [
-                tuple(event.token_ids[start : start + self.unit]) for start in range(0, len(event.token_ids), self.unit)
-            ]
+            tokens = spec_tokens(event)
+            pages = [tuple(tokens[start : start + self.unit]) for start in range(0, len(tokens), self.unit)]
             per_block = max(1, event.block_size // self.unit)
             prefix: pc.Prefix | None = None
             for index, block_hash in enumerate(event.block_hashes):
@@ -471,6 +537,8 @@ class VllmHybridManager:
         self.coordinator.new_step_starts()  # each operation is a step of its own: the stores before it are done
         salt = None if req.namespace is None else repr(req.namespace)
         request = HybridRequest(req.input_ids, salt, req.uid, self.hasher)
+        if request.mm_features:
+            STATS.record_rule("vllm-hybrid.request[with an image]")
         blocks, hit, uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)
         try:
             self.judge_hit(req.uid, request, hit)
@@ -518,7 +586,7 @@ class VllmHybridManager:
         """The page each of ``request``'s new hashes names (one every hash unit): its namespace and prefix, built on
         the last one's (the spec's interned prefixes: hashed in O(1))."""
         done, parent = request.learnt
-        hashes, tokens, unit = request.block_hashes, request.all_token_ids, self.unit
+        hashes, tokens, unit = request.block_hashes, request.tokens, self.unit
         for index in range(done, min(len(hashes), len(tokens) // unit)):
             parent = pc.Prefix.extend(parent, tuple(tokens[index * unit : (index + 1) * unit]))
             self.prefix_of.setdefault(hashes[index], (namespace, parent))
@@ -596,8 +664,8 @@ class VllmHybridManager:
     def sync(self, req: HybridReq) -> HybridRequest:
         """The request, with the tokens it decoded since (hashed as Request.append_output_token_ids does)."""
         request = self.requests[req.uid]
-        if len(request.all_token_ids) < len(req.input_ids):
-            request.all_token_ids[:] = req.input_ids
+        if len(request.tokens) < len(req.input_ids):
+            request.see(req.input_ids)
             request.rehash()
             self.learn(request, req.namespace)
         return request

@@ -227,7 +227,7 @@ class MambaGroup:
         """preprocess_mamba, the forward and the prefill checkpoint of [begin, end)."""
         uid, p = int(request.request_id), m.page_size
         blocks = m.coordinator.get_blocks(request.request_id)[self.group]
-        tokens = tuple(request.all_token_ids)
+        tokens = tuple(request.tokens)
         previous = self.state_at.get(uid, (begin - 1) // p)
         current = cdiv(end, p) - 1
         if begin and uid not in self.state_at and previous != -1 and not blocks[previous].is_null:
@@ -357,7 +357,7 @@ class MambaGroup:
         for req in live_reqs:
             if req.computed:
                 blocks = m.coordinator.get_blocks(str(req.uid))[self.group]
-                tokens = tuple(m.requests[req.uid].all_token_ids[: req.computed])
+                tokens = tuple(m.requests[req.uid].tokens[: req.computed])
                 block = blocks[(req.computed - 1) // m.page_size]
                 self.check_state(req.uid, block, req.namespace, tokens, "state_resumes_from_its_prefix")
 

@@ -9,7 +9,7 @@ import pytest
 from radixspec.fuzz.regression import build_machine
 from radixspec.fuzz.sequences import NAMESPACE_PALETTE
 from radixspec.fuzz.stats import STATS
-from radixspec.fuzz.workloads import FIRST_TOKEN, TOKEN_SPAN, Kind, Workload, tokens_of
+from radixspec.fuzz.workloads import FIRST_TOKEN, IMAGE_TOKEN, TOKEN_SPAN, Kind, Workload, image_runs, tokens_of
 
 
 def test_a_shared_part_is_the_same_for_its_seed_and_unlike_any_other() -> None:
@@ -42,6 +42,23 @@ def test_each_kind_shares_its_prefix_and_ends_in_a_fresh_turn() -> None:
     assert branch[:cut] == answered[:cut] and len(branch) > cut and set(branch[cut:]).isdisjoint(answered)
     for kind in Kind:
         assert all(len(workload.prompt(kind, pick, 4)) <= workload.budget for pick in range(10))
+
+
+def test_a_vision_prompt_is_the_system_prompt_an_image_and_a_fresh_question() -> None:
+    """Image k's placeholders are IMAGE_TOKEN + k; the images differ in length, start inside a page (after the system
+    prompt's partial page) and here end inside one; ``image_runs`` finds each (the same image twice in a row is one
+    run)."""
+    workload = Workload.for_pool(seed=5, page_size=4, pool_tokens=1024)
+    system = workload.system
+    first, second = workload.prompt(Kind.VISION, 0, 1), workload.prompt(Kind.VISION, 1, 1)
+    image = workload.images[0]
+    assert first[: len(system)] == system and first[len(system) : len(system) + len(image)] == image
+    assert image_runs(list(first)) == [(0, len(system), len(image))]
+    assert image_runs(list(second)) == [(1, len(system), len(workload.images[1]))]
+    assert len({len(image) for image in workload.images}) == len(workload.images)
+    assert all((len(system) + len(image)) % 4 for image in workload.images) and len(system) % 4
+    twice = [7, IMAGE_TOKEN + 2, IMAGE_TOKEN + 2, IMAGE_TOKEN + 3, 8]
+    assert image_runs(twice) == [(2, 1, 2), (3, 3, 1)] and image_runs([1, 2, 3]) == []
 
 
 def test_a_conversation_past_the_budget_keeps_the_system_prompt_and_its_newest_tokens() -> None:

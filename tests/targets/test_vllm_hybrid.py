@@ -172,6 +172,56 @@ bp.BlockPool.get_new_blocks = failing
 )
 
 
+# the prefix hasher ignores a request's images: two images at one place share blocks (events off: the KV shadow
+# names it; with events on, the replay does first)
+PLANTS["images_ignored"] = (
+    "cached_blocks_hold_their_prefix",
+    """
+ku = importlib.import_module("vllm.v1.core.kv_cache_utils")
+make = ku.get_request_block_hasher
+def blind(*args):
+    hasher = make(*args)
+    def without_images(request):
+        features, request.mm_features = request.mm_features, []
+        try:
+            return hasher(request)
+        finally:
+            request.mm_features = features
+    return without_images
+ku.get_request_block_hasher = blind
+from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
+import_hybrid().kv_events = None
+""",
+)
+# the events name no image: a router cannot tell two images' blocks apart by their tokens
+PLANTS["events_without_images"] = (
+    "events_replay_to_the_cache",
+    """
+bp = importlib.import_module("vllm.v1.core.block_pool")
+keys = bp.to_event_extra_keys
+bp.to_event_extra_keys = lambda extra: keys([tuple(k for k in b if k[0] != "mm") if b else b for b in extra or []])
+""",
+)
+
+
+def test_an_image_is_told_by_its_feature_not_its_placeholder_tokens() -> None:
+    """Images (fuzz/workloads.py: image k's placeholders are IMAGE_TOKEN + k) reach vLLM as its prompts hold them:
+    one placeholder id, the image a multimodal feature. Two prompts with one text and another image at one place
+    (inside block 1) share block 0 only; the first prompt again hits its whole blocks."""
+    from radixspec.fuzz.targets.vllm_hybrid import PLACEHOLDER, HybridRequest
+    from radixspec.fuzz.workloads import IMAGE_TOKEN
+
+    text = [1, 2, 3, 4, 5, 6]
+    first, second = (text + [IMAGE_TOKEN + image] * 5 + [7, 8, 9] for image in (0, 1))
+    hits, manager = run_prompts([first, second, first], retention=None)
+    assert hits == [0, 4, 12]
+    request = HybridRequest(first, None, 9, manager.hasher)
+    assert request.all_token_ids == text + [PLACEHOLDER] * 5 + [7, 8, 9] and request.tokens == first
+    assert [(f.identifier, f.mm_position.offset, f.mm_position.length) for f in request.mm_features] == [
+        ("image-0", 6, 5)
+    ]
+
+
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_each_check_catches_its_planted_bug(plant: str, tmp_path: Path) -> None:
     law, code = PLANTS[plant]
