@@ -227,7 +227,7 @@ class RequestStandIn:
         self.num_tokens = len(tokens)
         self.block_hashes: list[bytes] = []
         self.mm_features: list[object] = []
-        self.lora_request = None
+        self.lora_request: object | None = None
         self.cache_salt = cache_salt
         self.prompt_embeds = None
         self.request_id = str(request_id)

@@ -117,6 +117,22 @@ class ImageFeature:
     mm_position: Placeholder
 
 
+@dataclass(frozen=True)
+class LoRAAdapter:
+    """vLLM's ``LoRARequest``, as the prefix hasher and the KV events read it."""
+
+    lora_name: str
+    lora_path: str
+
+    @property
+    def name(self) -> str:
+        return self.lora_name
+
+    @property
+    def adapter_id(self) -> int:
+        return 1 + sum(map(ord, self.lora_name))
+
+
 # the one token id vLLM's prompt holds at every image position (the image is told by its multimodal feature)
 PLACEHOLDER = IMAGE_TOKEN - 1
 
@@ -129,11 +145,16 @@ class HybridRequest(RequestStandIn):
     def __init__(
         self,
         tokens: list[int],
-        cache_salt: str | None,
+        namespace: Namespace,
         request_id: int,
         hasher: Callable[[RequestStandIn], list[bytes]],
     ) -> None:
-        super().__init__([], cache_salt, request_id)
+        # a namespace ("lora", x) is a LoRA adapter's (the prefix hasher keys by its name and path), any other a
+        # cache salt (a tenant's)
+        lora = namespace is not None and len(namespace) == 2 and namespace[0] == "lora"
+        super().__init__([], None if namespace is None or lora else repr(namespace), request_id)
+        if lora and namespace is not None:
+            self.lora_request = LoRAAdapter(f"adapter-{namespace[1]!r}", f"/adapters/{namespace[1]!r}")
         self.tokens: list[int] = []
         self.see(tokens)
         self.hasher = hasher
@@ -516,8 +537,7 @@ class VllmHybridManager:
 
     def hasher_for(self, tokens: list[int], namespace: Namespace = None) -> list[bytes]:
         """vLLM's block hashes of ``tokens`` (in ``namespace``), as a request of them would carry."""
-        salt = None if namespace is None else repr(namespace)
-        return list(HybridRequest(tokens, salt, -1, self.hasher).block_hashes)
+        return list(HybridRequest(tokens, namespace, -1, self.hasher).block_hashes)
 
     def cached_page_count(self) -> int:
         """Blocks the pool caches, over every group (the reach of a campaign)."""
@@ -535,8 +555,7 @@ class VllmHybridManager:
     def match_req(self, req: HybridReq) -> None:
         """get_computed_blocks, then the first allocate_slots of no new token: the hit's blocks are the request's."""
         self.coordinator.new_step_starts()  # each operation is a step of its own: the stores before it are done
-        salt = None if req.namespace is None else repr(req.namespace)
-        request = HybridRequest(req.input_ids, salt, req.uid, self.hasher)
+        request = HybridRequest(req.input_ids, req.namespace, req.uid, self.hasher)
         if request.mm_features:
             STATS.record_rule("vllm-hybrid.request[with an image]")
         blocks, hit, uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)

@@ -193,6 +193,16 @@ from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
 import_hybrid().kv_events = None
 """,
 )
+# the prefix hasher ignores a request's LoRA adapter (events off): two tenants' adapters share blocks
+PLANTS["lora_ignored"] = (
+    "attended_kv_is_the_requests",
+    """
+ku = importlib.import_module("vllm.v1.core.kv_cache_utils")
+ku._gen_lora_extra_hash_keys = lambda request: []
+from radixspec.fuzz.targets.vllm_hybrid import import_hybrid
+import_hybrid().kv_events = None
+""",
+)
 # the events name no image: a router cannot tell two images' blocks apart by their tokens
 PLANTS["events_without_images"] = (
     "events_replay_to_the_cache",
@@ -270,3 +280,19 @@ def test_finding_33_a_hit_reannounced_names_the_window_blocks_it_skipped(groups:
     manager.check_integrity([req])
     found = 4 if groups == "window" else 0
     assert req.cached_len == 20 and (STATS.rules[known], STATS.rules[announced]) == (before[0] + found, before[1] + 1)
+
+
+def test_a_lora_namespace_reaches_vllm_as_an_adapter_and_any_other_as_a_salt() -> None:
+    """("lora", x) is a LoRA adapter's namespace: vLLM keys its blocks by the adapter's name and path (no salt);
+    another namespace is a cache salt. The same prompt under each hashes apart, and the events name the adapter."""
+    from radixspec.fuzz.targets.vllm_hybrid import HybridRequest, VllmHybridManager
+
+    manager = VllmHybridManager(4, (None,), 32)
+    prompt = list(range(100, 112))
+    adapter, tenant, plain = (
+        HybridRequest(prompt, namespace, 0, manager.hasher) for namespace in (("lora", 1), ("tenant", "b"), None)
+    )
+    assert adapter.lora_request is not None and adapter.cache_salt is None
+    assert (adapter.lora_request.lora_name, adapter.lora_request.lora_path) == ("adapter-1", "/adapters/1")
+    assert tenant.lora_request is None and tenant.cache_salt == repr(("tenant", "b"))
+    assert len({adapter.block_hashes[0], tenant.block_hashes[0], plain.block_hashes[0]}) == 3
