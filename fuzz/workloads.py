@@ -14,7 +14,9 @@ prefixes; these are its shapes, each a ``Kind``:
 * ``VISION``: the system prompt, one of a few images, then a fresh question: image ``k``'s placeholder tokens are
   ``IMAGE_TOKEN + k`` (the image's identity in its tokens, as SGLang keys an image by pad values of its hash); a
   target whose engine takes one placeholder id and the image as a multimodal feature (vLLM's) translates them
-  (``image_runs``), so two images at one place must never share a block.
+  (``image_runs``), so two images at one place must never share a block;
+* ``REGENERATE``: an earlier prompt sent again whole (a regenerated answer, a retry, parallel sampling): it hits up
+  to the last page or hash unit its first sending cached, most often a hit that ends inside a page.
 
 One ``Workload`` per example holds the shared parts (drawn from its seed) and the conversations (the requests
 that finished); its sizes follow the pool, so that prompts fit and still press on it. Token ids lie in
@@ -51,6 +53,7 @@ class Kind(StrEnum):
     DOCUMENT = "document"
     TENANTS = "tenants"
     VISION = "vision"
+    REGENERATE = "regenerate"
 
 
 def tokens_of(seed: int, part: int, count: int) -> tuple[int, ...]:
@@ -77,6 +80,8 @@ class Workload:
     images: tuple[tuple[int, ...], ...] = ()
     # whole sequences of finished requests (prompt and answer), the newest last
     conversations: list[tuple[int, ...]] = field(default_factory=list)
+    # prompts handed out under the default namespace (a tenant's are not re-sent), the newest last
+    sent: list[tuple[int, ...]] = field(default_factory=list)
     # fresh parts handed out so far (each fresh turn differs from every other)
     fresh: int = 0
 
@@ -105,8 +110,18 @@ class Workload:
         return tokens_of(self.seed, 1000 + self.fresh, max(1, tokens))
 
     def prompt(self, kind: Kind, pick: int, pages: int) -> tuple[int, ...]:
-        """A prompt of ``kind``; ``pick`` chooses the conversation, template or document and where a branch cuts."""
-        turn = self.turn(pages)
+        """A prompt of ``kind``; ``pick`` chooses the conversation, template, document or prompt re-sent and where a
+        branch cuts."""
+        if kind == Kind.REGENERATE and self.sent:
+            return self.sent[-1 - pick % len(self.sent)]
+        prompt = self.shaped(kind, pick, self.turn(pages))
+        if kind != Kind.TENANTS:
+            self.sent.append(prompt)
+            del self.sent[:-CONVERSATIONS]
+        return prompt
+
+    def shaped(self, kind: Kind, pick: int, turn: tuple[int, ...]) -> tuple[int, ...]:
+        """A fresh prompt of ``kind`` ending in ``turn`` (``prompt`` says how ``pick`` chooses), within the budget."""
         if kind in (Kind.SYSTEM, Kind.TENANTS):
             prompt = self.system + turn
         elif kind == Kind.FEW_SHOT:
@@ -115,8 +130,8 @@ class Workload:
             prompt = self.documents[pick % len(self.documents)] + turn
         elif kind == Kind.VISION:
             prompt = self.system + self.images[pick % len(self.images)] + turn
-        elif not self.conversations:
-            prompt = self.system + turn  # the first turn of a conversation
+        elif kind == Kind.REGENERATE or not self.conversations:
+            prompt = self.system + turn  # the first prompt to re-send, or the first turn of a conversation
         else:
             history = self.conversations[-1 - pick % len(self.conversations)]
             if kind == Kind.AGENT_TREE:

@@ -74,6 +74,20 @@ def test_a_conversation_past_the_budget_keeps_the_system_prompt_and_its_newest_t
     assert len(prompt) == workload.budget and prompt[: len(workload.system)] == workload.system
 
 
+def test_a_regenerated_prompt_is_an_earlier_prompt_whole_and_never_a_tenants() -> None:
+    workload = Workload.for_pool(seed=2, page_size=4, pool_tokens=1024)
+    first = workload.prompt(Kind.REGENERATE, 0, 1)  # nothing sent yet: a fresh prompt, then re-sent
+    assert first[: len(workload.system)] == workload.system and len(first) > len(workload.system)
+    assert workload.prompt(Kind.REGENERATE, 5, 1) == first
+    tenant = workload.prompt(Kind.TENANTS, 0, 1)
+    second = workload.prompt(Kind.DOCUMENT, 1, 2)
+    assert workload.prompt(Kind.REGENERATE, 0, 1) == second and workload.prompt(Kind.REGENERATE, 1, 1) == first
+    assert tenant not in workload.sent and workload.sent == [first, second]
+    for i in range(20):
+        workload.prompt(Kind.SYSTEM, i, 1)
+    assert len(workload.sent) == 16 and first not in workload.sent
+
+
 def test_conversations_keep_the_newest_sixteen() -> None:
     workload = Workload.for_pool(seed=1, page_size=1, pool_tokens=400)
     for i in range(20):
@@ -137,16 +151,21 @@ def burst_machine(production: bool, num_pages: int) -> Any:
 def test_a_burst_serves_its_requests_to_their_end_hot_and_leaves_none_running() -> None:
     """A burst in a production pool: 64 requests of one kind, the first served alone, the rest admitted together
     (running at once) and each served, up to BURST_TOKENS prompt tokens; all finished, the shared prefix hit by all
-    but the first, a tree of hundreds of pages in one step; the laws hold after it, and the step counts once."""
+    but the first, a tree of hundreds of pages in one step; the laws hold after it, and the step counts once (its
+    requests' rule calls each count as a call: the steps as counted before bursts)."""
     from radixspec.fuzz.hybrid_machine import BURST_TOKENS
 
     state = burst_machine(True, 4096)
     assert state.num_pages == 4096
-    before = STATS.workload_hit_tokens, STATS.workload_tokens, STATS.steps
+    before = STATS.workload_hit_tokens, STATS.workload_tokens, STATS.steps, STATS.calls
+    requests = STATS.rules["hybrid.workload[system prompt]"]
     state.serve_burst(kind="system prompt", pick=0, count=64, pages=16)
     state.managers_keep_the_laws()
     hit, asked = STATS.workload_hit_tokens - before[0], STATS.workload_tokens - before[1]
     assert not state.reqs and STATS.steps == before[2] + 1
+    # the burst's call, then each request's: its arrival, its serving and its caching, at least
+    requests = STATS.rules["hybrid.workload[system prompt]"] - requests
+    assert requests >= 8 and STATS.calls - before[3] >= 1 + 3 * requests
     assert asked <= BURST_TOKENS + state.workload.budget and hit >= 0.5 * asked
     assert STATS.most_running_requests is not None and STATS.most_running_requests >= 8
     assert state.ours[0].cache.size_info(0).total_size // 4 >= 500
