@@ -21,7 +21,9 @@ def print_summary(summary: CampaignSummary, p: Callable[..., None], quiet: bool 
     p("== summary ==")
     p(
         f"time {summary.elapsed_s:.1f} s   batches {summary.batches}   examples {s.examples}"
-        f"   steps {s.steps} ({summary.steps_per_s:.0f} steps/s)   on {summary.backend}"
+        f"   steps {s.steps} ({summary.steps_per_s:.0f} steps/s)"
+        + (f", rule calls {s.calls} ({summary.calls_per_s:.0f}/s)" if s.calls != s.steps else "")
+        + f"   on {summary.backend}"
     )
     p("examples per machine: " + ", ".join(f"{m.name} {m.examples_run}" for m in summary.machines))
     p(

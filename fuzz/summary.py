@@ -15,7 +15,7 @@ from .stats import REACH, CampaignStats
 # bumps it (2: ``broken`` and ``machine_examples``; 3: ``coverage``, ``prompt_tokens``, ``hit_tokens`` and
 # ``most_running_requests``; 4: ``workload_tokens`` and ``workload_hit_tokens``; 5: in ``coverage``, the lines
 # reachable on a CPU)
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # a package's version, None when it is not installed
 Version: TypeAlias = str | None
 # each target's engine packages and their versions
@@ -96,6 +96,10 @@ class CampaignSummary:
     def steps_per_s(self) -> float:
         return self.stats.steps / max(self.elapsed_s, 1e-9)
 
+    @property
+    def calls_per_s(self) -> float:
+        return self.stats.calls / max(self.elapsed_s, 1e-9)
+
     def as_dict(self) -> dict[str, object]:
         """The summary as a JSON-ready dict (--json), the counts listed in full."""
         s = self.stats
@@ -116,6 +120,8 @@ class CampaignSummary:
             "examples": s.examples,
             "steps": s.steps,
             "steps_per_s": round(self.steps_per_s, 1),
+            "calls": s.calls,
+            "calls_per_s": round(self.calls_per_s, 1),
             **{name: getattr(s, name) for name in REACH},
             "evicted_pages": s.evicted_pages,
             "prompt_tokens": s.prompt_tokens,
