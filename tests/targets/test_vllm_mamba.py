@@ -189,3 +189,31 @@ def test_finding_32_a_partial_hit_then_an_internal_checkpoint_caches_a_block_und
     with pytest.raises(IntegrityError, match=r"cached_states_are_their_prefix: .* the state of 38 tokens, not .* 40"):
         state.serve_running(answer=0, which=20)
         state.managers_keep_the_laws()
+
+
+@pytest.mark.parametrize("counted", ["counted", "uncounted"])
+def test_finding_33_a_gateways_hit_inside_the_prompts_last_block_raises_index_error_in_vllm(counted: str) -> None:
+    """Finding 33's crash (vllm#57358): pages of 8, hash unit 2, a 30-token prompt served, then sent again by a
+    gateway (``kv_cache_report_mode`` "full": request uid % REANNOUNCED == REANNOUNCED - 1). Its hit, 28 tokens, ends
+    inside block 3, the block the prompt ends in, which has no whole hash: vLLM's re-announcement indexes past the
+    request's block hashes. Counted, the match goes on with the hit; uncounted, the IndexError reaches the caller."""
+    from radixspec.fuzz.stats import STATS
+    from radixspec.fuzz.targets.vllm_hybrid import FINDING_33, REANNOUNCED, VllmHybridManager
+    from radixspec.fuzz.targets.vllm_mamba import MambaGroup
+    from radixspec.reference.hybrid_manager import HybridReq
+
+    manager = VllmHybridManager(8, (None,), 64, unit=2, mamba=MambaGroup(checkpoints=False))
+    assert manager.replay is not None and manager.partial_hits
+    manager.replay.known_reannounced = counted == "counted"
+    prompt = list(range(100, 130))
+    assert run(manager, 0, prompt) == (0, [24, 28, 30])
+    known = f"vllm-hybrid.known: {FINDING_33}: IndexError (vllm#57358)"
+    before = STATS.rules[known]
+    req = HybridReq(REANNOUNCED - 1, list(prompt))
+    if counted == "uncounted":
+        with pytest.raises(IndexError):
+            manager.match_req(req)
+        return
+    manager.match_req(req)
+    manager.check_integrity([req])
+    assert req.cached_len == 28 and STATS.rules[known] == before + 1
