@@ -14,7 +14,7 @@ from .stats import REACH, CampaignStats
 # the JSON summary's layout; docs/campaigns.md describes each field. A new, renamed, removed or retyped field
 # bumps it (2: ``broken`` and ``machine_examples``; 3: ``coverage``, ``prompt_tokens``, ``hit_tokens`` and
 # ``most_running_requests``; 4: ``workload_tokens`` and ``workload_hit_tokens``; 5: in ``coverage``, the lines
-# reachable on a CPU)
+# reachable on a CPU; 6: ``calls`` and ``calls_per_s``)
 SCHEMA_VERSION = 6
 # a package's version, None when it is not installed
 Version: TypeAlias = str | None
