@@ -35,9 +35,10 @@ $(STAMP): pyproject.toml setup.py
 fuzz: $(STAMP)
 	$(VENV)/bin/radixspec fuzz $(ARGS)
 
-# the test suite (about 8 minutes on 2 cores, a worker per core; 14 in one process; the CUDA tests skip without a GPU)
+# the test suite (about 14 minutes on 2 cores, a worker per core, an idle worker taking tests queued on the other;
+# the CUDA tests skip without a GPU)
 test: $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(ARGS)
 
 # radixspec inside an engine's environment: a fresh virtualenv that holds SGLang 0.5.23's torch (2.14.1) first,
 # then the wheel built from a clean copy of the checkout, installed (not editable), which must keep that torch
